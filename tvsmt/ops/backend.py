@@ -1,0 +1,179 @@
+"""The arithmetic that operator semantics are written against.
+
+Every operator's forward and backward rule is ONE function over numpy arrays, written with
+ordinary numpy code (`x @ w.T`, `np.sum`, `a * b`) plus the few calls of `Backend` below for
+everything that is not a ring operation (constants, exp, rsqrt, division by a tensor, ...).
+The same function then runs on:
+
+* `NumericBackend`: float64 arrays, used by the tests against torch autograd and to confirm
+  counterexamples with the real functions;
+* `SymbolicBackend`: object arrays of pysmt terms, used to build the SMT obligations. Non-
+  polynomial functions become uninterpreted functions (`uf_exp`, `uf_rsqrt`, ...), so the
+  encoding stays in QF_UFNRA and portable; constants are exact rationals.
+
+Abstracting a function as uninterpreted is sound for proofs: an equality that holds for every
+interpretation of `uf_exp` holds in particular for the real exp.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+
+def exact(c: Any) -> Fraction:
+    """A plan constant as an exact rational: `1e-05` is 1/100000, not its binary double."""
+    if isinstance(c, bool):
+        return Fraction(int(c))
+    if isinstance(c, (int, Fraction)):
+        return Fraction(c)
+    if isinstance(c, float):
+        if not math.isfinite(c):
+            raise ValueError(f"non-finite constant {c!r}")
+        return Fraction(repr(c))
+    return Fraction(str(c))
+
+
+class Backend:
+    """Interface; see the two implementations below."""
+
+    symbolic: bool = False
+
+    def const(self, c: Any) -> Any:  # a scalar element
+        raise NotImplementedError
+
+    def full(self, shape, c: Any) -> np.ndarray:
+        out = np.empty(tuple(shape), dtype=object if self.symbolic else np.float64)
+        out.fill(self.const(c))
+        return out
+
+    def zeros(self, shape) -> np.ndarray:
+        return self.full(shape, 0)
+
+    def scale(self, x: np.ndarray, c: Any) -> np.ndarray:
+        """x times an exact constant."""
+        return x * self.const(c)
+
+    def ipow(self, x: np.ndarray, n: int) -> np.ndarray:
+        """x ** n for an integer n >= 0 as repeated multiplication (no `pow` in SMT-LIB)."""
+        if n < 0:
+            raise ValueError("negative integer power: use powc")
+        out = self.full(np.shape(x), 1)
+        for _ in range(n):
+            out = out * x
+        return out
+
+    # Elementwise non-polynomial functions.
+    def exp(self, x): raise NotImplementedError
+    def rsqrt(self, x): raise NotImplementedError
+    def sigmoid(self, x): raise NotImplementedError
+    def cos(self, x): raise NotImplementedError
+    def sin(self, x): raise NotImplementedError
+    def powc(self, x, p): raise NotImplementedError  # x ** p for a non-integer constant p
+    def div(self, x, y): raise NotImplementedError  # x / y, y a tensor
+    def neg_inf(self): raise NotImplementedError  # -inf, as in an attention mask
+    def select_eq(self, idx, k: int, then, other): raise NotImplementedError  # idx == k ? then : other
+
+
+class NumericBackend(Backend):
+    symbolic = False
+
+    def const(self, c):
+        return float(c)
+
+    def exp(self, x):
+        return np.exp(x)
+
+    def rsqrt(self, x):
+        return 1.0 / np.sqrt(x)
+
+    def sigmoid(self, x):
+        return 1.0 / (1.0 + np.exp(-x))
+
+    def cos(self, x):
+        return np.cos(x)
+
+    def sin(self, x):
+        return np.sin(x)
+
+    def powc(self, x, p):
+        return np.power(x, float(p))
+
+    def div(self, x, y):
+        return np.asarray(x, dtype=np.float64) / y
+
+    def neg_inf(self):
+        return -np.inf
+
+    def select_eq(self, idx, k, then, other):
+        return np.where(np.asarray(idx) == k, then, other)
+
+
+class SymbolicBackend(Backend):
+    """pysmt terms in numpy object arrays; one instance per formula environment."""
+
+    symbolic = True
+
+    def __init__(self):
+        from pysmt.shortcuts import get_env
+        from pysmt.typing import REAL, FunctionType
+
+        env = get_env()
+        env.enable_infix_notation = True
+        self.mgr = env.formula_manager
+        self._real = REAL
+        self._uf_cache: dict[tuple[str, int], Any] = {}
+        self._fn1 = FunctionType(REAL, [REAL])
+        self._fn2 = FunctionType(REAL, [REAL, REAL])
+        self._neg_inf = self.mgr.Symbol("neg_inf", REAL)
+
+    def _uf(self, name: str, arity: int):
+        key = (name, arity)
+        if key not in self._uf_cache:
+            self._uf_cache[key] = self.mgr.Symbol(name, self._fn1 if arity == 1 else self._fn2)
+        return self._uf_cache[key]
+
+    def const(self, c):
+        return self.mgr.Real(exact(c))
+
+    def _map1(self, name, x):
+        f = self._uf(name, 1)
+        fn = np.frompyfunc(lambda a: self.mgr.Function(f, [a]), 1, 1)
+        return np.asarray(fn(x), dtype=object)
+
+    def exp(self, x):
+        return self._map1("uf_exp", x)
+
+    def rsqrt(self, x):
+        return self._map1("uf_rsqrt", x)
+
+    def sigmoid(self, x):
+        return self._map1("uf_sigmoid", x)
+
+    def cos(self, x):
+        return self._map1("uf_cos", x)
+
+    def sin(self, x):
+        return self._map1("uf_sin", x)
+
+    def powc(self, x, p):
+        f = self._uf("uf_pow", 2)
+        pc = self.const(p)
+        fn = np.frompyfunc(lambda a: self.mgr.Function(f, [a, pc]), 1, 1)
+        return np.asarray(fn(x), dtype=object)
+
+    def div(self, x, y):
+        f = self._uf("uf_div", 2)
+        fn = np.frompyfunc(lambda a, b: self.mgr.Function(f, [a, b]), 2, 1)
+        return np.asarray(fn(x, y), dtype=object)
+
+    def neg_inf(self):
+        return self._neg_inf
+
+    def select_eq(self, idx, k, then, other):
+        kc = self.const(k)
+        fn = np.frompyfunc(lambda i, a, b: self.mgr.Ite(self.mgr.Equals(i, kc), a, b), 3, 1)
+        return np.asarray(fn(idx, then, other), dtype=object)

@@ -1,0 +1,157 @@
+"""The operator registry: one small `OpSpec` per operator, in one place.
+
+An entry knows everything about its operator (Alive2 style): its forward semantics, its
+backward (vector-Jacobian product) semantics under the plan convention, and its shape rule
+for shape reduction. The verifier never special-cases an operator; it only composes entries.
+
+Backward convention (execplan v1, `../shared/plans/OPS.md`): a `bw` node's inputs are the
+gradients of the forward outputs followed by the forward ("mirror") inputs, its outputs the
+gradients of the forward inputs, `None` where a slot is absent.
+
+Shape rules add constraints between the (reduced) dimensions of a node's tensors. Each tensor
+is a `TShape`: `dims` are solver integer expressions (one per dimension) and `orig` the
+original sizes from the plan. Rules use `c.eq(a, b)` and `c.add(constraint)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from tvsmt.ops.backend import Backend
+
+Arrays = Sequence["np.ndarray | None"]
+
+
+@dataclass(frozen=True)
+class NodeCtx:
+    """What a semantic rule may need beyond its input arrays.
+
+    `out_shapes` are the (reduced) shapes the node's outputs must have (None for absent slots);
+    `orig_in`/`orig_out` are the original plan shapes of the inputs/outputs, so that a rule can
+    rescale an attribute written for the full size (e.g. a vocabulary range) to the reduced size.
+    """
+
+    out_shapes: tuple["tuple[int, ...] | None", ...] = ()
+    orig_in: tuple["tuple[int, ...] | None", ...] = ()
+    orig_out: tuple["tuple[int, ...] | None", ...] = ()
+
+
+Semantics = Callable[[Backend, Arrays, dict, NodeCtx], list]
+
+
+@dataclass
+class TShape:
+    """A tensor's reduced dimensions (solver ints) next to its original sizes."""
+
+    dims: list[Any]
+    orig: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.dims)
+
+    def __getitem__(self, i):
+        return self.dims[i]
+
+
+class ShapeConstraints:
+    """Collects shape constraints; the shape-reduction phase hands one to every rule."""
+
+    def __init__(self):
+        self.constraints: list[Any] = []
+
+    def add(self, constraint: Any) -> None:
+        if constraint is False:
+            raise ShapeRuleError("impossible shape constraint")
+        if constraint is True:
+            return
+        self.constraints.append(constraint)
+
+    def eq(self, a: Any, b: Any) -> None:
+        if isinstance(a, int) and isinstance(b, int):
+            if a != b:
+                raise ShapeRuleError(f"dimension {a} != {b}")
+            return
+        self.constraints.append(a == b)
+
+    def same(self, a: TShape, b: TShape) -> None:
+        if len(a) != len(b):
+            raise ShapeRuleError(f"rank {len(a)} != {len(b)}")
+        for x, y in zip(a.dims, b.dims):
+            self.eq(x, y)
+
+
+class ShapeRuleError(ValueError):
+    """A node's tensors cannot have the shapes its operator requires."""
+
+
+ShapeRule = Callable[[ShapeConstraints, list["TShape | None"], list["TShape | None"], dict], None]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    forward: Semantics
+    shape: ShapeRule
+    backward: Semantics | None = None
+    # Number of forward outputs (used to split a bw node's inputs into grads and mirrors).
+    n_outputs: Callable[[dict, int], int] = field(default=lambda attrs, n_in: 1)
+    # Optional explicit shape rule for the bw node; default: derived from `shape` (see below).
+    bw_shape: ShapeRule | None = None
+    communication: bool = False
+    doc: str = ""
+
+
+REGISTRY: dict[str, OpSpec] = {}
+
+
+def register(spec: OpSpec) -> OpSpec:
+    if spec.name in REGISTRY:
+        raise ValueError(f"operator {spec.name} registered twice")
+    REGISTRY[spec.name] = spec
+    return spec
+
+
+def get(name: str) -> OpSpec | None:
+    _load_all()
+    return REGISTRY.get(name)
+
+
+def derived_bw_shape(spec: OpSpec) -> ShapeRule:
+    """Backward shape rule from the forward one: the gradient inputs have the shapes the forward
+    rule gives the outputs on the mirror inputs; each gradient output has its mirror's shape."""
+
+    def rule(c: ShapeConstraints, ins, outs, attrs):
+        if spec.bw_shape is not None:
+            return spec.bw_shape(c, ins, outs, attrs)
+        k = spec.n_outputs(attrs, len(ins))
+        grads, mirrors = list(ins[:k]), list(ins[k:])
+        spec.shape(c, mirrors, grads, attrs)
+        for g, m in zip(outs, mirrors):
+            if g is not None and m is not None:
+                c.same(g, m)
+
+    return rule
+
+
+def shape_rule(spec: OpSpec, backward: bool) -> ShapeRule:
+    return derived_bw_shape(spec) if backward else spec.shape
+
+
+_loaded = False
+
+
+def _load_all() -> None:
+    """Import the modules that register operators (kept lazy to avoid import cycles)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    from tvsmt.ops import definitions  # noqa: F401
+
+
+def all_ops() -> dict[str, OpSpec]:
+    _load_all()
+    return dict(REGISTRY)
