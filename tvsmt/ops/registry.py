@@ -76,6 +76,15 @@ class ShapeConstraints:
             return
         self.constraints.append(a == b)
 
+    def keep_boundary(self, dim: Any, position: int) -> None:
+        """`position` (in original units) along `dim` must stay an integer position after
+        reduction (e.g. the first row of a vocabulary shard)."""
+        if not isinstance(dim, int) and position:
+            from tvsmt.shapes.dims import Dim, KeepBoundary
+
+            if isinstance(dim, Dim):
+                self.constraints.append(KeepBoundary(dim.id, position))
+
     def same(self, a: TShape, b: TShape) -> None:
         if len(a) != len(b):
             raise ShapeRuleError(f"rank {len(a)} != {len(b)}")

@@ -1,31 +1,141 @@
-"""Communication and gradient-finalization operators (pass: null).
+"""Communication and gradient-finalization operators (pass: null, forward semantics only).
 
-A collective node on one rank lists the inputs of all group members (execplan v1 / OPS.md) and
-writes that rank's output.
+A collective node on one rank lists the inputs of all group members (execplan v1 / OPS.md),
+in the order the plan gives them, and writes that rank's output. `attrs.ranks` is the group,
+`attrs.dim` the tensor axis, `attrs.idx` the piece a splitting op keeps.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
+from tvsmt.ops.definitions._common import (add_all, identity_shape, present, relate, require,
+                                           same_shape)
 from tvsmt.ops.registry import OpSpec, register
 
 
-def _sum(ins):
-    total = ins[0]
-    for x in ins[1:]:
-        total = total + x
-    return total
+def _axis(attrs, key: str, ndim: int, default: str | None = None) -> int:
+    d = attrs.get(key)
+    if d is None and default is not None:
+        d = attrs.get(default)
+    if d is None:
+        raise ValueError(f"missing attrs.{key}")
+    return d % ndim
+
+
+def _parts(attrs, n_in: int) -> int:
+    """Number of pieces a split makes: the group size (default: the number of inputs)."""
+    return len(attrs.get("ranks") or ()) or n_in
+
+
+def _piece(x: np.ndarray, n: int, idx: int, axis: int) -> np.ndarray:
+    if x.shape[axis] % n:
+        raise ValueError(f"cannot split axis {axis} of size {x.shape[axis]} into {n} pieces")
+    size = x.shape[axis] // n
+    return np.take(x, range(idx * size, (idx + 1) * size), axis=axis)
+
+
+# ----------------------------------------------------------------------------- semantics
 
 
 def sum_fw(be, ins, attrs, ctx):
-    return [_sum([x for x in ins if x is not None])]
+    return [add_all(present(ins))]
 
 
-def all_equal_shape(c, ins, outs, attrs):
-    ref = next(t for t in ins if t is not None)
-    for t in list(ins) + list(outs):
-        if t is not None:
-            c.same(t, ref)
+def copy_fw(be, ins, attrs, ctx):
+    return [ins[0]]
 
 
-register(OpSpec("all_reduce", sum_fw, all_equal_shape, communication=True,
-                doc="sum of the group's inputs"))
+def all_gather_fw(be, ins, attrs, ctx):
+    xs = present(ins)
+    return [np.concatenate(xs, axis=_axis(attrs, "dim", xs[0].ndim))]
+
+
+def chunk_fw(be, ins, attrs, ctx):
+    x = ins[0]
+    return [_piece(x, _parts(attrs, 1), attrs["idx"], _axis(attrs, "dim", x.ndim))]
+
+
+def reduce_scatter_fw(be, ins, attrs, ctx):
+    xs = present(ins)
+    total = add_all(xs)
+    return [_piece(total, _parts(attrs, len(xs)), attrs["idx"], _axis(attrs, "dim", total.ndim))]
+
+
+def all_to_all_fw(be, ins, attrs, ctx):
+    xs = present(ins)
+    ndim = xs[0].ndim
+    split, dim = _axis(attrs, "split_dim", ndim, default="dim"), _axis(attrs, "dim", ndim)
+    n = _parts(attrs, len(xs))
+    return [np.concatenate([_piece(x, n, attrs["idx"], split) for x in xs], axis=dim)]
+
+
+def broadcast_fw(be, ins, attrs, ctx):
+    xs = present(ins)
+    if len(xs) == 1:
+        x = xs[0]
+    else:
+        x = ins[list(attrs["ranks"]).index(attrs["src"])]
+    return [x] * max(1, len(ctx.out_shapes))
+
+
+# ----------------------------------------------------------------------------- shape rules
+
+
+def _group_shape(c, ins):
+    xs = present(ins)
+    require(len(xs) > 0, "collective without inputs")
+    for t in xs[1:]:
+        same_shape(c, xs[0], t)
+    return xs
+
+
+def all_gather_shape(c, ins, outs, attrs):
+    xs = _group_shape(c, ins)
+    relate(c, xs[0], outs[0], {_axis(attrs, "dim", len(xs[0])): (len(xs), 1)})
+
+
+def chunk_shape(c, ins, outs, attrs):
+    x = ins[0]
+    relate(c, x, outs[0], {_axis(attrs, "dim", len(x)): (1, _parts(attrs, 1))})
+
+
+def reduce_scatter_shape(c, ins, outs, attrs):
+    xs = _group_shape(c, ins)
+    relate(c, xs[0], outs[0], {_axis(attrs, "dim", len(xs[0])): (1, _parts(attrs, len(xs)))})
+
+
+def all_to_all_shape(c, ins, outs, attrs):
+    xs = _group_shape(c, ins)
+    ndim = len(xs[0])
+    split, dim = _axis(attrs, "split_dim", ndim, default="dim"), _axis(attrs, "dim", ndim)
+    n = _parts(attrs, len(xs))
+    if split == dim:
+        factors = {dim: (len(xs), n)}
+    else:
+        factors = {split: (1, n), dim: (len(xs), 1)}
+    relate(c, xs[0], outs[0], factors)
+
+
+def _comm(name: str, forward, shape, doc: str) -> OpSpec:
+    return register(OpSpec(name, forward, shape, communication=True, doc=doc))
+
+
+_comm("all_reduce", sum_fw, identity_shape, "sum of the group's inputs")
+_comm("reducer", sum_fw, identity_shape,
+      "data-parallel gradient sum of one weight: sum of the inputs (no averaging)")
+_comm("grad_accum", sum_fw, identity_shape, "micro-batch gradient accumulation: sum of inputs")
+_comm("move", copy_fw, identity_shape, "point-to-point copy: [x] -> [x]")
+_comm("broadcast", broadcast_fw, identity_shape,
+      "[x] -> [x] (one copy per output slot); with several inputs, the one at the position of "
+      "attrs.src in attrs.ranks")
+_comm("all_gather", all_gather_fw, all_gather_shape,
+      "concatenate the inputs along attrs.dim in input order")
+_comm("chunk", chunk_fw, chunk_shape,
+      "[x] -> [piece attrs.idx of len(attrs.ranks) equal pieces along attrs.dim]")
+_comm("reduce_scatter", reduce_scatter_fw, reduce_scatter_shape,
+      "sum of the group's inputs, then piece attrs.idx of len(attrs.ranks) along attrs.dim")
+_comm("all_to_all", all_to_all_fw, all_to_all_shape,
+      "inputs = the group's tensors in group order; this rank's output concatenates, along "
+      "attrs.dim, piece attrs.idx (of len(attrs.ranks), default the number of inputs) of every "
+      "input split along attrs.split_dim (default attrs.dim)")

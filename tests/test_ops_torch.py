@@ -1,0 +1,434 @@
+"""Every registered operator against PyTorch (float64): forward values and the backward rule
+against `torch.autograd.grad` (vector-Jacobian product), all with `NumericBackend`; then the
+same semantic functions under `SymbolicBackend`, evaluated on the same values, must agree.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Callable
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import z3
+from pysmt.shortcuts import Symbol
+from pysmt.typing import REAL
+
+from tvsmt.ops import NodeCtx, NumericBackend, ShapeConstraints, SymbolicBackend, TShape, all_ops
+from tvsmt.ops.registry import shape_rule
+
+NB = NumericBackend()
+RNG = np.random.default_rng(1234)
+
+
+def rand(*shape, low=-2.0, high=2.0):
+    return RNG.uniform(low, high, size=shape)
+
+
+def pos(*shape):
+    return rand(*shape, low=0.5, high=2.0)
+
+
+def ids(shape, vocab):
+    return RNG.integers(0, vocab, size=shape).astype(np.int64)
+
+
+@dataclass
+class Case:
+    op: str
+    inputs: list
+    torch_fn: Callable  # list of torch tensors -> list of torch tensors
+    attrs: dict = field(default_factory=dict)
+    grad: list | None = None  # which inputs get a gradient (default: every float input)
+    mirrors: bool = True  # bw inputs are grads + forward inputs (else grads only)
+    bw_attrs: dict | None = None  # default: the forward attrs (the plans copy them)
+    ctx: NodeCtx = NodeCtx()
+    bw_ctx: NodeCtx = NodeCtx()
+    label: str = ""
+
+    @property
+    def id(self):
+        return f"{self.op}-{self.label}" if self.label else self.op
+
+    def grads(self):
+        if self.grad is not None:
+            return self.grad
+        return [np.issubdtype(x.dtype, np.floating) for x in self.inputs]
+
+
+def one(fn):
+    """torch function with one output -> list."""
+    return lambda ts: [fn(*ts)]
+
+
+def rotary_ref(x, f):
+    xc = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * torch.polar(torch.ones_like(f), f)[None, :, None, :]).flatten(-2)
+
+
+def vocab_ref(start, stop):
+    """torch reference of a vocabulary-parallel embedding shard holding rows [start, stop)."""
+    def fn(i, w):
+        inside = (i >= start) & (i < stop)
+        return F.embedding((i - start).clamp(0, stop - start - 1), w) * inside[..., None]
+    return one(fn)
+
+
+def piece(x, n, idx, dim):
+    return torch.chunk(x, n, dim)[idx]
+
+
+MASK = np.triu(np.full((4, 4), -np.inf), 1)[None, None]
+
+CASES = [
+    Case("linear", [rand(2, 3, 4), rand(5, 4)], one(F.linear)),
+    Case("linear", [rand(2, 3, 4), rand(5, 4), rand(5)], one(F.linear), label="bias"),
+    Case("matmul", [rand(2, 3, 4, 5), rand(2, 3, 5, 2)], one(torch.matmul)),
+    Case("matmul", [rand(2, 1, 3, 4), rand(3, 4, 2)], one(torch.matmul), label="broadcast"),
+    Case("embedding", [ids((2, 3), 6), rand(6, 4)], one(F.embedding)),
+    Case("embedding", [ids((2, 5), 8), rand(4, 3)], vocab_ref(4, 8), {"start": 4, "stop": 8},
+         label="vocab-parallel"),
+    # reduced shapes: full vocabulary 16 -> 4, this shard's rows [8, 16) -> 2 rows = [2, 4)
+    Case("embedding", [ids((2, 5), 4), rand(2, 3)], vocab_ref(2, 4), {"start": 8, "stop": 16},
+         ctx=NodeCtx(orig_in=((2, 5), (8, 3))), bw_ctx=NodeCtx(orig_in=((2, 5, 3), (2, 5), (8, 3))),
+         label="vocab-parallel-reduced"),
+    Case("create_mask", [ids((2, 4), 9), rand(2, 4, 3)],
+         lambda ts: [torch.full((4, 4), -math.inf, dtype=torch.float64).triu(1)[None, None]],
+         ctx=NodeCtx(out_shapes=((1, 1, 4, 4),))),
+    Case("create_mask", [ids((2, 3), 9), rand(2, 3, 3)],
+         lambda ts: [torch.full((3, 3), -math.inf, dtype=torch.float64).triu(1)[None, None]],
+         label="no-ctx"),
+    Case("apply_mask", [rand(2, 2, 4, 4), MASK], one(torch.add), grad=[True, False]),
+    Case("apply_rotary_emb", [rand(2, 3, 2, 4), rand(2, 3, 1, 4), rand(3, 2, low=-3, high=3)],
+         lambda ts: [rotary_ref(ts[0], ts[2]), rotary_ref(ts[1], ts[2])],
+         grad=[True, True, False]),
+    Case("multiref", [rand(2, 3)], lambda ts: [ts[0] * 1.0 for _ in range(3)], {"times": 3},
+         mirrors=False, bw_attrs={}),
+    Case("identity", [rand(2, 3)], one(lambda x: x * 1.0), mirrors=False),
+    Case("float", [rand(2, 3)], one(lambda x: x.float().double() * 0 + x)),
+    Case("to", [rand(2, 3)], one(lambda x: x.to(torch.float64)),
+         {"dtype_or_device": "torch.float32"}),
+    Case("contiguous", [rand(2, 3)], one(lambda x: x.contiguous())),
+    Case("pow", [rand(2, 3)], one(lambda x: x ** 2), {"consts": [2]}),
+    Case("pow", [rand(2, 3)], one(lambda x: x ** 3), {"consts": [3.0]}, label="cube"),
+    Case("pow", [pos(2, 3)], one(lambda x: x ** 1.5), {"consts": [1.5]}, label="real"),
+    Case("pow", [pos(2, 3)], one(lambda x: x ** -1), {"consts": [-1]}, label="negative"),
+    Case("mean", [rand(2, 3, 4)], one(lambda x: x.mean(dim=[2], keepdim=True)),
+         {"dim": [2], "keepdim": True}),
+    Case("mean", [rand(2, 3, 4)], one(lambda x: x.mean(dim=-2)), {"dim": -2}, label="drop"),
+    Case("rsqrt", [pos(2, 3)], one(torch.rsqrt)),
+    Case("add", [rand(2, 3, 4), rand(2, 3, 4)], one(torch.add), {"alpha": 1}),
+    Case("add", [rand(3, 1), rand(2, 1, 4)], one(lambda x, y: torch.add(x, y, alpha=2.5)),
+         {"alpha": 2.5}, label="broadcast-alpha"),
+    Case("add", [rand(2, 3, 1)], one(lambda x: x + 1e-05), {"alpha": 1, "consts": [1e-05]},
+         label="const"),
+    Case("sub", [rand(2, 3, 4), rand(4)], one(torch.sub), label="broadcast"),
+    Case("sub", [rand(2, 3)], one(lambda x: x - 0.25), {"consts": [0.25]}, label="const"),
+    Case("mul", [rand(2, 3, 4), rand(2, 3, 1)], one(torch.mul)),
+    Case("mul", [rand(4), rand(2, 3, 4)], one(torch.mul), label="broadcast-first"),
+    Case("mul", [rand(2, 3)], one(lambda x: x * 3), {"consts": [3]}, label="const"),
+    Case("div", [rand(2, 3, 4)], one(lambda x: x / 11.313708498984761),
+         {"rounding_mode": None, "consts": [11.313708498984761]}, label="const"),
+    Case("div", [rand(2, 3, 4), pos(3, 1)], one(torch.div), label="tensor"),
+    Case("softmax", [rand(2, 3, 4)], one(lambda x: torch.softmax(x, -1)), {"dim": -1}),
+    Case("softmax", [rand(2, 3, 4)], one(lambda x: torch.softmax(x, 1)), {"dim": 1}, label="dim1"),
+    Case("silu", [rand(2, 3, 4)], one(F.silu), {"inplace": False}),
+    Case("sum", [rand(2, 3, 4)], one(lambda x: x.sum().reshape(1))),
+    Case("sum", [rand(2, 3, 4)], one(lambda x: x.sum(dim=[1], keepdim=True)),
+         {"dim": [1], "keepdim": True}, label="dim"),
+    Case("transpose", [rand(2, 3, 4, 5)], one(lambda x: x.transpose(1, 2)),
+         {"dim0": 1, "dim1": 2}),
+    Case("view", [rand(2, 3, 4)], one(lambda x: x.view(2, 3, 2, 2)), {"size": [2, 3, 2, 2]},
+         ctx=NodeCtx(out_shapes=((2, 3, 2, 2),))),
+    Case("view", [rand(2, 3, 2, 2)], one(lambda x: x.view(2, 3, -1)), {"size": [2, 3, -1]},
+         label="attrs-size"),
+    # communication / finalization (forward only)
+    Case("all_reduce", [rand(2, 3), rand(2, 3), rand(2, 3)], one(lambda *xs: sum(xs)),
+         {"ranks": [0, 1, 2]}),
+    Case("reducer", [rand(2, 3), rand(2, 3)], one(torch.add)),
+    Case("grad_accum", [rand(2, 3), rand(2, 3)], one(torch.add)),
+    Case("all_gather", [rand(2, 3), rand(2, 3)], one(lambda *xs: torch.cat(xs, 1)),
+         {"dim": 1, "ranks": [2, 3]}),
+    Case("chunk", [rand(2, 6)], one(lambda x: piece(x, 3, 1, 1)),
+         {"dim": 1, "ranks": [0, 1, 2], "idx": 1}),
+    Case("reduce_scatter", [rand(4, 3), rand(4, 3)], one(lambda a, b: piece(a + b, 2, 1, 0)),
+         {"dim": 0, "ranks": [0, 1], "idx": 1}),
+    Case("all_to_all", [rand(2, 4), rand(2, 4)],
+         one(lambda *xs: torch.cat([piece(x, 2, 1, 1) for x in xs], 0)),
+         {"dim": 0, "split_dim": 1, "ranks": [0, 1], "idx": 1}),
+    Case("all_to_all", [rand(4, 3), rand(4, 3)],
+         one(lambda *xs: torch.cat([piece(x, 2, 0, 0) for x in xs], 0)),
+         {"dim": 0, "ranks": [0, 1], "idx": 0}, label="same-dim"),
+    Case("broadcast", [rand(2, 3)], one(lambda x: x), {"src": 0, "ranks": [0, 1]}),
+    Case("broadcast", [rand(2, 3), rand(2, 3)], one(lambda a, b: b), {"src": 5, "ranks": [3, 5]},
+         label="src"),
+    Case("move", [rand(2, 3)], one(lambda x: x), {"src": 0, "dst": 2}),
+]
+
+
+def to_torch(x, requires_grad=False):
+    t = torch.from_numpy(np.array(x))
+    return t.requires_grad_(True) if requires_grad and t.is_floating_point() else t
+
+
+def assert_close(actual, expected):
+    assert actual.shape == tuple(expected.shape), (actual.shape, tuple(expected.shape))
+    np.testing.assert_allclose(np.asarray(actual, dtype=np.float64), expected, rtol=1e-5,
+                               atol=1e-5)
+
+
+def backward_inputs(case, grads_out):
+    return list(grads_out) + (list(case.inputs) if case.mirrors else [])
+
+
+def bw_attrs(case):
+    return case.attrs if case.bw_attrs is None else case.bw_attrs
+
+
+def random_grads(outs):
+    return [rand(*np.shape(y)) for y in outs]
+
+
+# ----------------------------------------------------------------------------- coverage
+
+
+def test_every_operator_has_a_torch_case():
+    tested = {c.op for c in CASES}
+    missing = sorted(set(all_ops()) - tested)
+    assert not missing, f"operators without a torch test case: {missing}"
+    for name, spec in all_ops().items():
+        assert spec.doc, f"{name} has no doc"
+        if spec.communication:
+            assert spec.backward is None, f"{name}: communication ops have no backward"
+
+
+# ----------------------------------------------------------------------------- numeric vs torch
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_forward_matches_torch(case):
+    spec = all_ops()[case.op]
+    outs = spec.forward(NB, case.inputs, case.attrs, case.ctx)
+    expected = case.torch_fn([to_torch(x) for x in case.inputs])
+    assert len(outs) == len(expected)
+    for y, e in zip(outs, expected):
+        assert_close(y, e.detach().numpy())
+
+
+BW_CASES = [c for c in CASES if all_ops()[c.op].backward is not None]
+
+
+@pytest.mark.parametrize("case", BW_CASES, ids=lambda c: c.id)
+def test_backward_matches_autograd(case):
+    spec = all_ops()[case.op]
+    mask = case.grads()
+    ts = [to_torch(x, g) for x, g in zip(case.inputs, mask)]
+    outs = case.torch_fn(ts)
+    gs = random_grads([o.detach().numpy() for o in outs])
+    wrt = [t for t, g in zip(ts, mask) if g]
+    expected = iter(torch.autograd.grad(outs, wrt, grad_outputs=[to_torch(g) for g in gs],
+                                        allow_unused=True))
+    got = spec.backward(NB, backward_inputs(case, gs), bw_attrs(case), case.bw_ctx)
+    assert len(got) == len(case.inputs)
+    for x, g, needs in zip(case.inputs, got, mask):
+        if not needs:
+            assert g is None
+            continue
+        e = next(expected)
+        assert_close(g, np.zeros(x.shape) if e is None else e.numpy())
+
+
+def test_multiref_backward_sums_only_the_listed_gradients():
+    spec = all_ops()["multiref"]
+    g1, g2 = rand(2, 3), rand(2, 3)
+    (out,) = spec.backward(NB, [g1, None, g2], {}, NodeCtx())
+    assert_close(out, g1 + g2)
+    assert spec.n_outputs({}, 2) == 2 and spec.n_outputs({"times": 3}, 1) == 3
+
+
+def test_mask_then_softmax_matches_torch_with_minus_infinity():
+    """create_mask -> apply_mask -> softmax, forward and backward, against torch."""
+    ops = all_ops()
+    tokens, x = ids((2, 4), 9), rand(2, 3, 4, 4)
+    (mask,) = ops["create_mask"].forward(NB, [tokens, x], {}, NodeCtx(out_shapes=((1, 1, 4, 4),)))
+    (masked,) = ops["apply_mask"].forward(NB, [x, mask], {}, NodeCtx())
+    (probs,) = ops["softmax"].forward(NB, [masked], {"dim": -1}, NodeCtx())
+    g = rand(*probs.shape)
+    (g_masked,) = ops["softmax"].backward(NB, [g, masked], {"dim": -1}, NodeCtx())
+    g_x, g_mask = ops["apply_mask"].backward(NB, [g_masked, x, mask], {}, NodeCtx())
+
+    xt = to_torch(x, True)
+    tmask = torch.full((4, 4), -math.inf, dtype=torch.float64).triu(1)[None, None]
+    pt = torch.softmax(xt + tmask, -1)
+    (gt,) = torch.autograd.grad(pt, [xt], grad_outputs=[to_torch(g)])
+    assert np.isneginf(mask[0, 0, 0, 1]) and mask[0, 0, 1, 0] == 0
+    assert_close(probs, pt.detach().numpy())
+    assert np.all(probs[..., 0, 1:] == 0)
+    assert_close(g_x, gt.numpy())
+    assert g_mask is None
+
+
+# ----------------------------------------------------------------------------- shape rules
+
+
+def _tshapes(arrays, origs, prefix):
+    """Solver dims for the arrays, with the original sizes from the context where given (the
+    arrays may already be shape-reduced) and else the arrays' own shapes."""
+    out = []
+    for k, a in enumerate(arrays):
+        if a is None:
+            out.append(None)
+            continue
+        orig = origs[k] if k < len(origs) and origs[k] is not None else np.shape(a)
+        out.append(TShape([z3.Int(f"{prefix}{k}_{i}") for i in range(np.ndim(a))], tuple(orig)))
+    return out
+
+
+def _assert_rule_accepts(rule, ins, outs, attrs, ctx):
+    """The rule holds with the dims set to the arrays' actual shapes."""
+    c = ShapeConstraints()
+    tins, touts = _tshapes(ins, ctx.orig_in, "i"), _tshapes(outs, ctx.orig_out, "o")
+    rule(c, tins, touts, attrs)
+    solver = z3.Solver()
+    solver.add(*c.constraints)
+    for t, a in zip(tins + touts, list(ins) + list(outs)):
+        if t is not None:
+            solver.add(*[d == n for d, n in zip(t.dims, np.shape(a))])
+    assert solver.check() == z3.sat
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_shape_rules_accept_the_case_shapes(case):
+    """Forward and (derived) backward shape rules accept every case's shapes."""
+    spec = all_ops()[case.op]
+    outs = spec.forward(NB, case.inputs, case.attrs, case.ctx)
+    _assert_rule_accepts(shape_rule(spec, False), case.inputs, outs, case.attrs, case.ctx)
+    if spec.backward is not None:
+        bw_ins = backward_inputs(case, random_grads(outs))
+        bw_outs = spec.backward(NB, bw_ins, bw_attrs(case), case.bw_ctx)
+        _assert_rule_accepts(shape_rule(spec, True), bw_ins, bw_outs, bw_attrs(case),
+                             case.bw_ctx)
+
+
+# ----------------------------------------------------------------------------- symbolic backend
+
+
+def evaluate(term, env: dict, cache: dict) -> float:
+    """Value of a pysmt term, with the backend's uninterpreted functions read as the real
+    functions (as NumericBackend computes them)."""
+    if term in cache:
+        return cache[term]
+    args = [evaluate(a, env, cache) for a in term.args()]
+    if term.is_symbol():
+        v = env[term]
+    elif term.is_constant():
+        v = float(term.constant_value())
+    elif term.is_plus():
+        v = sum(args)
+    elif term.is_times():
+        v = math.prod(args)
+    elif term.is_minus():
+        v = args[0] - args[1]
+    elif term.is_ite():
+        v = args[1] if args[0] else args[2]
+    elif term.is_equals():
+        v = args[0] == args[1]
+    elif term.is_function_application():
+        v = UF[term.function_name().symbol_name()](*args)
+    else:
+        raise AssertionError(f"unexpected term {term}")
+    cache[term] = v
+    return v
+
+
+UF = {
+    "uf_exp": lambda a: NB.exp(np.float64(a)),
+    "uf_rsqrt": lambda a: NB.rsqrt(np.float64(a)),
+    "uf_sigmoid": lambda a: NB.sigmoid(np.float64(a)),
+    "uf_cos": math.cos,
+    "uf_sin": math.sin,
+    "uf_pow": lambda a, p: NB.powc(np.float64(a), p),
+    "uf_div": lambda a, b: NB.div(a, b),
+}
+
+
+def symbolize(arrays, prefix, env):
+    out = []
+    for k, a in enumerate(arrays):
+        if a is None:
+            out.append(None)
+            continue
+        a = np.asarray(a)
+        s = np.empty(a.shape, dtype=object)
+        for idx in np.ndindex(a.shape):
+            name = f"{prefix}{k}_" + "_".join(map(str, idx))
+            s[idx] = Symbol(name, REAL)
+            env[s[idx]] = a[idx].item()
+        out.append(s)
+    return out
+
+
+def assert_symbolic_agrees(sym_outs, num_outs, env):
+    assert len(sym_outs) == len(num_outs)
+    cache: dict = {}
+    for s, n in zip(sym_outs, num_outs):
+        if n is None:
+            assert s is None
+            continue
+        assert s.dtype == object and s.shape == n.shape
+        values = np.array([evaluate(t, env, cache) for t in s.reshape(-1)]).reshape(s.shape)
+        np.testing.assert_allclose(values, n, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_symbolic_matches_numeric(case):
+    """Forward and backward under SymbolicBackend on symbols, evaluated at the case's values
+    (uninterpreted functions read as the real ones), agree with NumericBackend."""
+    be, spec = SymbolicBackend(), all_ops()[case.op]
+    env = {be.neg_inf(): -math.inf}
+    fw_num = spec.forward(NB, case.inputs, case.attrs, case.ctx)
+    assert_symbolic_agrees(spec.forward(be, symbolize(case.inputs, "x", env), case.attrs,
+                                        case.ctx), fw_num, env)
+    if spec.backward is None:
+        return
+    bw_ins = backward_inputs(case, random_grads(fw_num))
+    bw_num = spec.backward(NB, bw_ins, bw_attrs(case), case.bw_ctx)
+    bw_sym = spec.backward(be, symbolize(bw_ins, "b", env), bw_attrs(case), case.bw_ctx)
+    assert_symbolic_agrees(bw_sym, bw_num, env)
+
+
+def _constants(term, acc):
+    if term.is_constant():
+        acc.add(term.constant_value())
+    for a in term.args():
+        _constants(a, acc)
+    return acc
+
+
+def test_symbolic_constants_are_exact():
+    be, ops = SymbolicBackend(), all_ops()
+    x = symbolize([np.zeros((1,))], "k", {})
+    (y,) = ops["add"].forward(be, x, {"alpha": 1, "consts": [1e-05]}, NodeCtx())
+    assert Fraction(1, 100000) in _constants(y[0], set())
+    (z,) = ops["div"].forward(be, x, {"consts": [11.313708498984761]}, NodeCtx())
+    assert 1 / Fraction("11.313708498984761") in _constants(z[0], set())
+    (m,) = ops["mean"].forward(be, symbolize([np.zeros((1, 3))], "m", {}),
+                               {"dim": [1], "keepdim": True}, NodeCtx())
+    assert Fraction(1, 3) in _constants(m[0, 0], set())
+
+
+def test_unsupported_attributes_are_refused():
+    ops, ctx = all_ops(), NodeCtx()
+    with pytest.raises(ValueError, match="padding_idx"):
+        ops["embedding"].forward(NB, [ids((2, 3), 4), rand(4, 2)], {"padding_idx": 0}, ctx)
+    with pytest.raises(ValueError, match="range"):
+        ops["embedding"].forward(NB, [ids((2, 3), 4), rand(4, 2)], {"start": 4, "stop": 12},
+                                 NodeCtx(orig_in=((2, 3), (4, 2))))
+    with pytest.raises(ValueError, match="bias"):
+        ops["linear"].forward(NB, [rand(2, 3), rand(4, 3)], {"bias": 0.5}, ctx)
+    with pytest.raises(ValueError, match="rounding_mode"):
+        ops["div"].forward(NB, [rand(2, 3)], {"consts": [2], "rounding_mode": "floor"}, ctx)

@@ -1,0 +1,62 @@
+"""Walks plan nodes and applies their registry semantics (like a torch.fx Interpreter).
+
+The same interpreter runs on numbers (NumericBackend) and on symbolic terms (SymbolicBackend):
+only the arrays it is given differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from tvsmt.errors import PlanError, StructuralViolation
+from tvsmt.ops import Backend, NodeCtx
+from tvsmt.ops import get as get_op
+from tvsmt.plan.model import Node, Plan
+
+Shape = tuple[int, ...]
+
+
+class Interpreter:
+    def __init__(self, plan: Plan, backend: Backend, shapes: dict[str, Shape] | None = None):
+        self.plan = plan
+        self.be = backend
+        # Shapes the tensors have in this run (reduced); the plan's own shapes by default.
+        self.shapes = shapes if shapes is not None else {t: i.shape for t, i in
+                                                         plan.tensors.items()}
+
+    def run_node(self, node: Node, env: dict[str, np.ndarray]) -> None:
+        spec = get_op(node.op)
+        ins = [env[t] if t is not None else None for t in node.inputs]
+        ctx = NodeCtx(tuple(self.shapes[t] if t is not None else None for t in node.outputs),
+                      tuple(self.plan.shape(t) if t is not None else None for t in node.inputs),
+                      tuple(self.plan.shape(t) if t is not None else None for t in node.outputs))
+        if node.is_backward:
+            if spec.backward is None:
+                raise StructuralViolation(f"{node.id}: operator {node.op} has no backward",
+                                          node=node.id)
+            outs = spec.backward(self.be, ins, node.attrs, ctx)
+        else:
+            outs = spec.forward(self.be, ins, node.attrs, ctx)
+        if len(outs) != len(node.outputs):
+            raise PlanError(f"operator {node.op} ({'backward' if node.is_backward else 'forward'})"
+                            f" has {len(outs)} output slots, the node lists "
+                            f"{len(node.outputs)}", file=self.plan.path, node=node.id)
+        for t, value in zip(node.outputs, outs):
+            if t is None:
+                continue
+            if value is None:
+                raise StructuralViolation(f"node {node.id} ({node.op}) produces no value for "
+                                          f"output {t}", node=node.id, tensor=t)
+            value = np.asarray(value, dtype=object if self.be.symbolic else np.float64)
+            if value.shape != tuple(self.shapes[t]):
+                raise StructuralViolation(
+                    f"node {node.id} ({node.op}) computes shape {list(value.shape)} for {t}, "
+                    f"which has (reduced) shape {list(self.shapes[t])}", node=node.id, tensor=t)
+            env[t] = value
+
+    def run(self, node_indices: Iterable[int], env: dict[str, np.ndarray]) -> dict:
+        for i in node_indices:
+            self.run_node(self.plan.nodes[i], env)
+        return env

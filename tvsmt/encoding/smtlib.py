@@ -1,0 +1,139 @@
+"""Canonical SMT-LIB 2.6 printing of pysmt terms.
+
+Two stages that are identical up to the names of their tensors must give byte-identical
+scripts, so that the corpus can store and solve them once. pysmt's own printer is not stable
+(declaration order follows internal node ids) and without sharing blows up on softmax, so this
+printer walks the term DAG itself, in a fixed order:
+
+* 0-ary symbols are renamed `x0, x1, ...` in first-visit order (post-order, roots in order);
+  uninterpreted functions keep their names (`uf_exp`, ...), which carry meaning;
+* every non-leaf term used more than once is bound once with `define-fun d<k>`;
+* the compared element pairs are `define-fun l<i>`/`r<i>`, so a model can report both sides.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from fractions import Fraction
+
+import pysmt.operators as op
+
+LOGIC = "QF_UFNRA"
+
+_NARY = {op.PLUS: "+", op.TIMES: "*", op.AND: "and", op.OR: "or", op.MINUS: "-",
+         op.EQUALS: "=", op.IFF: "=", op.NOT: "not", op.ITE: "ite", op.LE: "<=", op.LT: "<",
+         op.DIV: "/", op.IMPLIES: "=>"}
+
+
+def _const(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    q = Fraction(value)
+    neg, q = q < 0, abs(q)
+    body = f"{q.numerator}.0" if q.denominator == 1 else f"(/ {q.numerator}.0 {q.denominator}.0)"
+    return f"(- {body})" if neg else body
+
+
+def _sort(node) -> str:
+    t = node.symbol_type() if node.is_symbol() else node.get_type()
+    if t.is_bool_type():
+        return "Bool"
+    if t.is_real_type():
+        return "Real"
+    if t.is_int_type():
+        return "Int"
+    raise ValueError(f"unsupported sort {t}")
+
+
+@dataclass
+class Printed:
+    text: str
+    digest: str
+    symbols: dict[str, str]  # canonical name -> original symbol name
+    pairs: list[tuple[str, str]]  # (l<i>, r<i>) names, in comparison order
+
+
+def print_obligation(constraints: list, pairs: list[tuple[object, object]],
+                     logic: str = LOGIC) -> Printed:
+    """Script asserting `constraints` and that some pair differs, ending with (check-sat)."""
+    roots = list(constraints) + [t for pair in pairs for t in pair]
+
+    refs: dict = {}
+    stack = list(reversed(roots))
+    seen = set()
+    while stack:  # reference counts over the DAG
+        n = stack.pop()
+        refs[n] = refs.get(n, 0) + 1
+        if n in seen:
+            continue
+        seen.add(n)
+        stack.extend(reversed(n.args()))
+
+    names: dict = {}  # node -> its textual form (name or inline expression)
+    symbols: dict[str, str] = {}
+    functions: dict[str, str] = {}
+    defines: list[str] = []
+
+    def emit(root) -> str:
+        work = [(root, False)]
+        while work:
+            n, expanded = work.pop()
+            if n in names:
+                continue
+            if n.is_symbol():
+                canon = f"x{len(symbols)}"
+                symbols[canon] = n.symbol_name()
+                names[n] = canon
+                decls.append(f"(declare-fun {canon} () {_sort(n)})")
+                continue
+            if n.is_constant():
+                names[n] = _const(n.constant_value())
+                continue
+            if not expanded:
+                work.append((n, True))
+                for a in reversed(n.args()):
+                    if a not in names:
+                        work.append((a, False))
+                continue
+            args = " ".join(names[a] for a in n.args())
+            if n.is_function_application():
+                f = n.function_name()
+                fname = f.symbol_name()
+                if fname not in functions:
+                    ft = f.symbol_type()
+                    params = " ".join("Real" if p.is_real_type() else "Bool"
+                                      for p in ft.param_types)
+                    functions[fname] = f"(declare-fun {fname} ({params}) Real)"
+                text = f"({fname} {args})"
+            else:
+                kind = n.node_type()
+                if kind not in _NARY:
+                    raise ValueError(f"cannot print operator {op.op_to_str(kind)}")
+                text = f"({_NARY[kind]} {args})"
+            if refs.get(n, 0) > 1:
+                name = f"d{len(defines)}"
+                defines.append(f"(define-fun {name} () {_sort(n)} {text})")
+                names[n] = name
+            else:
+                names[n] = text
+        return names[root]
+
+    decls: list[str] = []
+    asserts = [f"(assert {emit(c)})" for c in constraints]
+    pair_names: list[tuple[str, str]] = []
+    pair_defs: list[str] = []
+    diffs: list[str] = []
+    for i, (lhs, rhs) in enumerate(pairs):
+        lt, rt = emit(lhs), emit(rhs)
+        pair_defs.append(f"(define-fun l{i} () Real {lt})")
+        pair_defs.append(f"(define-fun r{i} () Real {rt})")
+        pair_names.append((f"l{i}", f"r{i}"))
+        diffs.append(f"(not (= l{i} r{i}))")
+    goal = diffs[0] if len(diffs) == 1 else f"(or {' '.join(diffs)})" if diffs else "false"
+    lines = [f"(set-logic {logic})", "(set-option :produce-models true)"]
+    lines += [functions[k] for k in sorted(functions)]
+    lines += decls + defines + pair_defs + asserts
+    lines += [f"(assert {goal})", "(check-sat)"]
+    text = "\n".join(lines) + "\n"
+    return Printed(text, hashlib.sha256(text.encode()).hexdigest(), symbols, pair_names)

@@ -1,0 +1,188 @@
+"""Generator of execplan v1 plan pairs (single + parallel) for one training iteration.
+
+    single, parallel = generate_pair("llama3", layers=2, dp=2, tp=2, pp=2, mb=2)
+    write_pair("out/", "llama3", dp=2, tp=2, pp=2, mb=2)   # out/single.json.gz, parallel.json.gz
+
+Design decisions (see also llama.py / mlp.py for the tensor-parallel layout):
+
+* Loss: a plain `sum` of the final activations (logits for llama3). Every (replica,
+  micro-batch) computes the sum over its own rows; the single loss is the sum of these partial
+  losses, so no loss scaling is needed: every micro-batch is seeded with dL/dL itself (a graph
+  input, role grad, shape [1]) and the weight gradients are plain sums (grad_accum over
+  micro-batches, reducer over replicas, no averaging). The loss is an output of the single
+  plan; its lineage in the parallel plan has one part per tp rank whose sum_of are the partial
+  losses of every (replica, micro-batch).
+* Data parallelism and micro-batches: replica d, micro-batch m holds rows
+  [(d*mb + m)*b, (d*mb + m + 1)*b) of the global batch (b = batch / (dp*mb)).
+* Pipeline parallelism: layers are split into pp contiguous groups (balanced, the first stages
+  take the extra layers); the embedding and the mask are on stage 0, the final norm, head and
+  loss on the last stage. Activations (and the mask) move stage to stage with `move` node
+  pairs (sender on the source rank writes an in-flight tensor, receiver on the destination
+  reads it), gradients move back the same way. Every tp rank moves its own copy.
+* Schedule: micro-batch by micro-batch (m outer, replica inner), forward then backward; weight
+  gradients are accumulated with `grad_accum` right after each micro-batch's backward;
+  reducers come last.
+* Ranks: rank = dp_index*(pp*tp) + pp_stage*tp + tp_index (as the reference fixtures).
+* Lineages: one per (single tensor, parallel representation), graph inputs first, then in
+  creation order (a dependency order); a weight read by several micro-batches is listed once
+  per (replica, micro-batch, tp rank), as in the fixtures; `aligned` hints on compute nodes
+  (except multiref) and on reducers. Single-plan tensor ids are readable names
+  (`L0.attn.q`, `L0.attn.wq.grad`, `loss`); parallel ids add `~version@r<rank>m<mb>`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tvsmt.frontends import llama, mlp
+from tvsmt.frontends.builder import PlanBuilder, write_plan
+from tvsmt.frontends.spmd import Tracer, World
+
+MODELS = {"llama3": llama.forward, "mlp": mlp.forward}
+SEED_KEY = "loss.grad"
+RANK_LAYOUT = "rank = dp_index*(pp*tp) + pp_stage*tp + tp_index"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = "llama3"
+    layers: int = 2
+    hidden: int = 64
+    heads: int = 4
+    ffn: int = 128
+    vocab: int = 128
+    seq: int = 8
+    batch: int = 2
+    eps: float = 1e-5
+
+
+def default_batch(dp: int, mb: int) -> int:
+    """Enough rows for every (replica, micro-batch) (at least 2 in total)."""
+    n = dp * mb
+    return n if n >= 2 else 2
+
+
+def stage_of_layers(layers: int, pp: int) -> list[int]:
+    """Balanced contiguous split of the layers over pp stages (first stages take the rest)."""
+    base, extra = divmod(layers, pp)
+    out = []
+    for s in range(pp):
+        out += [s] * (base + (1 if s < extra else 0))
+    return out
+
+
+def validate(cfg: ModelConfig, world: World) -> None:
+    def positive(name: str, value: Any) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, not {value!r}")
+
+    if cfg.model not in MODELS:
+        raise ValueError(f"unknown model {cfg.model!r} (choose from {', '.join(MODELS)})")
+    for name in ("layers", "hidden", "batch") + (("heads", "ffn", "vocab", "seq")
+                                                 if cfg.model == "llama3" else ()):
+        positive(name, getattr(cfg, name))
+    for name in ("dp", "tp", "pp", "mb"):
+        positive(name, getattr(world, name))
+    dp, tp, pp, mb = world.dp, world.tp, world.pp, world.mb
+    if cfg.batch % (dp * mb):
+        raise ValueError(f"batch {cfg.batch} is not divisible by dp*mb = {dp}*{mb}")
+    if pp > cfg.layers:
+        raise ValueError(f"pp={pp} pipeline stages need at least {pp} layers, not {cfg.layers}")
+    if cfg.model == "mlp":
+        if tp > 1 and cfg.layers > 1 and cfg.hidden % tp:
+            raise ValueError(f"hidden {cfg.hidden} is not divisible by tp={tp}")
+        return
+    if cfg.hidden % cfg.heads:
+        raise ValueError(f"hidden {cfg.hidden} is not divisible by heads {cfg.heads}")
+    if (cfg.hidden // cfg.heads) % 2:
+        raise ValueError(f"head_dim {cfg.hidden // cfg.heads} must be even (rotary pairs)")
+    for name in ("heads", "ffn", "vocab"):
+        if getattr(cfg, name) % tp:
+            raise ValueError(f"{name} {getattr(cfg, name)} is not divisible by tp={tp}")
+
+
+def _world_dict(cfg: ModelConfig, world: World) -> dict[str, Any]:
+    model: dict[str, Any] = {
+        "family": cfg.model, "layers": cfg.layers, "hidden": cfg.hidden, "gbs": cfg.batch,
+        "rank_layout": RANK_LAYOUT, "loss": "sum", "loss_tensor": "loss",
+        "loss_grad_seed": SEED_KEY, "generator": "tvsmt.frontends.generator",
+        "pipeline_stages": stage_of_layers(cfg.layers, world.pp),
+    }
+    if cfg.model == "llama3":
+        model.update({"heads": cfg.heads, "head_dim": cfg.hidden // cfg.heads, "ffn": cfg.ffn,
+                      "vocab": cfg.vocab, "seqlen": cfg.seq, "eps": cfg.eps,
+                      "tensor_parallel": {
+                          "attention": "q/k/v column-parallel (heads split), output "
+                                       "row-parallel + all_reduce",
+                          "ffn": "gate/up column-parallel, down row-parallel + all_reduce",
+                          "norms": "replicated, no sequence parallelism",
+                          "embedding": "replicated",
+                          "lm_head": "column-parallel (vocab split), logits all_gather"}})
+    else:
+        model["tensor_parallel"] = {"layers": mlp.layer_modes(cfg.layers)}
+    return {"dp": world.dp, "tp": world.tp, "pp": world.pp, "mb": world.mb,
+            "ranks": world.ranks, "model": model}
+
+
+def _trace(cfg: ModelConfig, world: World, kind: str, name: str) -> tuple[PlanBuilder, Tracer]:
+    builder = PlanBuilder(f"{name}_{kind}", kind, _world_dict(cfg, world))
+    tr = Tracer(builder, world)
+    forward = MODELS[cfg.model]
+    b = cfg.batch // (world.dp * world.mb)
+    stage_of = stage_of_layers(cfg.layers, world.pp)
+    for m in range(world.mb):
+        for d in range(world.dp):
+            tr.start_run(d, m)
+            loss = forward(tr, cfg, b, stage_of)
+            tr.backward(loss, SEED_KEY)
+    tr.finalize_gradients()
+    return builder, tr
+
+
+def build_pair(cfg: ModelConfig, world: World) -> tuple[dict, dict]:
+    validate(cfg, world)
+    name = (f"{cfg.model}_dp{world.dp}_tp{world.tp}_pp{world.pp}_mb{world.mb}"
+            f"_ly{cfg.layers}")
+    sb, st = _trace(cfg, World(), "single", name)
+    sb.add_output("loss")
+    for key in st.weight_grads:
+        sb.add_output(key)
+    pb, pt = _trace(cfg, world, "parallel", name)
+    if pt.weight_grads != st.weight_grads:
+        raise AssertionError("single and parallel traces disagree on the weights")
+    pt.emit_lineages({tid: tuple(info["shape"]) for tid, info in sb.tensors.items()})
+    return sb.to_dict(), pb.to_dict()
+
+
+def generate_pair(model: str = "llama3", layers: int = 2, hidden: int = 64, heads: int = 4,
+                  ffn: int = 128, vocab: int = 128, seq: int = 8, batch: int | None = None,
+                  dp: int = 1, tp: int = 1, pp: int = 1, mb: int = 1,
+                  eps: float = 1e-5) -> tuple[dict, dict]:
+    """(single, parallel) execplan v1 dicts of one training iteration of `model`.
+
+    Raises ValueError for an unknown model or a configuration that does not divide (batch by
+    dp*mb, heads/ffn/vocab by tp, hidden by heads, fewer layers than pipeline stages, ...)."""
+    if batch is None:
+        batch = default_batch(dp, mb) if isinstance(dp, int) and isinstance(mb, int) else 2
+    cfg = ModelConfig(model, layers, hidden, heads, ffn, vocab, seq, batch, eps)
+    return build_pair(cfg, World(dp, tp, pp, mb))
+
+
+def write_pair(out_dir: str | os.PathLike, model: str = "llama3", **kw) -> tuple[str, str]:
+    """Generate a pair and write `single.json.gz` and `parallel.json.gz` into out_dir."""
+    single, parallel = generate_pair(model, **kw)
+    return write_pair_dicts(out_dir, single, parallel)
+
+
+def write_pair_dicts(out_dir: str | os.PathLike, single: dict, parallel: dict
+                     ) -> tuple[str, str]:
+    out_dir = os.fspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    return (write_plan(os.path.join(out_dir, "single.json.gz"), single),
+            write_plan(os.path.join(out_dir, "parallel.json.gz"), parallel))
+
+
+__all__ = ["ModelConfig", "World", "generate_pair", "write_pair", "write_pair_dicts",
+           "build_pair", "validate", "stage_of_layers", "asdict"]

@@ -1,0 +1,90 @@
+"""The report of one verification run, as plain dataclasses that serialize to JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tvsmt.errors import PlanError
+
+EQUIVALENT, VIOLATION, INCONCLUSIVE, ERROR = "equivalent", "violation", "inconclusive", "error"
+EXIT_CODES = {EQUIVALENT: 0, VIOLATION: 1, INCONCLUSIVE: 2, ERROR: 2}
+
+
+@dataclass
+class Failure:
+    """Why one stage (or the plan as a whole) is not proven."""
+
+    kind: str  # "counterexample" | "structural" | "inconclusive" | "error"
+    message: str
+    stage: str | None = None
+    lineage: int | None = None
+    tensor: str | None = None  # the single-plan tensor whose lineage is not established
+    slice: list[list[int]] | None = None  # original slice of the failing lineage part
+    parallel_tensors: list[str] = field(default_factory=list)
+    single_nodes: list[dict[str, str]] = field(default_factory=list)  # [{"id", "op"}]
+    parallel_nodes: list[dict[str, str]] = field(default_factory=list)
+    node: str | None = None  # a specific node at fault, where known
+    counterexample: dict[str, Any] | None = None  # {"inputs": {...}, "mismatches": [...]}
+    solver: dict[str, Any] | None = None  # solver answers (name, status, time, message)
+
+
+@dataclass
+class Report:
+    verdict: str
+    single: str
+    parallel: str
+    stages_total: int = 0
+    stages_proven: int = 0
+    stages_violated: int = 0
+    stages_inconclusive: int = 0
+    assumptions: int = 0
+    obligations_total: int = 0
+    obligations_unique: int = 0
+    proven_without_solver: int = 0
+    cache_hits: int = 0
+    solver: str = "z3"
+    solver_seconds: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds
+    failures: list[Failure] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["format"] = "tvsmt.report"
+        d["version"] = 1
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def save(self, path: str) -> None:
+        import os
+        import tempfile
+
+        folder = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".report-", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(self.to_json())
+        os.replace(tmp, path)
+
+
+def load_report(path: str) -> Report:
+    """Read a JSON report written by `Report.save` (for `tvsmt report`)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise PlanError(f"cannot read report: {e}", file=path) from None
+    if not isinstance(data, dict) or data.get("format") != "tvsmt.report":
+        raise PlanError("not a tvsmt report", file=path)
+    fields = {k: v for k, v in data.items() if k in Report.__dataclass_fields__}
+    try:
+        fields["failures"] = [Failure(**f) for f in data.get("failures", [])]
+        return Report(**fields)
+    except TypeError as e:
+        raise PlanError(f"malformed report: {e}", file=path) from None

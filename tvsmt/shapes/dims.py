@@ -1,0 +1,235 @@
+"""Dimension variables and the divisor solver behind shape reduction.
+
+Shape rules (in the operator registry) relate dimensions with products and equalities:
+`a * m == b * n`, `prod(group) == prod(group)`, `d >= 2`. Here a dimension is a `Dim`; rules
+combine them into `Mono`mials (coefficient times a product of dims), and `==`/`>=` build
+constraint objects instead of booleans.
+
+The solver works in *divisor space*. The original sizes N satisfy every rule (that is checked
+per node beforehand). Choose for each dimension a divisor s of N and use the reduced size
+N / s. A homogeneous rule `c1 * prod(a) == c2 * prod(b)` then holds after reduction exactly
+when `prod(s_a) == prod(s_b)`. So every two-dim rule just says "same divisor" (a union-find
+class), and a view's grouping says "the divisor of the merged dim is the product of the
+divisors of its parts". Each class takes the largest divisor that keeps every member >= 2 and
+every lineage boundary an integer; the product relations are solved by a small search with
+propagation. Dividing everything by 1 (no reduction) always satisfies the rules, so a solution
+always exists; this replaces an integer optimization problem by a few microseconds of work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+from math import gcd
+
+
+class Dim:
+    """One reduced dimension: original size `n`; `g` must be divisible by its divisor."""
+
+    __slots__ = ("id", "n", "g", "label")
+
+    def __init__(self, ident: int, n: int, label: str = ""):
+        self.id, self.n, self.g, self.label = ident, n, n, label
+
+    def mono(self) -> "Mono":
+        return Mono(Fraction(1), (self.id,))
+
+    def __mul__(self, other):
+        return self.mono() * other
+
+    __rmul__ = __mul__
+
+    def __eq__(self, other):  # builds a constraint, like a solver variable
+        return Eq(self.mono(), as_mono(other))
+
+    def __ge__(self, other):
+        return Bound(self.id, other)
+
+    def __hash__(self):
+        return hash(self.id)
+
+    def __repr__(self):
+        return f"Dim({self.label or self.id}:{self.n})"
+
+
+@dataclass(frozen=True, eq=False)
+class Mono:
+    coef: Fraction
+    dims: tuple[int, ...]  # dim ids, with multiplicity
+
+    def __mul__(self, other):
+        o = as_mono(other)
+        return Mono(self.coef * o.coef, tuple(sorted(self.dims + o.dims)))
+
+    __rmul__ = __mul__
+
+    def __eq__(self, other):
+        return Eq(self, as_mono(other))
+
+    def __ge__(self, other):
+        if len(self.dims) == 1 and self.coef == 1:
+            return Bound(self.dims[0], other)
+        raise TypeError("bounds are supported on single dimensions only")
+
+    __hash__ = object.__hash__
+
+
+def as_mono(x) -> Mono:
+    if isinstance(x, Mono):
+        return x
+    if isinstance(x, Dim):
+        return x.mono()
+    if isinstance(x, int):
+        return Mono(Fraction(x), ())
+    raise TypeError(f"not a dimension expression: {x!r}")
+
+
+@dataclass(frozen=True)
+class Eq:
+    lhs: Mono
+    rhs: Mono
+
+
+@dataclass(frozen=True)
+class Bound:
+    dim: int
+    minimum: int
+
+
+@dataclass(frozen=True)
+class KeepBoundary:
+    """Position `at` (original units) along `dim` must stay an integer after reduction."""
+
+    dim: int
+    at: int
+
+
+class DivisorSolver:
+    def __init__(self):
+        self.dims: list[Dim] = []
+        self.parent: list[int] = []
+        self.products: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+        self.fixed: dict[int, int] = {}  # dim id -> required divisor
+        self.min_size: dict[int, int] = {}
+
+    def new(self, n: int, label: str = "") -> Dim:
+        d = Dim(len(self.dims), n, label)
+        self.dims.append(d)
+        self.parent.append(d.id)
+        return d
+
+    def _find(self, i: int) -> int:
+        while self.parent[i] != i:
+            self.parent[i] = self.parent[self.parent[i]]
+            i = self.parent[i]
+        return i
+
+    def keep_divisible(self, dim: Dim, k: int) -> None:
+        """The reduction must keep multiples of k/N... i.e. the divisor must divide k."""
+        dim.g = gcd(dim.g, k)
+
+    def add(self, c) -> None:
+        if isinstance(c, bool):
+            if not c:
+                raise ValueError("impossible constraint")
+            return
+        if isinstance(c, Bound):
+            self.min_size[c.dim] = max(self.min_size.get(c.dim, 1), int(c.minimum))
+        elif isinstance(c, KeepBoundary):
+            self.keep_divisible(self.dims[c.dim], c.at)
+        elif isinstance(c, Eq):
+            lhs, rhs = list(c.lhs.dims), list(c.rhs.dims)
+            for d in list(lhs):  # cancel dims on both sides
+                if d in rhs:
+                    lhs.remove(d)
+                    rhs.remove(d)
+            if len(lhs) == 1 and len(rhs) == 1:
+                a, b = self._find(lhs[0]), self._find(rhs[0])
+                if a != b:
+                    self.parent[a] = b
+            elif not lhs and not rhs:
+                return
+            elif not lhs or not rhs:
+                # dims == constant: the reduced size must equal the original (divisor 1)
+                for d in lhs + rhs:
+                    self.fixed[d] = 1
+            else:
+                self.products.append((tuple(lhs), tuple(rhs)))
+        else:
+            raise TypeError(f"unknown shape constraint {c!r}")
+
+    def solve(self, budget: int = 200000) -> list[int]:
+        """Reduced size of every dim (index = dim id)."""
+        classes: dict[int, list[int]] = {}
+        for d in self.dims:
+            classes.setdefault(self._find(d.id), []).append(d.id)
+        cand: dict[int, list[int]] = {}
+        for root, members in classes.items():
+            g = 0
+            limit = None
+            for m in members:
+                dim = self.dims[m]
+                g = gcd(g, dim.g)
+                lo = max(self.min_size.get(m, 1), min(2, dim.n))
+                cap = dim.n // lo  # divisor <= n / minimum size
+                limit = cap if limit is None else min(limit, cap)
+                if m in self.fixed:
+                    limit = min(limit, self.fixed[m])
+            divs = [k for k in _divisors(g) if k <= (limit or 1)]
+            if any(m in self.fixed for m in members):
+                divs = [k for k in divs if all(k == self.fixed[m] for m in members
+                                               if m in self.fixed)] or [1]
+            cand[root] = sorted(divs, reverse=True)
+        prods = [(tuple(self._find(x) for x in l), tuple(self._find(x) for x in r))
+                 for l, r in self.products]
+        choice: dict[int, int] = {}
+        involved = sorted({c for l, r in prods for c in l + r},
+                          key=lambda c: (len(cand[c]), c))
+        for root in cand:
+            if root not in involved:
+                choice[root] = cand[root][0]
+        if involved and not _search(involved, cand, prods, choice, [budget]):
+            for root in involved:  # no reduction for these (always consistent)
+                choice[root] = 1
+        return [d.n // choice[self._find(d.id)] for d in self.dims]
+
+
+def _divisors(n: int) -> list[int]:
+    if n <= 0:
+        return [1]
+    small = [k for k in range(1, int(n ** 0.5) + 1) if n % k == 0]
+    return sorted(set(small + [n // k for k in small]))
+
+
+def _prod(xs, choice) -> int | None:
+    p = 1
+    for x in xs:
+        if x not in choice:
+            return None
+        p *= choice[x]
+    return p
+
+
+def _consistent(prods, choice) -> bool:
+    for l, r in prods:
+        a, b = _prod(l, choice), _prod(r, choice)
+        if a is not None and b is not None and a != b:
+            return False
+    return True
+
+
+def _search(order, cand, prods, choice, budget) -> bool:
+    """Depth-first, largest divisors first, checking product relations as they close."""
+    free = [c for c in order if c not in choice]
+    if not free:
+        return True
+    budget[0] -= 1
+    if budget[0] < 0:
+        return False
+    c = free[0]
+    for k in cand[c]:
+        choice[c] = k
+        if _consistent(prods, choice) and _search(order, cand, prods, choice, budget):
+            return True
+        del choice[c]
+    return False

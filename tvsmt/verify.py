@@ -1,0 +1,253 @@
+"""The verification pipeline: plan -> graph -> stages -> shapes -> encoding -> solving -> report.
+
+Each phase is a package of its own; this module only composes them, times them, and turns
+every outcome into the report. Soundness rule: a stage counts as proven only on `unsat` from
+a solver (or when both sides are literally the same term); anything else is a failure or
+inconclusive, never a pass.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from tvsmt.encoding.smtlib import Printed, print_obligation
+from tvsmt.encoding.stage import StageFormula, encode_stage
+from tvsmt.errors import StructuralViolation
+from tvsmt.graph import Graph
+from tvsmt.lineage import check_output_coverage, check_plan_shapes
+from tvsmt.ops import SymbolicBackend
+from tvsmt.plan import Plan, load_plan
+from tvsmt.plan.reader import check_pair
+from tvsmt.report.report import (EQUIVALENT, INCONCLUSIVE, VIOLATION, Failure, Report)
+from tvsmt.shapes import reduce_stage
+from tvsmt.shapes.reduce import ShapeReductionUnknown
+from tvsmt.solving.types import SAT, UNSAT, Obligation, SolverResult
+from tvsmt.stages import Stage, cut_stages
+
+
+@dataclass
+class Options:
+    jobs: int | None = None
+    solver: str = "z3"
+    timeout: float = 60.0
+    crosscheck: bool = False
+    corpus: str | None = None
+    fresh: bool = False
+    backend: str = "loky"
+    scheduler: str | None = None
+    progress: Callable[[int, int], None] | None = None  # (done, total)
+
+
+@dataclass
+class StageOutcome:
+    stage: Stage
+    formula: StageFormula | None = None
+    printed: Printed | None = None
+    failure: Failure | None = None
+    obligation: Obligation | None = None
+    result: SolverResult | None = None
+
+
+class Timer:
+    def __init__(self):
+        self.timings: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
+
+
+def _nodes(plan: Plan, idxs) -> list[dict[str, str]]:
+    return [{"id": plan.nodes[i].id, "op": plan.nodes[i].op} for i in idxs]
+
+
+def _stage_failure(kind: str, message: str, stage: Stage | None, single: Plan, parallel: Plan,
+                   part: int | None = None, node: str | None = None, tensor: str | None = None,
+                   **extra) -> Failure:
+    if stage is None:
+        return Failure(kind, message, node=node, tensor=tensor, **extra)
+    lin = parallel.lineages[stage.target]
+    parts = lin.parts if part is None else [lin.parts[part]]
+    return Failure(
+        kind, message, stage=stage.id, lineage=stage.target, tensor=tensor or lin.single,
+        slice=[list(r) for r in parts[0].slice] if part is not None else None,
+        parallel_tensors=sorted({t for p in parts for t in p.sum_of}),
+        single_nodes=_nodes(single, stage.single_nodes),
+        parallel_nodes=_nodes(parallel, stage.parallel_nodes), node=node, **extra)
+
+
+def _underivable(stage: Stage, single: Plan, parallel: Plan) -> Failure:
+    """A claim whose computation reaches graph inputs that no input lineage relates."""
+    lin = parallel.lineages[stage.target]
+    why = []
+    if stage.free_single:
+        why.append("the single plan computes it from " + ", ".join(stage.free_single[:4])
+                   + (" ..." if len(stage.free_single) > 4 else ""))
+    if stage.free_parallel:
+        why.append("the parallel plan computes it from " + ", ".join(stage.free_parallel[:4])
+                   + (" ..." if len(stage.free_parallel) > 4 else ""))
+    msg = (f"claimed lineage #{lin.index} of {lin.single} cannot be derived from the graph: "
+           + "; ".join(why) + ", which no earlier lineage relates to the other plan")
+    return _stage_failure("structural", msg, stage, single, parallel)
+
+
+def build_obligations(single: Plan, parallel: Plan, stages: list[Stage], timer: Timer
+                      ) -> list[StageOutcome]:
+    """Shape reduction, symbolic execution and printing for every stage."""
+    be = SymbolicBackend()
+    outcomes = []
+    for stage in stages:
+        out = StageOutcome(stage)
+        outcomes.append(out)
+        if stage.free_single or stage.free_parallel:
+            out.failure = _underivable(stage, single, parallel)
+            continue
+        try:
+            with timer.phase("shapes"):
+                shapes = reduce_stage(stage, single, parallel)
+            with timer.phase("encoding"):
+                out.formula = encode_stage(stage, single, parallel, shapes, be)
+                if out.formula.comparisons:
+                    pairs = [(c.lhs, c.rhs) for c in out.formula.comparisons]
+                    out.printed = print_obligation(out.formula.constraints, pairs)
+                    p = out.printed
+                    query = tuple(p.symbols) + tuple(n for pair in p.pairs for n in pair)
+                    out.obligation = Obligation(p.digest, p.text, query,
+                                                {"stage": stage.id, "lineage": stage.target})
+        except StructuralViolation as e:
+            out.failure = _stage_failure("structural", str(e), stage, single, parallel,
+                                         node=e.node, tensor=e.tensor)
+        except ShapeReductionUnknown as e:
+            out.failure = _stage_failure("inconclusive", str(e), stage, single, parallel)
+    return outcomes
+
+
+def _counterexample(out: StageOutcome) -> dict:
+    """Inputs and mismatching element values of a model, in plan terms."""
+    values = out.result.values if out.result else {}
+    p, f = out.printed, out.formula
+
+    def show(v):
+        if isinstance(v, Fraction):
+            return str(v.numerator) if v.denominator == 1 else f"{v.numerator}/{v.denominator}"
+        return str(v)
+
+    inputs = {}
+    for canon, original in p.symbols.items():
+        if canon in values:
+            side_tensor, idx = f.inputs.get(original, (original, ()))
+            inputs[f"{side_tensor}[{','.join(map(str, idx))}]"] = show(values[canon])
+    mismatches = []
+    for (ln, rn), comp in zip(p.pairs, f.comparisons):
+        lv, rv = values.get(ln), values.get(rn)
+        if lv is not None and rv is not None and lv != rv:
+            mismatches.append({"part": comp.part, "index": list(comp.single_index),
+                               "part_index": list(comp.index), "single": show(lv),
+                               "parallel": show(rv)})
+    return {"inputs": inputs, "mismatches": mismatches}
+
+
+def _first_mismatch_part(cex: dict) -> int | None:
+    return cex["mismatches"][0]["part"] if cex.get("mismatches") else None
+
+
+def solve_obligations(obligations: list[Obligation], opts: Options) -> list[SolverResult]:
+    from tvsmt.solving.inprocess import solve_all
+
+    return solve_all(obligations, solver=opts.solver, jobs=opts.jobs, timeout_s=opts.timeout,
+                     progress=opts.progress)
+
+
+def verify_plans(single: Plan, parallel: Plan, opts: Options | None = None,
+                 timer: Timer | None = None) -> Report:
+    opts = opts or Options()
+    timer = timer or Timer()
+    report = Report(EQUIVALENT, single.path, parallel.path, solver=opts.solver)
+    failures: list[Failure] = []
+    with timer.phase("stages"):
+        sgraph, pgraph = Graph(single), Graph(parallel)
+        for plan in (single, parallel):
+            for v in check_plan_shapes(plan):
+                failures.append(Failure("structural", str(v), node=v.node, tensor=v.tensor))
+        for v in check_output_coverage(single, parallel):
+            failures.append(Failure("structural", str(v), tensor=v.tensor, lineage=v.lineage))
+        cut = cut_stages(single, parallel, sgraph, pgraph)
+        for v in cut.violations:
+            failures.append(Failure("structural", str(v), tensor=v.tensor, lineage=v.lineage))
+    report.assumptions = len(cut.assumptions)
+    report.stages_total = len(cut.stages)
+    outcomes = build_obligations(single, parallel, cut.stages, timer)
+
+    # Deduplicate identical obligations (same canonical text = same digest): solve once.
+    unique: dict[str, Obligation] = {}
+    for out in outcomes:
+        if out.obligation is not None:
+            unique.setdefault(out.obligation.digest, out.obligation)
+    report.obligations_total = sum(1 for o in outcomes if o.obligation is not None)
+    report.obligations_unique = len(unique)
+    report.proven_without_solver = sum(1 for o in outcomes if o.failure is None
+                                       and o.obligation is None)
+    with timer.phase("solving"):
+        results = dict(zip(unique, solve_obligations(list(unique.values()), opts)))
+    with timer.phase("report"):
+        seconds: dict[str, float] = {}
+        for r in results.values():
+            seconds[r.solver] = seconds.get(r.solver, 0.0) + r.seconds
+        report.solver_seconds = seconds
+        for out in outcomes:
+            if out.failure is not None:
+                failures.append(out.failure)
+                continue
+            if out.obligation is None:
+                report.stages_proven += 1
+                continue
+            out.result = results[out.obligation.digest]
+            res = out.result
+            solver = {"name": res.solver, "version": res.version, "status": res.status,
+                      "seconds": round(res.seconds, 4), "message": res.message}
+            if res.status == UNSAT:
+                report.stages_proven += 1
+            elif res.status == SAT:
+                cex = _counterexample(out)
+                lin = parallel.lineages[out.stage.target]
+                msg = (f"the parallel plan does not compute lineage #{lin.index} of "
+                       f"{lin.single}: counterexample found")
+                failures.append(_stage_failure("counterexample", msg, out.stage, single,
+                                               parallel, part=_first_mismatch_part(cex),
+                                               counterexample=cex, solver=solver))
+            else:
+                failures.append(_stage_failure(
+                    "inconclusive", f"solver answered {res.status}"
+                    + (f": {res.message}" if res.message else ""), out.stage, single, parallel,
+                    solver=solver))
+        report.failures = failures
+        report.stages_violated = len({f.stage for f in failures if f.stage and f.kind in
+                                      ("counterexample", "structural")})
+        report.stages_inconclusive = len({f.stage for f in failures if f.stage and f.kind in
+                                          ("inconclusive", "error")})
+        if any(f.kind in ("counterexample", "structural") for f in failures):
+            report.verdict = VIOLATION
+        elif failures:
+            report.verdict = INCONCLUSIVE
+    report.timings = {k: round(v, 4) for k, v in timer.timings.items()}
+    return report
+
+
+def verify_pair(single_path: str, parallel_path: str, opts: Options | None = None,
+                jobs: int | None = None, **kw) -> Report:
+    """Load two plan files and verify them (PlanError on malformed input)."""
+    opts = opts or Options(jobs=jobs, **kw)
+    timer = Timer()
+    with timer.phase("load"):
+        single = load_plan(single_path)
+        parallel = load_plan(parallel_path)
+        check_pair(single, parallel)
+    return verify_plans(single, parallel, opts, timer)
