@@ -69,6 +69,17 @@ def _nodes(plan: Plan, idxs) -> list[dict[str, str]]:
     return [{"id": plan.nodes[i].id, "op": plan.nodes[i].op} for i in idxs]
 
 
+def _cone(plan: Plan, node_idxs, tensors) -> list[int]:
+    """The stage nodes that the given tensors depend on (to point at the failing part)."""
+    need, out = set(tensors), []
+    for i in reversed(node_idxs):
+        n = plan.nodes[i]
+        if any(t in need for t in n.outputs if t is not None):
+            out.append(i)
+            need.update(t for t in n.inputs if t is not None)
+    return out[::-1]
+
+
 def _stage_failure(kind: str, message: str, stage: Stage | None, single: Plan, parallel: Plan,
                    part: int | None = None, node: str | None = None, tensor: str | None = None,
                    **extra) -> Failure:
@@ -81,7 +92,9 @@ def _stage_failure(kind: str, message: str, stage: Stage | None, single: Plan, p
         slice=[list(r) for r in parts[0].slice] if part is not None else None,
         parallel_tensors=sorted({t for p in parts for t in p.sum_of}),
         single_nodes=_nodes(single, stage.single_nodes),
-        parallel_nodes=_nodes(parallel, stage.parallel_nodes), node=node, **extra)
+        parallel_nodes=_nodes(parallel, _cone(parallel, stage.parallel_nodes,
+                                              [t for p in parts for t in p.sum_of])),
+        node=node, **extra)
 
 
 def _underivable(stage: Stage, single: Plan, parallel: Plan) -> Failure:

@@ -1,0 +1,84 @@
+"""One-line bugs in small hand-made plans must turn `equivalent` into `violation` (issue 2),
+and the report must point at the right stage, tensor and node."""
+
+from __future__ import annotations
+
+import pytest
+from handmade import parallel_mlp, single_mlp
+
+from tvsmt.plan import plan_from_dict
+from tvsmt.plan.reader import check_pair
+from tvsmt.verify import Options, verify_plans
+
+
+def verify_dicts(single: dict, parallel: dict):
+    s, p = plan_from_dict(single, "single.json"), plan_from_dict(parallel, "parallel.json")
+    check_pair(s, p)
+    return verify_plans(s, p, Options(jobs=1))
+
+
+@pytest.mark.parametrize("dp,tp", [(1, 2), (2, 1), (2, 2), (2, 4)])
+def test_correct_plans_are_equivalent(dp, tp):
+    report = verify_dicts(single_mlp(), parallel_mlp(dp=dp, tp=tp))
+    assert report.verdict == "equivalent", report.failures
+    assert report.stages_proven == report.stages_total > 0
+
+
+@pytest.mark.parametrize("bug,tensor,node", [
+    ({"drop_allreduce": True}, "y", "ar@0"),
+    ({"wrong_chunk": True}, "x", "c@0"),
+    ({"wrong_const_rank": 1}, "hs", "n2@1"),
+    ({"wrong_const_rank": 3}, "hs", "n2@3"),
+    ({"drop_reducer": True}, "gw1", "red_gw1@0"),
+])
+def test_one_line_bugs_are_violations(bug, tensor, node):
+    report = verify_dicts(single_mlp(), parallel_mlp(**bug))
+    assert report.verdict == "violation"
+    assert report.exit_code == 1
+    first = report.failures[0]
+    assert first.kind == "counterexample"
+    assert first.tensor == tensor
+    assert node in [n["id"] for n in first.parallel_nodes]
+    cex = first.counterexample
+    assert cex["mismatches"], "a counterexample shows the differing values"
+    m = cex["mismatches"][0]
+    assert m["single"] != m["parallel"]
+    assert cex["inputs"]
+    assert first.slice is not None
+
+
+def test_wrong_constant_on_all_ranks_against_single_is_caught():
+    report = verify_dicts(single_mlp(const=2.0), parallel_mlp(const=4.0))
+    assert report.verdict == "violation"
+
+
+def test_final_gradient_left_as_partial_sum_is_a_violation():
+    par = parallel_mlp()
+    par["lineages"] = [l for l in par["lineages"]
+                       if not (l["single"] == "gw1" and len(l["parts"][0]["sum_of"]) == 1)]
+    report = verify_dicts(single_mlp(), par)
+    assert report.verdict == "violation"
+    assert any(f.kind == "structural" and f.tensor == "gw1" and "partial sum" in f.message
+               for f in report.failures)
+
+
+def test_output_slice_nobody_holds_is_a_violation():
+    par = parallel_mlp(dp=2, tp=2)
+    last = [l for l in par["lineages"] if l["single"] == "gw2"][-1]
+    last["parts"] = last["parts"][:1]  # only the first column block is claimed
+    report = verify_dicts(single_mlp(), par)
+    assert report.verdict == "violation"
+    assert any("not fully held" in f.message and f.tensor == "gw2" for f in report.failures)
+
+
+def test_parallel_input_posing_as_a_computed_tensor_is_a_violation():
+    """An assumption is only acceptable on graph inputs of both plans."""
+    par = parallel_mlp(dp=1, tp=2)
+    # Claim that a fresh parallel input holds the single activation h (which the single plan
+    # computes): the parallel plan would be assuming what it should prove.
+    par["tensors"]["fake@0"] = {"shape": [8, 8], "role": "input"}
+    par["lineages"].insert(0, {"single": "h", "parts": [{"slice": [[0, 8], [0, 8]],
+                                                         "sum_of": ["fake@0"]}]})
+    report = verify_dicts(single_mlp(), par)
+    assert report.verdict == "violation"
+    assert any(f.tensor == "h" and "never derives" in f.message for f in report.failures)

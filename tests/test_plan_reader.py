@@ -1,0 +1,143 @@
+"""Bad input gets a one-line error naming the file and the node/tensor, and exit code 2."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+
+import pytest
+from click.testing import CliRunner
+from handmade import parallel_mlp, single_mlp
+
+from tvsmt.cli import main
+from tvsmt.errors import PlanError
+from tvsmt.plan import load_plan
+
+
+def write(path, data, gz=False):
+    text = json.dumps(data)
+    if gz:
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        path.write_text(text)
+    return str(path)
+
+
+def run_cli(tmp_path, single: dict, parallel: dict):
+    s = write(tmp_path / "single.json", single)
+    p = write(tmp_path / "parallel.json.gz", parallel, gz=True)
+    return CliRunner().invoke(main, ["verify", s, p])
+
+
+def node(plan, nid):
+    return next(n for n in plan["nodes"] if n["id"] == nid)
+
+
+def mutate_unknown_op(s, p):
+    node(p, "n2@1")["op"] = "flash_attention_v9"
+    return "parallel.json.gz", ["n2@1", "flash_attention_v9"]
+
+
+def mutate_undeclared(s, p):
+    node(s, "n3")["inputs"][0] = "ghost"
+    return "single.json", ["n3", "ghost", "undeclared"]
+
+
+def mutate_written_twice(s, p):
+    node(p, "n2@0")["outputs"] = ["h@0"]
+    return "parallel.json.gz", ["n2@0", "h@0", "written twice"]
+
+
+def mutate_out_of_order(s, p):
+    s["nodes"][0], s["nodes"][1] = s["nodes"][1], s["nodes"][0]
+    return "single.json", ["n2", "h", "topological"]
+
+
+def mutate_cycle(s, p):
+    node(s, "n1")["inputs"][0] = "y"
+    return "single.json", ["n1", "y"]
+
+
+def mutate_slice_outside(s, p):
+    p["lineages"][1]["parts"][1]["slice"] = [[12, 20], [0, 8]]
+    return "parallel.json.gz", ["w1", "outside the full shape"]
+
+
+def mutate_part_shape(s, p):
+    p["lineages"][1]["parts"][0]["slice"] = [[0, 4], [0, 8]]
+    return "parallel.json.gz", ["w1@0", "differs from the slice shape"]
+
+
+def mutate_output_without_lineage(s, p):
+    p["lineages"] = [l for l in p["lineages"] if l["single"] != "gw2"]
+    return "parallel.json.gz", ["gw2", "no lineage"]
+
+
+def mutate_format(s, p):
+    p["format"] = "nnscaler.pickle"
+    return "parallel.json.gz", ["unknown format"]
+
+
+def mutate_version(s, p):
+    s["version"] = 7
+    return "single.json", ["unsupported version"]
+
+
+def mutate_lineage_unknown_single(s, p):
+    p["lineages"][0]["single"] = "nope"
+    return "parallel.json.gz", ["nope", "does not declare"]
+
+
+def mutate_bad_shape(s, p):
+    s["tensors"]["x"]["shape"] = [8, "eight"]
+    return "single.json", ["tensor x", "shape"]
+
+
+MUTATIONS = [mutate_unknown_op, mutate_undeclared, mutate_written_twice, mutate_out_of_order,
+             mutate_cycle, mutate_slice_outside, mutate_part_shape,
+             mutate_output_without_lineage, mutate_format, mutate_version,
+             mutate_lineage_unknown_single, mutate_bad_shape]
+
+
+@pytest.mark.parametrize("mutate", MUTATIONS, ids=lambda f: f.__name__[7:])
+def test_bad_plan_one_line_error_exit_2(tmp_path, mutate):
+    s, p = single_mlp(), parallel_mlp()
+    fname, words = mutate(s, p)
+    result = run_cli(tmp_path, s, p)
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    err = result.output.strip()
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    assert fname in err
+    for w in words:
+        assert w in err, (w, err)
+
+
+def test_unmodified_pair_passes_the_same_path(tmp_path):
+    result = run_cli(tmp_path, single_mlp(), parallel_mlp())
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("content,msg", [(b"{not json", "not valid JSON"),
+                                         (b"\x1f\x8b\x08garbage", "cannot read")])
+def test_unreadable_files(tmp_path, content, msg):
+    path = tmp_path / ("p.json.gz" if content.startswith(b"\x1f") else "p.json")
+    path.write_bytes(content)
+    with pytest.raises(PlanError, match=msg):
+        load_plan(path)
+
+
+def test_missing_file_cli(tmp_path):
+    result = CliRunner().invoke(main, ["verify", str(tmp_path / "a.json"),
+                                       str(tmp_path / "b.json")])
+    assert result.exit_code == 2
+    assert "no such file" in result.output
+
+
+def test_plans_swapped_is_an_error(tmp_path):
+    result = run_cli(tmp_path, parallel_mlp(), copy.deepcopy(single_mlp()))
+    assert result.exit_code == 2
+    assert "expected a single plan" in result.output

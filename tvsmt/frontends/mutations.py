@@ -1,0 +1,617 @@
+"""The bug zoo: mutations that inject one realistic parallelization bug into a parallel plan.
+
+    mutated, record = apply(parallel_dict, "drop-bw-reduction", seed=0)
+
+`apply` never modifies its argument. `record` says what changed: `nodes` (ids of the nodes
+changed or added), `tensors` (the tensors whose values change first: the outputs of those
+nodes), `target` (the main node), plus the bug's name, category and description. A test or a
+report reader can check that a verifier's failure points at them (or at a tensor computed from
+them).
+
+Targets are found structurally (operators, tensor roles, lineages, aligned hints), never by
+parsing tensor or node ids, so the mutations also apply to plans from other producers (e.g.
+the reference fixtures) where the pattern exists. `seed` picks among the candidates; `where`
+(a node id, or a tensor id the node reads or writes) forces the target. A mutation that has no
+candidate in the plan (e.g. a tensor-parallel bug in a plan with tp=1) raises `NotApplicable`.
+
+Every mutated plan stays a valid execplan (declared tensors, SSA, topological order, matching
+shapes), except the mutations marked `breaks_graph`, whose point is a broken dataflow.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass
+from typing import Any, Callable
+
+IDENTITY_LIKE = {"float", "to", "contiguous", "identity", "multiref", "view", "transpose"}
+# Backward rules that read the value (not only the shape) of their mirror inputs.
+READS_MIRRORS = ("silu", "softmax", "rsqrt", "pow", "mul", "matmul", "linear")
+
+
+class NotApplicable(ValueError):
+    """The plan has no place where this bug can be injected."""
+
+
+# ----------------------------------------------------------------------------- plan access
+
+
+class PlanView:
+    """Indexes over a plan dict, rebuilt after every structural edit."""
+
+    def __init__(self, plan: dict[str, Any]):
+        self.plan = plan
+        self._n = 0
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.nodes: list[dict] = self.plan["nodes"]
+        self.pos = {n["id"]: i for i, n in enumerate(self.nodes)}
+        self.producer: dict[str, dict] = {}
+        self.consumers: dict[str, list[dict]] = {}
+        for n in self.nodes:
+            for t in n["outputs"]:
+                if t is not None:
+                    self.producer[t] = n
+            for t in n["inputs"]:
+                if t is not None:
+                    self.consumers.setdefault(t, []).append(n)
+        self.parts_of: dict[str, list[tuple[int, tuple]]] = {}
+        for i, lin in enumerate(self.plan.get("lineages") or []):
+            for p in lin["parts"]:
+                sl = tuple(tuple(r) for r in p["slice"])
+                for t in p["sum_of"]:
+                    self.parts_of.setdefault(t, []).append((i, sl))
+
+    # -- facts
+    @property
+    def world(self) -> dict:
+        return self.plan.get("world") or {}
+
+    def w(self, key: str) -> int:
+        return int(self.world.get(key) or 1)
+
+    def shape(self, t: str) -> list[int]:
+        return self.plan["tensors"][t]["shape"]
+
+    def role(self, t: str) -> str:
+        return self.plan["tensors"][t].get("role", "activation")
+
+    def rank_of(self, t: str) -> int | None:
+        p = self.producer.get(t)
+        return p["rank"] if p is not None else None
+
+    def before(self, t: str, node: dict) -> bool:
+        """t is a graph input or written before `node`."""
+        p = self.producer.get(t)
+        return p is None or self.pos[p["id"]] < self.pos[node["id"]]
+
+    def instance(self, n: dict) -> list[dict]:
+        """The nodes of one collective: same operator, same inputs (every member of a
+        collective lists the inputs of the whole group)."""
+        return [m for m in self.nodes if m["op"] == n["op"] and m["inputs"] == n["inputs"]]
+
+    def tp_group(self, rank: int) -> set[int]:
+        tp = self.w("tp")
+        start = rank - rank % tp
+        return set(range(start, start + tp))
+
+    # -- edits
+    def fresh_tensor(self, base: str, shape, role: str) -> str:
+        while True:
+            self._n += 1
+            tid = f"{base}~bug{self._n}"
+            if tid not in self.plan["tensors"]:
+                break
+        self.plan["tensors"][tid] = {"shape": list(shape), "role": role}
+        return tid
+
+    def fresh_node_id(self, base: str) -> str:
+        while True:
+            self._n += 1
+            nid = f"{base}~bug{self._n}"
+            if nid not in self.pos:
+                return nid
+
+    def insert(self, index: int, node: dict) -> dict:
+        self.nodes.insert(index, node)
+        self.refresh()
+        return node
+
+    def add_to_hints(self, existing: str, new: str) -> None:
+        """Add node `new` to every aligned hint that lists node `existing`."""
+        for lin in self.plan.get("lineages") or []:
+            a = lin.get("aligned")
+            if a and existing in a.get("parallel", []) and new not in a["parallel"]:
+                a["parallel"].append(new)
+
+
+def _node(nid: str, op: str, pass_: str | None, rank: int, mb: int, inputs, outputs,
+          attrs: dict | None = None) -> dict:
+    return {"id": nid, "op": op, "pass": pass_, "rank": rank, "mb": mb, "inputs": list(inputs),
+            "outputs": list(outputs), "attrs": dict(attrs or {})}
+
+
+def _pick(cands: list, rng: random.Random, where: str | None, what: str,
+          node_of: Callable[[Any], dict] = lambda c: c) -> Any:
+    if where is not None:
+        cands = [c for c in cands if where == node_of(c)["id"] or where in node_of(c)["inputs"]
+                 or where in node_of(c)["outputs"]]
+        if not cands:
+            raise NotApplicable(f"{where} is not a place for this bug ({what})")
+    if not cands:
+        raise NotApplicable(f"the plan has no {what}")
+    return cands[rng.randrange(len(cands))]
+
+
+def _record(target: dict, nodes: list[str], tensors: list[str], **extra) -> dict:
+    seen: dict[str, None] = {}
+    for t in tensors:
+        if t is not None:
+            seen.setdefault(t, None)
+    return {"target": target["id"], "nodes": list(dict.fromkeys(nodes)), "tensors": list(seen),
+            **extra}
+
+
+def _local_input(v: PlanView, n: dict) -> str:
+    """The input of a collective node that its own rank contributes."""
+    for t in n["inputs"]:
+        if t is not None and v.rank_of(t) == n["rank"]:
+            return t
+    ranks = n["attrs"].get("ranks") or []
+    if n["rank"] in ranks and len(ranks) == len(n["inputs"]):
+        return n["inputs"][ranks.index(n["rank"])]
+    raise NotApplicable(f"cannot tell which input of {n['id']} is local")
+
+
+def _is_grad(v: PlanView, n: dict) -> bool:
+    return any(t is not None and v.role(t) == "grad" for t in n["outputs"])
+
+
+# ----------------------------------------------------------------------------- communication
+
+
+def _fw_all_reduces(v: PlanView) -> list[dict]:
+    return [n for n in v.nodes if n["op"] == "all_reduce" and not _is_grad(v, n)]
+
+
+def _bw_all_reduces(v: PlanView) -> list[dict]:
+    return [n for n in v.nodes if n["op"] == "all_reduce" and _is_grad(v, n)]
+
+
+def _to_identity(v: PlanView, n: dict) -> dict:
+    local = _local_input(v, n)
+    n.update(op="identity", inputs=[local], attrs={})
+    v.refresh()
+    return _record(n, [n["id"]], n["outputs"], kept_input=local)
+
+
+def drop_allreduce_keep_dataflow(v: PlanView, rng, where):
+    n = _pick(_fw_all_reduces(v), rng, where, "forward all_reduce")
+    return _to_identity(v, n)
+
+
+def drop_allreduce_break_dataflow(v: PlanView, rng, where):
+    n = _pick(_fw_all_reduces(v), rng, where, "forward all_reduce")
+    v.nodes.remove(n)
+    v.refresh()
+    # The output stays declared but nothing writes it any more: its readers see an undefined
+    # tensor, which only its (computed, not assumed) lineage mentions.
+    return _record(n, [n["id"]], n["outputs"], removed=True)
+
+
+def allreduce_to_allgather(v: PlanView, rng, where):
+    n = _pick(_fw_all_reduces(v), rng, where, "forward all_reduce")
+    inst = v.instance(n)
+    shape = v.shape(n["inputs"][0])
+    k = len(n["inputs"])
+    dims = [i for i in range(len(shape)) if shape[i] % k == 0 and shape[i] >= k]
+    if not dims:
+        raise NotApplicable(f"no axis of {shape} splits into {k} pieces")
+    dim = dims[-1]
+    ranks = [v.rank_of(t) for t in n["inputs"]]
+    first = min(v.pos[m["id"]] for m in inst)
+    piece = list(shape)
+    piece[dim] //= k
+    chunks, added = [], []
+    for i, (t, r) in enumerate(zip(n["inputs"], ranks)):
+        c = v.fresh_tensor(t, piece, v.role(t))
+        nid = v.fresh_node_id(f"{n['id']}:chunk")
+        v.insert(first + i, _node(nid, "chunk", None, r, n["mb"], [t], [c],
+                                  {"dim": dim, "ranks": ranks, "idx": i}))
+        chunks.append(c)
+        added.append(nid)
+    for m in inst:
+        m.update(op="all_gather", inputs=list(chunks), attrs={"dim": dim, "ranks": ranks})
+    v.refresh()
+    return _record(n, [m["id"] for m in inst] + added, [o for m in inst for o in m["outputs"]])
+
+
+def allgather_to_allreduce(v: PlanView, rng, where):
+    cands = [n for n in v.nodes if n["op"] == "all_gather" and not _is_grad(v, n)]
+    cands = cands or [n for n in v.nodes if n["op"] == "all_gather"]
+    n = _pick(cands, rng, where, "all_gather")
+    inst = v.instance(n)
+    ranks = n["attrs"].get("ranks") or [v.rank_of(t) for t in n["inputs"]]
+    by_rank = {m["rank"]: m for m in inst}
+    first = min(v.pos[m["id"]] for m in inst)
+    shape = v.shape(n["inputs"][0])
+    sums, added = {}, []
+    for i, r in enumerate(ranks):
+        s = v.fresh_tensor(n["inputs"][0], shape, v.role(n["inputs"][0]))
+        nid = v.fresh_node_id(f"{n['id']}:all_reduce")
+        mb = by_rank[r]["mb"] if r in by_rank else n["mb"]
+        v.insert(first + i, _node(nid, "all_reduce", None, r, mb, n["inputs"], [s],
+                                  {"ranks": ranks}))
+        sums[r] = s
+        added.append(nid)
+    gathered = [sums[r] for r in ranks]
+    for m in inst:
+        m["inputs"] = list(gathered)
+    v.refresh()
+    return _record(n, [m["id"] for m in inst] + added,
+                   [o for m in inst for o in m["outputs"]] + list(sums.values()))
+
+
+def drop_bw_reduction(v: PlanView, rng, where):
+    n = _pick(_bw_all_reduces(v), rng, where, "backward all_reduce (tp > 1)")
+    return _to_identity(v, n)
+
+
+def _same_lineage_elsewhere(v: PlanView, t: str, node: dict, avoid_ranks: set[int]) -> list[str]:
+    """Tensors that some lineage relates to the same single tensor as t, with t's shape, held
+    by a rank outside `avoid_ranks` and written before `node`."""
+    lins = {i for i, _ in v.parts_of.get(t, [])}
+    out = []
+    for u, parts in v.parts_of.items():
+        if u == t or not lins & {i for i, _ in parts}:
+            continue
+        r = v.rank_of(u)
+        if r is None or r in avoid_ranks or v.shape(u) != v.shape(t) or not v.before(u, node):
+            continue
+        out.append(u)
+    return sorted(out, key=lambda u: v.pos[v.producer[u]["id"]])
+
+
+def wrong_group(v: PlanView, rng, where):
+    cands = []
+    for n in v.nodes:
+        if n["op"] not in ("all_reduce", "all_gather", "reducer"):
+            continue
+        inst = v.instance(n)
+        first = min(inst, key=lambda m: v.pos[m["id"]])
+        group = {v.rank_of(t) for t in n["inputs"] if t is not None}
+        for j, t in enumerate(n["inputs"]):
+            subs = _same_lineage_elsewhere(v, t, first, group)
+            if subs:
+                cands.append((n, j, subs[-1]))
+                break
+    fw = [c for c in cands if c[0]["op"] == "all_reduce" and not _is_grad(v, c[0])]
+    n, j, sub = _pick(fw or cands, rng, where, "collective with a same-shaped tensor on a rank "
+                      "outside its group (dp > 1)", node_of=lambda c: c[0])
+    inst = v.instance(n)
+    old = n["inputs"][j]
+    for m in inst:
+        m["inputs"][j] = sub
+        ranks = m["attrs"].get("ranks")
+        if isinstance(ranks, list) and len(ranks) == len(m["inputs"]):
+            m["attrs"]["ranks"] = list(ranks)
+            m["attrs"]["ranks"][j] = v.rank_of(sub)
+    v.refresh()
+    return _record(n, [m["id"] for m in inst], [o for m in inst for o in m["outputs"]],
+                   replaced=old, by=sub)
+
+
+# ----------------------------------------------------------------------------- rank assignment
+
+
+def pp_wrong_stage(v: PlanView, rng, where):
+    """Re-route a point-to-point receive: the receiver reads another sender's message that
+    carries a different slice of the same tensor (another replica or micro-batch)."""
+
+    def slices(t):
+        return set(v.parts_of.get(t, []))
+
+    receivers = []
+    for n in v.nodes:
+        if n["op"] != "move" or len(n["inputs"]) != 1:
+            continue
+        sender = v.producer.get(n["inputs"][0])
+        if sender is None or sender["op"] != "move" or sender["rank"] == n["rank"]:
+            continue
+        receivers.append((n, sender))
+    cands = []
+    for n, sender in receivers:
+        out = n["outputs"][0]
+        mine = slices(out)
+        lins = {i for i, _ in mine}
+        alts = []
+        for n2, s2 in receivers:
+            if n2 is n or v.shape(n2["outputs"][0]) != v.shape(out):
+                continue
+            theirs = slices(n2["outputs"][0])
+            if not lins & {i for i, _ in theirs} or theirs & mine:
+                continue
+            if v.pos[s2["id"]] < v.pos[n["id"]]:
+                alts.append((s2["rank"] != sender["rank"], v.pos[s2["id"]], s2))
+        if alts:
+            alts.sort(key=lambda a: (a[0], a[1]))
+            cands.append((n, sender, alts[-1][2]))
+    fw = [c for c in cands if v.role(c[0]["outputs"][0]) != "grad"]
+    n, sender, s2 = _pick(fw or cands, rng, where, "pipeline receive that can be re-routed "
+                          "(pp > 1)", node_of=lambda c: c[0])
+    old = n["inputs"][0]
+    n["inputs"] = [s2["outputs"][0]]
+    n["attrs"] = dict(n["attrs"], src=s2["rank"])
+    v.refresh()
+    return _record(n, [n["id"]], n["outputs"], replaced=old, by=s2["outputs"][0],
+                   wrong_src=s2["rank"], right_src=sender["rank"])
+
+
+# ----------------------------------------------------------------------------- computation
+
+
+def _const_nodes(v: PlanView) -> list[dict]:
+    adds = [n for n in v.nodes if n["op"] == "add" and n["pass"] == "fw"
+            and n["attrs"].get("consts") and len([t for t in n["inputs"] if t]) == 1]
+    pows = [n for n in v.nodes if n["op"] == "pow" and n["pass"] == "fw"
+            and n["attrs"].get("consts")]
+    return adds or pows
+
+
+def _bad_const(n: dict) -> list:
+    consts = list(n["attrs"]["consts"])
+    if n["op"] == "pow":
+        consts[0] = consts[0] + 1
+    else:
+        consts[0] = consts[0] * 1000 if consts[0] else 1e-3
+    return consts
+
+
+def wrong_constant_one_rank(v: PlanView, rng, where):
+    n = _pick(_const_nodes(v), rng, where, "forward node with a constant operand (RMSNorm eps "
+              "or pow exponent)")
+    old = n["attrs"]["consts"]
+    n["attrs"] = dict(n["attrs"], consts=_bad_const(n))
+    return _record(n, [n["id"]], n["outputs"], old=old, new=n["attrs"]["consts"])
+
+
+def wrong_constant_group(v: PlanView, rng, where):
+    n = _pick(_const_nodes(v), rng, where, "forward node with a constant operand")
+    group = v.tp_group(n["rank"])
+    siblings = {n["id"]}
+    for lin in v.plan.get("lineages") or []:
+        a = lin.get("aligned")
+        if a and n["id"] in a.get("parallel", []):
+            siblings |= {m for m in a["parallel"] if m in v.pos
+                         and v.nodes[v.pos[m]]["rank"] in group}
+    old = n["attrs"]["consts"]
+    bad = _bad_const(n)
+    changed = []
+    for m in v.nodes:
+        if m["id"] in siblings:
+            m["attrs"] = dict(m["attrs"], consts=list(bad))
+            changed.append(m)
+    return _record(n, [m["id"] for m in changed], [o for m in changed for o in m["outputs"]],
+                   old=old, new=bad, ranks=sorted(group))
+
+
+def _forward_of(v: PlanView, bw: dict) -> dict | None:
+    """The forward node a backward node differentiates: same op, rank and micro-batch, whose
+    inputs are the backward node's trailing (mirror) inputs."""
+    for n in v.nodes:
+        if (n["pass"] == "fw" and n["op"] == bw["op"] and n["rank"] == bw["rank"]
+                and n["mb"] == bw["mb"] and len(n["inputs"]) < len(bw["inputs"])
+                and bw["inputs"][-len(n["inputs"]):] == n["inputs"]):
+            return n
+    return None
+
+
+def bw_wrong_input(v: PlanView, rng, where):
+    """A backward node reads the forward node's output where it needs the forward input (a
+    wrong tensor saved for backward)."""
+    cands = []
+    fw_index: dict[tuple, list[dict]] = {}
+    for n in v.nodes:
+        if n["pass"] == "fw":
+            fw_index.setdefault((n["op"], n["rank"], n["mb"]), []).append(n)
+    for bw in v.nodes:
+        if bw["pass"] != "bw" or bw["op"] not in READS_MIRRORS:
+            continue
+        fw = None
+        for n in fw_index.get((bw["op"], bw["rank"], bw["mb"]), []):
+            k = len(n["inputs"])
+            if k < len(bw["inputs"]) and bw["inputs"][-k:] == n["inputs"]:
+                fw = n
+                break
+        if fw is None or not fw["outputs"] or fw["outputs"][0] is None:
+            continue
+        out = fw["outputs"][0]
+        base = len(bw["inputs"]) - len(fw["inputs"])
+        for j, t in enumerate(fw["inputs"]):
+            if t is not None and v.shape(t) == v.shape(out) and v.role(t) != "param":
+                cands.append((bw, base + j, out))
+                break
+    pref = [c for c in cands if c[0]["op"] == "silu"]
+    bw, slot, out = _pick(pref or cands, rng, where, "backward node whose mirror input has "
+                          "the shape of the forward output", node_of=lambda c: c[0])
+    old = bw["inputs"][slot]
+    bw["inputs"][slot] = out
+    v.refresh()
+    return _record(bw, [bw["id"]], bw["outputs"], slot=slot, replaced=old, by=out)
+
+
+def swap_bw_outputs(v: PlanView, rng, where):
+    def two_outputs(n):
+        outs = [t for t in n["outputs"] if t is not None]
+        return len(outs) >= 2 and v.shape(n["outputs"][0] or outs[0]) == v.shape(outs[1])
+
+    cands = [n for n in v.nodes if n["pass"] == "bw" and n["op"] == "apply_rotary_emb"
+             and n["outputs"][0] is not None and n["outputs"][1] is not None]
+    if not cands:
+        cands = [n for n in v.nodes if n["pass"] == "bw" and n["outputs"][:2].count(None) == 0
+                 and len(n["outputs"]) >= 2 and two_outputs(n)]
+    n = _pick(cands, rng, where, "backward node with two same-shaped gradient outputs")
+    n["outputs"][0], n["outputs"][1] = n["outputs"][1], n["outputs"][0]
+    v.refresh()
+    return _record(n, [n["id"]], n["outputs"][:2])
+
+
+# ----------------------------------------------------------------------------- scaling
+
+
+def _div_node(v: PlanView, base: str, rank: int, mb: int, src: str, dst: str, c: int) -> dict:
+    return _node(v.fresh_node_id(f"{base}:div"), "div", "fw", rank, mb, [src], [dst],
+                 {"rounding_mode": None, "consts": [c]})
+
+
+def grad_scale_wrong(v: PlanView, rng, where):
+    """An extra division of one rank's weight gradient of one micro-batch by dp (or tp)."""
+    cands = []
+    for n in v.nodes:
+        if n["pass"] != "bw" or n["op"] in ("multiref", "identity"):
+            continue
+        outs = n["outputs"]
+        mirrors = n["inputs"][len(n["inputs"]) - len(outs):]
+        for i, (o, m) in enumerate(zip(outs, mirrors)):
+            if o is not None and m is not None and v.role(m) == "param":
+                cands.append((n, i))
+    n, slot = _pick(cands, rng, where, "weight gradient", node_of=lambda c: c[0])
+    c = v.w("dp") if v.w("dp") > 1 else v.w("tp") if v.w("tp") > 1 else 2
+    t = n["outputs"][slot]
+    raw = v.fresh_tensor(t, v.shape(t), "grad")
+    n["outputs"][slot] = raw
+    div = _div_node(v, n["id"], n["rank"], n["mb"], raw, t, c)
+    v.insert(v.pos[n["id"]] + 1, div)
+    v.add_to_hints(n["id"], div["id"])
+    return _record(n, [div["id"], n["id"]], [t], divisor=c, gradient=t)
+
+
+def loss_scale_wrong(v: PlanView, rng, where):
+    """The loss-gradient seed of one micro-batch is divided by the number of micro-batches (a
+    mean-over-micro-batches scaling applied to a plan whose loss is a sum)."""
+    cands = [t for t, info in v.plan["tensors"].items()
+             if t not in v.producer and info.get("role") == "grad" and info["shape"] == [1]
+             and t in v.consumers]
+    if where is not None and where in v.pos:
+        node = v.nodes[v.pos[where]]
+        cands = [t for t in cands if t in node["inputs"]]
+        where = None
+    t = _pick([{"id": t, "inputs": [], "outputs": [t]} for t in cands], rng, where,
+              "loss-gradient seed (graph input, role grad, shape [1])")["id"]
+    c = v.w("mb") if v.w("mb") > 1 else v.w("dp") if v.w("dp") > 1 else 2
+    readers = list(v.consumers[t])
+    first = min(readers, key=lambda n: v.pos[n["id"]])
+    scaled = v.fresh_tensor(t, v.shape(t), "grad")
+    div = _div_node(v, first["id"], first["rank"], first["mb"], t, scaled, c)
+    for n in readers:
+        n["inputs"] = [scaled if x == t else x for x in n["inputs"]]
+    v.insert(v.pos[first["id"]], div)
+    for n in readers:
+        v.add_to_hints(n["id"], div["id"])
+    return _record(first, [div["id"]] + [n["id"] for n in readers],
+                   [scaled] + [o for n in readers for o in n["outputs"]], seed=t, divisor=c)
+
+
+# ----------------------------------------------------------------------------- scheduling
+
+
+def reducer_before_last_accum(v: PlanView, rng, where):
+    cands = []
+    for n in v.nodes:
+        if n["op"] != "reducer":
+            continue
+        for j, t in enumerate(n["inputs"]):
+            p = v.producer.get(t)
+            if p is not None and p["op"] == "grad_accum":
+                cands.append((n, j, p))
+                break
+    n, j, acc = _pick(cands, rng, where, "reducer reading an accumulated gradient (dp > 1, "
+                      "mb > 1)", node_of=lambda c: c[0])
+    early = acc["inputs"][0]
+    inst = v.instance(n)
+    old = n["inputs"][j]
+    for m in inst:
+        m["inputs"][j] = early
+    v.refresh()
+    return _record(n, [m["id"] for m in inst], [o for m in inst for o in m["outputs"]],
+                   replaced=old, by=early, skipped_accum=acc["id"])
+
+
+# ----------------------------------------------------------------------------- catalogue
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    category: str
+    description: str
+    apply: Callable[[PlanView, random.Random, str | None], dict]
+    breaks_graph: bool = False
+
+
+_ALL = [
+    Mutation("drop-allreduce-keep-dataflow", "communication",
+             "a forward tensor-parallel all_reduce becomes an identity: its consumers read the "
+             "local partial sum", drop_allreduce_keep_dataflow),
+    Mutation("drop-allreduce-break-dataflow", "communication",
+             "a forward all_reduce node is deleted: its consumers read a tensor nothing writes "
+             "(a broken plan: the verifier must refuse it)", drop_allreduce_break_dataflow,
+             breaks_graph=True),
+    Mutation("allreduce-to-allgather", "communication",
+             "an all_reduce of partial sums becomes an all_gather of pieces of the partial "
+             "sums (concatenation instead of reduction)", allreduce_to_allgather),
+    Mutation("allgather-to-allreduce", "communication",
+             "an all_gather of shards gathers their sum (all_reduce) instead of the shards",
+             allgather_to_allreduce),
+    Mutation("drop-bw-reduction", "communication",
+             "the backward all_reduce of a column-parallel region's input gradient "
+             "(IdentityAllreduce) becomes an identity: the gradient stays a partial sum",
+             drop_bw_reduction),
+    Mutation("wrong-group", "communication",
+             "a collective reads one member's tensor from a rank outside its group (another "
+             "data-parallel replica)", wrong_group),
+    Mutation("pp-wrong-stage", "rank assignment",
+             "a pipeline receive is routed from the wrong rank: the receiver gets another "
+             "replica's (or micro-batch's) activation", pp_wrong_stage),
+    Mutation("wrong-constant-one-rank", "computation",
+             "a constant operand (RMSNorm eps, or a pow exponent) is wrong on one rank",
+             wrong_constant_one_rank),
+    Mutation("wrong-constant-group", "computation",
+             "a constant operand is wrong on every rank of one tensor-parallel group (all "
+             "micro-batches)", wrong_constant_group),
+    Mutation("bw-wrong-input", "computation",
+             "a backward node reads the forward output instead of the forward input as its "
+             "mirror (a wrong tensor saved for backward)", bw_wrong_input),
+    Mutation("swap-bw-outputs", "computation",
+             "the two gradient outputs of a backward node (rotary embedding: dq, dk) are "
+             "swapped", swap_bw_outputs),
+    Mutation("grad-scale-wrong", "scaling",
+             "one rank's weight gradient of one micro-batch is divided by dp (or tp)",
+             grad_scale_wrong),
+    Mutation("loss-scale-wrong", "scaling",
+             "one micro-batch's loss-gradient seed is divided by the number of micro-batches",
+             loss_scale_wrong),
+    Mutation("reducer-before-last-accum", "scheduling",
+             "the data-parallel reducer reads one rank's weight gradient before the last "
+             "micro-batch has been accumulated", reducer_before_last_accum),
+]
+
+MUTATIONS: dict[str, Mutation] = {m.name: m for m in _ALL}
+
+
+def apply(parallel: dict[str, Any], name: str, seed: int = 0, where: str | None = None
+          ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Inject bug `name` into a copy of the parallel plan dict: (mutated plan, record)."""
+    if name not in MUTATIONS:
+        raise ValueError(f"unknown bug {name!r} (choose from {', '.join(MUTATIONS)})")
+    if parallel.get("kind") != "parallel":
+        raise ValueError("mutations apply to a parallel plan")
+    m = MUTATIONS[name]
+    plan = copy.deepcopy(parallel)
+    info = m.apply(PlanView(plan), random.Random(seed), where)
+    plan["name"] = f"{parallel.get('name', 'plan')}+{name}"
+    record = {"bug": name, "category": m.category, "description": m.description,
+              "breaks_graph": m.breaks_graph, "seed": seed, "where": where, **info}
+    return plan, record
