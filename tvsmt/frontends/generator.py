@@ -10,8 +10,11 @@ Design decisions (see also llama.py / mlp.py for the tensor-parallel layout):
   losses, so no loss scaling is needed: every micro-batch is seeded with dL/dL itself (a graph
   input, role grad, shape [1]) and the weight gradients are plain sums (grad_accum over
   micro-batches, reducer over replicas, no averaging). The loss is an output of the single
-  plan; its lineage in the parallel plan has one part per tp rank whose sum_of are the partial
-  losses of every (replica, micro-batch).
+  plan, so the parallel plan also computes the whole loss: each last-stage rank adds up its
+  micro-batches' partial losses (`add` nodes) and an `all_reduce` over the data-parallel
+  group sums the replicas' (Megatron's loss reporting, without its averaging). Its lineages:
+  the partial losses (one part per tp rank, sum_of = every (replica, micro-batch)), the
+  per-rank sums, then whole copies on every last-stage rank.
 * Data parallelism and micro-batches: replica d, micro-batch m holds rows
   [(d*mb + m)*b, (d*mb + m + 1)*b) of the global batch (b = batch / (dp*mb)).
 * Pipeline parallelism: layers are split into pp contiguous groups (balanced, the first stages
@@ -132,12 +135,14 @@ def _trace(cfg: ModelConfig, world: World, kind: str, name: str) -> tuple[PlanBu
     forward = MODELS[cfg.model]
     b = cfg.batch // (world.dp * world.mb)
     stage_of = stage_of_layers(cfg.layers, world.pp)
+    losses = {}
     for m in range(world.mb):
         for d in range(world.dp):
             tr.start_run(d, m)
-            loss = forward(tr, cfg, b, stage_of)
+            losses[(d, m)] = loss = forward(tr, cfg, b, stage_of)
             tr.backward(loss, SEED_KEY)
     tr.finalize_gradients()
+    tr.finalize_loss(losses)
     return builder, tr
 
 

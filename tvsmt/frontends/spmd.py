@@ -561,6 +561,54 @@ class Tracer:
             finals[key] = out
         return finals
 
+    def finalize_loss(self, losses: dict[tuple[int, int], Val]) -> None:
+        """Make the whole loss appear on every last-stage rank (it is an output of the single
+        plan, and outputs need whole-tensor lineages): each rank adds up its micro-batches'
+        partial losses (`add` nodes), then an all_reduce sums the replicas' (as Megatron's
+        loss reporting does, without its averaging)."""
+        if self.single:
+            return
+        w, first = self.w, losses[(0, 0)]
+        acc: dict[tuple[int, int], str] = {}
+        if w.mb > 1:
+            ver = first.ver + 1
+            for d in range(w.dp):
+                self.d, self.m = d, w.mb - 1
+                v = Val(first.key, ver, [], first.stage, replace(first.layout, reduce="d"),
+                        first.shape, "loss", False)
+                for t in range(self.tp):
+                    r = w.rank(d, first.stage, t)
+                    cur = losses[(d, 0)].ids[t]
+                    for m in range(1, w.mb):
+                        last = m == w.mb - 1
+                        out = (self._tid(first.key, ver, r, per_mb=False) if last
+                               else f"{first.key}~acc{m}@r{r}")
+                        self.b.add_tensor(out, first.shape, "loss")
+                        self.b.add_node(f"{first.key}:add@r{r}m{m}", "add", "fw", r, m,
+                                        [cur, losses[(d, m)].ids[t]], [out], {"alpha": 1})
+                        cur = out
+                    acc[(d, t)] = cur
+                    v.ids.append(cur)
+                self._register(v)
+        else:
+            ver = first.ver
+            acc = {(d, t): losses[(d, 0)].ids[t] for d in range(w.dp) for t in range(self.tp)}
+        if w.dp == 1:
+            return
+        ver += 1
+        for d in range(w.dp):
+            self.d, self.m = d, 0
+            v = Val(first.key, ver, [], first.stage, REPLICATED, first.shape, "loss", False)
+            for t in range(self.tp):
+                r = w.rank(d, first.stage, t)
+                ranks = [w.rank(dd, first.stage, t) for dd in range(w.dp)]
+                out = self._tid(first.key, ver, r, per_mb=False)
+                self.b.add_tensor(out, first.shape, "loss")
+                self.b.add_node(f"{first.key}~{ver}:all_reduce@r{r}", "all_reduce", None, r, 0,
+                                [acc[(dd, t)] for dd in range(w.dp)], [out], {"ranks": ranks})
+                v.ids.append(out)
+            self._register(v)
+
     # ------------------------------------------------------------------ lineages
 
     def _slice(self, inst: _Inst, full: tuple[int, ...]) -> list[list[int]]:

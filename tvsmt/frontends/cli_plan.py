@@ -1,0 +1,118 @@
+"""`tvsmt plan ...`: generate plan pairs, inject bugs, list the bug zoo.
+
+    tvsmt plan generate --model llama3 --dp 2 --tp 2 --pp 2 --mb 2 -o out/
+    tvsmt plan mutate out/ --bug drop-bw-reduction -o out-bug/
+    tvsmt plan bugs
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import click
+
+SINGLE, PARALLEL, RECORD = "single.json.gz", "parallel.json.gz", "mutation.json"
+
+
+@click.group("plan")
+def plan():
+    """Generate execution-plan pairs and inject known parallelization bugs."""
+
+
+@plan.command()
+@click.option("--model", type=click.Choice(["mlp", "llama3"]), default="llama3",
+              show_default=True)
+@click.option("--layers", type=int, default=2, show_default=True)
+@click.option("--hidden", type=int, default=64, show_default=True)
+@click.option("--heads", type=int, default=4, show_default=True, help="llama3 only.")
+@click.option("--ffn", type=int, default=128, show_default=True, help="llama3 only.")
+@click.option("--vocab", type=int, default=128, show_default=True, help="llama3 only.")
+@click.option("--seq", type=int, default=8, show_default=True, help="llama3 only.")
+@click.option("--batch", type=int, default=None,
+              help="Global batch (default: dp*mb, at least 2).")
+@click.option("--dp", type=int, default=1, show_default=True, help="Data-parallel replicas.")
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel ranks.")
+@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages.")
+@click.option("--mb", type=int, default=1, show_default=True, help="Micro-batches.")
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Folder for single.json.gz and parallel.json.gz.")
+def generate(model, layers, hidden, heads, ffn, vocab, seq, batch, dp, tp, pp, mb, out_dir):
+    """Write a (single, parallel) plan pair of one training iteration."""
+    from tvsmt.frontends.generator import generate_pair, write_pair_dicts
+
+    try:
+        single, parallel = generate_pair(model, layers=layers, hidden=hidden, heads=heads,
+                                         ffn=ffn, vocab=vocab, seq=seq, batch=batch, dp=dp,
+                                         tp=tp, pp=pp, mb=mb)
+        s_path, p_path = write_pair_dicts(out_dir, single, parallel)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    except OSError as e:
+        raise click.ClickException(f"cannot write {out_dir}: {e}") from None
+    click.echo(f"{s_path}: {len(single['nodes'])} nodes")
+    click.echo(f"{p_path}: {len(parallel['nodes'])} nodes on {parallel['world']['ranks']} ranks, "
+               f"{len(parallel['lineages'])} lineages")
+
+
+@plan.command()
+@click.argument("in_dir", type=click.Path(file_okay=False))
+@click.option("--bug", "name", required=True, help="Bug name (see `tvsmt plan bugs`).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Picks among the places the bug fits.")
+@click.option("--where", default=None, help="Force the target: a node id, or a tensor id the "
+                                            "node reads or writes.")
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Folder for the copied single plan, the mutated parallel plan and "
+                   "mutation.json.")
+def mutate(in_dir, name, seed, where, out_dir):
+    """Inject one bug into IN_DIR/parallel.json.gz."""
+    from tvsmt.frontends.builder import read_plan_dict, write_plan
+    from tvsmt.frontends.mutations import MUTATIONS, NotApplicable, apply
+
+    if name not in MUTATIONS:
+        raise click.ClickException(f"unknown bug {name!r}; `tvsmt plan bugs` lists them")
+    src_single, src_parallel = (os.path.join(in_dir, f) for f in (SINGLE, PARALLEL))
+    for path in (src_single, src_parallel):
+        if not os.path.isfile(path):
+            raise click.ClickException(f"{path}: no such file")
+    try:
+        parallel = read_plan_dict(src_parallel)
+    except (OSError, EOFError, ValueError) as e:
+        raise click.ClickException(f"{src_parallel}: cannot read plan: {e}") from None
+    try:
+        mutated, record = apply(parallel, name, seed=seed, where=where)
+    except NotApplicable as e:
+        raise click.ClickException(f"bug {name} does not apply to {src_parallel}: {e}") from None
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        dst_single = os.path.join(out_dir, SINGLE)
+        if os.path.abspath(dst_single) != os.path.abspath(src_single):
+            shutil.copyfile(src_single, dst_single)
+        write_plan(os.path.join(out_dir, PARALLEL), mutated)
+        with open(os.path.join(out_dir, RECORD), "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=2)
+    except OSError as e:
+        raise click.ClickException(f"cannot write {out_dir}: {e}") from None
+    click.echo(f"{name}: changed {', '.join(record['nodes'])}")
+    click.echo(f"written to {out_dir} (record in {RECORD})")
+
+
+@plan.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the catalogue as JSON.")
+def bugs(as_json):
+    """List the bug zoo: name, category, description."""
+    from tvsmt.frontends.mutations import MUTATIONS
+
+    if as_json:
+        click.echo(json.dumps([{"name": m.name, "category": m.category,
+                                "description": m.description, "breaks_graph": m.breaks_graph}
+                               for m in MUTATIONS.values()], indent=2))
+        return
+    width = max(len(n) for n in MUTATIONS)
+    cwidth = max(len(m.category) for m in MUTATIONS.values())
+    for m in MUTATIONS.values():
+        click.echo(f"{m.name:<{width}}  {m.category:<{cwidth}}  {m.description}")
