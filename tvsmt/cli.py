@@ -44,9 +44,9 @@ def run_verify(single: str, parallel: str, report_path: str | None, **opts) -> i
     from tvsmt.verify import Options, verify_pair
 
     with _progress_bar() as bar:
-        task = bar.add_task("solving stages", total=None)
-        options = Options(progress=lambda done, total: bar.update(task, completed=done,
-                                                                  total=total), **opts)
+        task = bar.add_task("verifying", total=None)
+        options = Options(progress=lambda phase, done, total: bar.update(
+            task, description=phase, completed=done, total=total), **opts)
         report = verify_pair(single, parallel, options)
     render(report)
     if report_path:

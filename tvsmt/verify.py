@@ -27,6 +27,7 @@ from tvsmt.shapes import reduce_stage
 from tvsmt.shapes.reduce import ShapeReductionUnknown
 from tvsmt.solving.types import SAT, UNSAT, Obligation, SolverResult
 from tvsmt.stages import Stage, cut_stages
+from tvsmt.stages.signature import stage_signature
 
 
 @dataclass
@@ -39,7 +40,7 @@ class Options:
     fresh: bool = False
     backend: str = "loky"
     scheduler: str | None = None
-    progress: Callable[[int, int], None] | None = None  # (done, total)
+    progress: Callable[[str, int, int], None] | None = None  # (phase, done, total)
 
 
 @dataclass
@@ -50,6 +51,7 @@ class StageOutcome:
     failure: Failure | None = None
     obligation: Obligation | None = None
     result: SolverResult | None = None
+    template: "StageOutcome | None" = None  # the stage whose encoding this one reuses
 
 
 class Timer:
@@ -112,34 +114,51 @@ def _underivable(stage: Stage, single: Plan, parallel: Plan) -> Failure:
     return _stage_failure("structural", msg, stage, single, parallel)
 
 
-def build_obligations(single: Plan, parallel: Plan, stages: list[Stage], timer: Timer
-                      ) -> list[StageOutcome]:
-    """Shape reduction, symbolic execution and printing for every stage."""
+def encode_one(stage: Stage, single: Plan, parallel: Plan, be: SymbolicBackend,
+               timer: Timer) -> StageOutcome:
+    """Shape reduction, symbolic execution and printing of one stage."""
+    out = StageOutcome(stage)
+    if stage.free_single or stage.free_parallel:
+        out.failure = _underivable(stage, single, parallel)
+        return out
+    try:
+        with timer.phase("shapes"):
+            shapes = reduce_stage(stage, single, parallel)
+        with timer.phase("encoding"):
+            out.formula = encode_stage(stage, single, parallel, shapes, be)
+            if out.formula.comparisons:
+                pairs = [(c.lhs, c.rhs) for c in out.formula.comparisons]
+                out.printed = p = print_obligation(out.formula.constraints, pairs)
+                query = tuple(p.symbols) + tuple(n for pair in p.pairs for n in pair)
+                out.obligation = Obligation(p.digest, p.text, query,
+                                            {"stage": stage.id, "lineage": stage.target})
+    except StructuralViolation as e:
+        out.failure = _stage_failure("structural", str(e), stage, single, parallel,
+                                     node=e.node, tensor=e.tensor)
+    except ShapeReductionUnknown as e:
+        out.failure = _stage_failure("inconclusive", str(e), stage, single, parallel)
+    return out
+
+
+def build_obligations(single: Plan, parallel: Plan, stages: list[Stage], timer: Timer,
+                      progress=None) -> list[StageOutcome]:
+    """Encode every stage, once per stage *template*: stages with the same structural
+    signature (see stages/signature.py) share the representative's obligation."""
     be = SymbolicBackend()
+    templates: dict[str, StageOutcome] = {}
     outcomes = []
-    for stage in stages:
-        out = StageOutcome(stage)
-        outcomes.append(out)
-        if stage.free_single or stage.free_parallel:
-            out.failure = _underivable(stage, single, parallel)
-            continue
-        try:
-            with timer.phase("shapes"):
-                shapes = reduce_stage(stage, single, parallel)
-            with timer.phase("encoding"):
-                out.formula = encode_stage(stage, single, parallel, shapes, be)
-                if out.formula.comparisons:
-                    pairs = [(c.lhs, c.rhs) for c in out.formula.comparisons]
-                    out.printed = print_obligation(out.formula.constraints, pairs)
-                    p = out.printed
-                    query = tuple(p.symbols) + tuple(n for pair in p.pairs for n in pair)
-                    out.obligation = Obligation(p.digest, p.text, query,
-                                                {"stage": stage.id, "lineage": stage.target})
-        except StructuralViolation as e:
-            out.failure = _stage_failure("structural", str(e), stage, single, parallel,
-                                         node=e.node, tensor=e.tensor)
-        except ShapeReductionUnknown as e:
-            out.failure = _stage_failure("inconclusive", str(e), stage, single, parallel)
+    for k, stage in enumerate(stages):
+        with timer.phase("templates"):
+            sig = stage_signature(stage, single, parallel)
+        rep = templates.get(sig)
+        if rep is not None and rep.failure is None:
+            outcomes.append(StageOutcome(stage, obligation=rep.obligation, template=rep))
+        else:
+            out = encode_one(stage, single, parallel, be, timer)
+            templates.setdefault(sig, out)
+            outcomes.append(out)
+        if progress and (k % 64 == 0 or k == len(stages) - 1):
+            progress("encoding stages", k + 1, len(stages))
     return outcomes
 
 
@@ -175,8 +194,10 @@ def _first_mismatch_part(cex: dict) -> int | None:
 def solve_obligations(obligations: list[Obligation], opts: Options) -> list[SolverResult]:
     from tvsmt.solving.inprocess import solve_all
 
+    progress = (lambda done, total: opts.progress("solving", done, total)) if opts.progress \
+        else None
     return solve_all(obligations, solver=opts.solver, jobs=opts.jobs, timeout_s=opts.timeout,
-                     progress=opts.progress)
+                     progress=progress)
 
 
 def verify_plans(single: Plan, parallel: Plan, opts: Options | None = None,
@@ -197,7 +218,8 @@ def verify_plans(single: Plan, parallel: Plan, opts: Options | None = None,
             failures.append(Failure("structural", str(v), tensor=v.tensor, lineage=v.lineage))
     report.assumptions = len(cut.assumptions)
     report.stages_total = len(cut.stages)
-    outcomes = build_obligations(single, parallel, cut.stages, timer)
+    outcomes = build_obligations(single, parallel, cut.stages, timer, opts.progress)
+    report.stage_templates = len({id(o.template or o) for o in outcomes})
 
     # Deduplicate identical obligations (same canonical text = same digest): solve once.
     unique: dict[str, Obligation] = {}
@@ -229,6 +251,9 @@ def verify_plans(single: Plan, parallel: Plan, opts: Options | None = None,
             if res.status == UNSAT:
                 report.stages_proven += 1
             elif res.status == SAT:
+                if out.printed is None:  # a template's copy: encode it to name its tensors
+                    redo = encode_one(out.stage, single, parallel, SymbolicBackend(), Timer())
+                    out.formula, out.printed = redo.formula, redo.printed
                 cex = _counterexample(out)
                 lin = parallel.lineages[out.stage.target]
                 msg = (f"the parallel plan does not compute lineage #{lin.index} of "

@@ -18,6 +18,7 @@ def render(report: Report, console: Console | None = None, max_failures: int = 1
     t.add_row("stages", f"{report.stages_total} ({report.stages_proven} proven, "
               f"{report.stages_violated} violated, {report.stages_inconclusive} inconclusive; "
               f"{report.assumptions} assumed input lineages)")
+    t.add_row("templates", f"{report.stage_templates} distinct stage structures encoded")
     t.add_row("obligations", f"{report.obligations_total} total, {report.obligations_unique} "
               f"unique, {report.proven_without_solver} proven by term identity, "
               f"{report.cache_hits} cache hits")

@@ -40,6 +40,7 @@ class Report:
     stages_violated: int = 0
     stages_inconclusive: int = 0
     assumptions: int = 0
+    stage_templates: int = 0  # distinct stage structures actually encoded
     obligations_total: int = 0
     obligations_unique: int = 0
     proven_without_solver: int = 0

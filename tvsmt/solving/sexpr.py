@@ -22,7 +22,8 @@ _TOKEN = re.compile(
     r'|(\()|(\))'                  # parentheses
     r'|("(?:[^"]|"")*")'           # string literal ("" is an escaped quote)
     r'|(\|[^|]*\|)'                # quoted symbol
-    r'|([^\s()";|]+)'              # any other atom
+    r'|(<[^<>()]*(?:\([^()]*\)[^<>()]*)*>'  # cvc5's `<1*x^2 + (-2), (5/4, 3/2)>` (one atom)
+    r'|[^\s()";|]+)'               # any other atom
 )
 
 
