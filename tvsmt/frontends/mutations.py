@@ -173,7 +173,11 @@ def _is_grad(v: PlanView, n: dict) -> bool:
 
 
 def _fw_all_reduces(v: PlanView) -> list[dict]:
-    return [n for n in v.nodes if n["op"] == "all_reduce" and not _is_grad(v, n)]
+    """Forward all_reduces; those of activations (tensor parallelism) before any other (e.g.
+    the loss reporting's)."""
+    fw = [n for n in v.nodes if n["op"] == "all_reduce" and not _is_grad(v, n)]
+    act = [n for n in fw if all(v.role(t) == "activation" for t in n["outputs"] if t)]
+    return act or fw
 
 
 def _bw_all_reduces(v: PlanView) -> list[dict]:
@@ -287,7 +291,8 @@ def wrong_group(v: PlanView, rng, where):
             if subs:
                 cands.append((n, j, subs[-1]))
                 break
-    fw = [c for c in cands if c[0]["op"] == "all_reduce" and not _is_grad(v, c[0])]
+    fw = [c for c in cands if c[0]["op"] == "all_reduce"
+          and all(v.role(t) == "activation" for t in c[0]["outputs"] if t)]
     n, j, sub = _pick(fw or cands, rng, where, "collective with a same-shaped tensor on a rank "
                       "outside its group (dp > 1)", node_of=lambda c: c[0])
     inst = v.instance(n)

@@ -94,6 +94,8 @@ class _Session:
                 if answer:
                     self.out.write(answer)
                     self.out.flush()
+                    if answer.startswith("(error"):  # e.g. get-value without a model
+                        return "error"
         except Exception as e:  # cvc5 raises RuntimeError for parse and solver errors
             msg = " ".join(str(e).split()) or type(e).__name__
             self.out.write(f"(error {_quote(msg)})\n")

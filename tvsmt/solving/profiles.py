@@ -245,12 +245,20 @@ def require_binary(profile: Profile) -> str:
     return binary
 
 
+def backstop_seconds(timeout_s: float | None) -> int:
+    """The solver's own time limit for a runner timeout of `timeout_s` seconds."""
+    if timeout_s is None or timeout_s <= 0 or math.isinf(timeout_s):
+        return 86400
+    return math.ceil(1.5 * timeout_s + 1)
+
+
 def build_command(profile: Profile, which: str, binary: str, *, file: str | None = None,
                   timeout_s: float | None = None) -> list[str]:
     """Expand the `file`/`stdin`/`version_command` command of a profile into argv.
 
-    `{timeout_s}`/`{timeout_ms}` receive the solver's own (backstop) limit: whole seconds,
-    rounded up.
+    `{timeout_s}`/`{timeout_ms}` receive the solver's own limit, a backstop set to
+    1.5 x `timeout_s` + 1 s (whole seconds): the runner kills the process at `timeout_s`, and
+    the backstop only stops a solver whose runner died. No timeout: one day.
     """
     cmd = {"file": profile.file_command, "stdin": profile.stdin_command,
            "version": profile.version_command}[which]
@@ -258,9 +266,8 @@ def build_command(profile: Profile, which: str, binary: str, *, file: str | None
         raise ProfileError(f"solver {profile.name!r} has no [run] {which} command",
                            file=profile.source)
     values = _placeholders(profile, binary)
-    limit = math.ceil(timeout_s) if timeout_s is not None else 0
-    values.update(file=file or "", timeout_s=str(max(limit, 1)),
-                  timeout_ms=str(max(limit, 1) * 1000))
+    limit = backstop_seconds(timeout_s)
+    values.update(file=file or "", timeout_s=str(limit), timeout_ms=str(limit * 1000))
     argv: list[str] = []
     for item in cmd:
         if item == "{options}":

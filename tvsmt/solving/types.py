@@ -34,6 +34,8 @@ class SolverResult:
     seconds: float = 0.0
     values: dict[str, Fraction | str] = field(default_factory=dict)  # for SAT: query symbol -> value
     message: str = ""  # error text / reason for unknown
+    # crosscheck: the raw result of each solver (the fields above are the reconciled verdict)
+    details: list["SolverResult"] = field(default_factory=list)
 
     @property
     def proven(self) -> bool:

@@ -1,0 +1,101 @@
+"""Evaluating stage terms on numbers with the REAL functions (exp, rsqrt, ...).
+
+The solver works with uninterpreted functions, so a `sat` answer may rely on an
+interpretation of `uf_exp` that no real exp has. Before a counterexample is reported as a
+violation, both sides are re-evaluated here on the model's input values with the real
+functions: only a mismatch that survives is called a violation (notes/solvers.md: "a sat should
+be confirmed by evaluating the obligation exactly on the model").
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+from pysmt.walkers import DagWalker
+
+REAL_FUNCTIONS = {
+    "uf_exp": lambda a: math.exp(a) if a < 700 else math.inf,
+    "uf_rsqrt": lambda a: 1.0 / math.sqrt(a) if a > 0 else math.nan,
+    "uf_sigmoid": lambda a: 1.0 / (1.0 + math.exp(-a)) if a > -700 else 0.0,
+    "uf_cos": math.cos,
+    "uf_sin": math.sin,
+    "uf_div": lambda a, b: a / b if b != 0 else math.nan,
+    "uf_pow": lambda a, b: a ** b if a > 0 else math.nan,
+}
+
+
+class FloatEvaluator(DagWalker):
+    """Walks a pysmt term bottom-up; 0-ary symbols take values from `env` (by name)."""
+
+    def __init__(self, env: dict[str, float], neg_inf: float = -math.inf):
+        super().__init__()
+        self.env, self.neg_inf = env, neg_inf
+
+    def walk_symbol(self, formula, args, **kw):
+        name = formula.symbol_name()
+        if name == "neg_inf" and name not in self.env:
+            return self.neg_inf
+        return self.env[name]
+
+    def walk_real_constant(self, formula, args, **kw):
+        return float(formula.constant_value())
+
+    walk_int_constant = walk_real_constant
+
+    def walk_bool_constant(self, formula, args, **kw):
+        return formula.constant_value()
+
+    def walk_plus(self, formula, args, **kw):
+        return math.fsum(args) if all(math.isfinite(a) for a in args) else sum(args)
+
+    def walk_times(self, formula, args, **kw):
+        out = 1.0
+        for a in args:
+            out *= a
+        return out
+
+    def walk_minus(self, formula, args, **kw):
+        return args[0] - args[1]
+
+    def walk_div(self, formula, args, **kw):
+        return args[0] / args[1] if args[1] else math.nan
+
+    def walk_equals(self, formula, args, **kw):
+        return close(args[0], args[1])
+
+    def walk_not(self, formula, args, **kw):
+        return not args[0]
+
+    def walk_and(self, formula, args, **kw):
+        return all(args)
+
+    def walk_or(self, formula, args, **kw):
+        return any(args)
+
+    def walk_ite(self, formula, args, **kw):
+        return args[1] if args[0] else args[2]
+
+    def walk_function(self, formula, args, **kw):
+        name = formula.function_name().symbol_name()
+        try:
+            return float(REAL_FUNCTIONS[name](*args))
+        except (OverflowError, ValueError, ZeroDivisionError):
+            return math.nan
+
+
+def close(a: float, b: float, rel: float = 1e-9, abs_: float = 1e-12) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return False
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return abs(a - b) <= max(abs_, rel * max(abs(a), abs(b)))
+
+
+def as_float(v) -> float | None:
+    if isinstance(v, Fraction):
+        return float(v)
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None

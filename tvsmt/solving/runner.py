@@ -1,0 +1,659 @@
+"""Run obligations through external solvers: one process per worker batch, in parallel.
+
+`solve_batch` runs a list of obligations in the calling process, one solver process at a time
+(kept alive across obligations when the profile allows, `(reset)` in between), each obligation
+bounded by `timeout_s` (the whole solver process tree is killed on timeout). `solve_all`
+spreads chunks of obligations over joblib workers (loky processes, or Dask with
+`backend="dask"`). `crosscheck` runs several solvers and reconciles their answers.
+
+Guarantees: an error of the solver or in its output is ERROR, never an answer; `unknown` and
+timeouts stay UNKNOWN/TIMEOUT; no solver process outlives the call (try/finally, also on
+KeyboardInterrupt or an exception raised by the progress callback).
+
+How a script is fed: the obligation's text up to its last `(check-sat)` is sent, followed by
+`(echo "<marker>")`; once the answer is read, `(get-value (<query>))` is sent only if the
+answer is `sat` (a get-value after `unsat` is an error in both z3 and cvc5), so a trailing
+get-value in the script is replaced by one built from `Obligation.query`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import selectors
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+
+from tvsmt.solving.profiles import (Profile, build_command, child_env, get_profile,
+                                    require_binary, solver_version)
+from tvsmt.solving.sexpr import SExprError, parse_get_value
+from tvsmt.solving.types import ERROR, SAT, TIMEOUT, UNKNOWN, UNSAT, Obligation, SolverResult
+
+ANSWERS = (SAT, UNSAT, UNKNOWN)
+Progress = Callable[[int, SolverResult], object]
+
+# --------------------------------------------------------------------------------------------
+# Process bookkeeping shared by a run: pid files of live solvers plus a cancel flag, so that the
+# caller can kill every solver of the run even when they are children of worker processes.
+
+
+class Cancelled(Exception):
+    """The run this batch belongs to was cancelled by its caller."""
+
+
+class _Registry:
+    CANCEL = "CANCEL"
+
+    def __init__(self, path: str | None):
+        self.path = path if path and os.path.isdir(path) else None
+
+    def register(self, pid: int) -> None:
+        if self.path:
+            try:
+                ctime = psutil.Process(pid).create_time()
+            except psutil.Error:
+                ctime = 0.0
+            with open(os.path.join(self.path, str(pid)), "w") as fh:
+                fh.write(repr(ctime))
+
+    def unregister(self, pid: int) -> None:
+        if self.path:
+            try:
+                os.unlink(os.path.join(self.path, str(pid)))
+            except OSError:
+                pass
+
+    def cancelled(self) -> bool:
+        return bool(self.path) and os.path.exists(os.path.join(self.path, self.CANCEL))
+
+    def cancel_and_kill(self) -> None:
+        """Flag the run as cancelled, then kill every registered solver (race-free: a batch
+        registers a new process before checking the flag)."""
+        if not self.path:
+            return
+        open(os.path.join(self.path, self.CANCEL), "w").close()
+        for name in os.listdir(self.path):
+            if not name.isdigit():
+                continue
+            try:
+                with open(os.path.join(self.path, name)) as fh:
+                    ctime = float(fh.read() or 0)
+                proc = psutil.Process(int(name))
+                if ctime and abs(proc.create_time() - ctime) > 0.01:
+                    continue  # pid reused by an unrelated process
+                _kill_tree(proc.pid, reaped=False)
+            except (OSError, ValueError, psutil.Error):
+                continue
+
+
+def _kill_tree(pid: int, reaped: bool) -> None:
+    """SIGKILL a solver and all its descendants (it leads its own session/process group)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.Error:
+        procs = []
+    if not reaped:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=5)
+
+
+# --------------------------------------------------------------------------------------------
+# One solver process spoken to through stdin/stdout.
+
+
+class _Died(Exception):
+    pass
+
+
+class _TimedOut(Exception):
+    pass
+
+
+class _SolverProcess:
+    """A solver reading SMT-LIB commands on stdin; `exchange` sends text and waits for a marker."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], registry: _Registry):
+        if registry.cancelled():
+            raise Cancelled()
+        self.stderr = tempfile.TemporaryFile()
+        self.popen = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=self.stderr, env=env, start_new_session=True,
+                                      bufsize=0)
+        self.registry = registry
+        registry.register(self.popen.pid)
+        self.served = 0
+        self.count = 0
+        os.set_blocking(self.popen.stdin.fileno(), False)
+        os.set_blocking(self.popen.stdout.fileno(), False)
+        self.sel = selectors.DefaultSelector()
+        if registry.cancelled():
+            self.close()
+            raise Cancelled()
+
+    def exchange(self, text: str, deadline: float) -> str:
+        """Send `text` + an echo marker; return the output printed before the marker."""
+        self.count += 1
+        marker = f"@@tvsmt-{os.getpid()}-{self.count}@@"
+        data = (text + f'\n(echo "{marker}")\n').encode("utf-8")
+        out = bytearray()
+        stdin_fd, stdout_fd = self.popen.stdin.fileno(), self.popen.stdout.fileno()
+        sel = self.sel
+        sel.register(stdout_fd, selectors.EVENT_READ)
+        if data:
+            sel.register(stdin_fd, selectors.EVENT_WRITE)
+        view, sent = memoryview(data), 0
+        needle = marker.encode()
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _TimedOut()
+                for key, _ in sel.select(min(left, 3600)):
+                    if key.fd == stdin_fd:
+                        try:
+                            sent += os.write(stdin_fd, view[sent:sent + 65536])
+                        except BlockingIOError:
+                            continue
+                        except (BrokenPipeError, OSError):
+                            sel.unregister(stdin_fd)
+                            sent = len(data)
+                            continue
+                        if sent >= len(data):
+                            sel.unregister(stdin_fd)
+                    else:
+                        try:
+                            chunk = os.read(stdout_fd, 65536)
+                        except BlockingIOError:
+                            continue
+                        if not chunk:
+                            raise _Died(out.decode("utf-8", "replace"))
+                        out += chunk
+                        at = out.find(needle, max(0, len(out) - len(chunk) - len(needle)))
+                        if at >= 0:
+                            start = out.rfind(b"\n", 0, at) + 1
+                            return out[:start].decode("utf-8", "replace")
+        finally:
+            for fd in (stdin_fd, stdout_fd):
+                try:
+                    sel.unregister(fd)
+                except (KeyError, ValueError):
+                    pass
+
+    def stderr_tail(self, limit: int = 400) -> str:
+        try:
+            self.stderr.seek(0, os.SEEK_END)
+            size = self.stderr.tell()
+            self.stderr.seek(max(0, size - limit))
+            return self.stderr.read().decode("utf-8", "replace").strip()
+        except (OSError, ValueError):
+            return ""
+
+    def exit_code(self, wait: float = 0.5) -> int | None:
+        try:
+            return self.popen.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def close(self) -> None:
+        popen = self.popen
+        try:
+            _kill_tree(popen.pid, reaped=popen.returncode is not None)
+        finally:
+            try:
+                popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
+                pass
+            for fh in (popen.stdin, popen.stdout, self.stderr):
+                try:
+                    fh.close()
+                except OSError:
+                    pass
+            self.sel.close()
+            self.registry.unregister(popen.pid)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading answers.
+
+_CHECK_SAT = "(check-sat)"
+_SIMPLE_SYMBOL = re.compile(r"[A-Za-z~!@$%^&*_+=<>.?/\-][A-Za-z0-9~!@$%^&*_+=<>.?/\-]*\Z")
+
+
+def _symbol(name: str) -> str:
+    return name if _SIMPLE_SYMBOL.match(name) else f"|{name}|"
+
+
+def script_prefix(smt2: str) -> str | None:
+    """The script up to and including its last `(check-sat)` (None if there is none)."""
+    at = smt2.rfind(_CHECK_SAT)
+    return None if at < 0 else smt2[:at + len(_CHECK_SAT)]
+
+
+def get_value_command(query: Sequence[str]) -> str:
+    return "(get-value (" + " ".join(_symbol(q) for q in query) + "))"
+
+
+def _first_error(text: str, markers: Sequence[str]) -> str | None:
+    for line in text.splitlines():
+        if any(m in line for m in markers):
+            return line.strip()
+    return None
+
+
+def classify(output: str, profile: Profile) -> tuple[str, str]:
+    """(status, message) from a solver's output up to its answer."""
+    err = _first_error(output, profile.error_markers)
+    if err is not None:
+        return ERROR, err
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    if not lines:
+        return ERROR, "no answer"
+    first = lines[0]
+    if first in ANSWERS:
+        return first, ""
+    if first in profile.timeout_words:
+        return TIMEOUT, "solver reported a timeout"
+    return ERROR, f"unexpected output: {first[:200]}"
+
+
+# --------------------------------------------------------------------------------------------
+# A batch in the calling process.
+
+
+class _Batch:
+    def __init__(self, profile: Profile, timeout_s: float | None, registry: _Registry):
+        self.profile = profile
+        self.timeout = math.inf if timeout_s is None or timeout_s <= 0 else float(timeout_s)
+        self.timeout_s = timeout_s
+        self.registry = registry
+        self.binary = require_binary(profile)
+        self.version = solver_version(profile)
+        self.env = child_env(profile)
+        self.proc: _SolverProcess | None = None
+
+    def result(self, status: str, seconds: float, message: str = "", values=None) -> SolverResult:
+        return SolverResult(status=status, solver=self.profile.name, version=self.version,
+                            seconds=round(seconds, 6), values=values or {}, message=message)
+
+    def _drop(self) -> None:
+        if self.proc is not None:
+            proc, self.proc = self.proc, None
+            proc.close()
+
+    def close(self) -> None:
+        self._drop()
+
+    # -- stdin protocol ------------------------------------------------------------------
+    def _process(self) -> _SolverProcess:
+        if self.proc is None:
+            argv = build_command(self.profile, "stdin", self.binary, timeout_s=self.timeout_s)
+            self.proc = _SolverProcess(argv, self.env, self.registry)
+        return self.proc
+
+    def _solve_stdin(self, ob: Obligation, prefix: str) -> SolverResult:
+        proc = self._process()
+        text = prefix if proc.served == 0 else f"{self.profile.reset}\n{prefix}"
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout
+        try:
+            out = proc.exchange(text, deadline)
+            status, message = classify(out, self.profile)
+            values = {}
+            if status == UNKNOWN and time.monotonic() - t0 >= self.timeout:
+                status, message = TIMEOUT, "unknown at the time limit"
+            if status == SAT and ob.query:
+                vout = proc.exchange(get_value_command(ob.query), deadline)
+                err = _first_error(vout, self.profile.error_markers)
+                try:
+                    values = parse_get_value(vout) if err is None else None
+                except SExprError as e:
+                    values, err = None, f"unreadable get-value answer: {e}"
+                if values is None:
+                    values = {}
+                    status, message = UNKNOWN, f"sat, but no model: {err}"
+        except _TimedOut:
+            self._drop()
+            return self.result(TIMEOUT, time.monotonic() - t0, f"killed after {self.timeout:g} s")
+        except _Died as died:
+            code = proc.exit_code()
+            self._drop()
+            tail = " ".join(proc.stderr_tail().split())[-300:]
+            partial = _first_error(str(died), self.profile.error_markers)
+            msg = partial or f"solver exited (code {code})" + (f": {tail}" if tail else "")
+            return self.result(ERROR, time.monotonic() - t0, msg)
+        proc.served += 1
+        if status == ERROR:
+            self._drop()  # never reuse a process that saw an error
+        return self.result(status, time.monotonic() - t0, message, values)
+
+    # -- file protocol (profiles without a stdin command) --------------------------------
+    def _solve_file(self, ob: Obligation, prefix: str) -> SolverResult:
+        fd, path = tempfile.mkstemp(prefix="tvsmt-", suffix=".smt2")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+                fh.write(prefix + "\n")
+            return self.run_file(path)
+        finally:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    def run_file(self, path: str) -> SolverResult:
+        """Run the profile's `file` command on a script file (one fresh process)."""
+        if self.registry.cancelled():
+            raise Cancelled()
+        argv = build_command(self.profile, "file", self.binary, file=path,
+                             timeout_s=self.timeout_s)
+        t0 = time.monotonic()
+        with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
+            popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out_f, stderr=err_f,
+                                     env=self.env, start_new_session=True)
+            reaped = False
+            try:
+                self.registry.register(popen.pid)
+                if self.registry.cancelled():
+                    raise Cancelled()
+                try:
+                    code = popen.wait(timeout=None if math.isinf(self.timeout) else self.timeout)
+                    reaped = True
+                except subprocess.TimeoutExpired:
+                    return self.result(TIMEOUT, time.monotonic() - t0,
+                                       f"killed after {self.timeout:g} s")
+            finally:
+                _kill_tree(popen.pid, reaped=reaped)  # also the descendants of a finished one
+                popen.wait()
+                self.registry.unregister(popen.pid)
+            seconds = time.monotonic() - t0
+            out_f.seek(0)
+            err_f.seek(0)
+            out = out_f.read().decode("utf-8", "replace")
+            err = err_f.read().decode("utf-8", "replace")
+        status, message = classify(out, self.profile)
+        if status == ERROR:
+            return self.result(ERROR, seconds, message)
+        if code != 0:
+            tail = " ".join(err.split())[-300:]
+            return self.result(ERROR, seconds, f"solver exited with code {code}"
+                               + (f": {tail}" if tail else f" after answering {status}"))
+        values: dict = {}
+        if status == UNKNOWN and seconds >= self.timeout:
+            status, message = TIMEOUT, "unknown at the time limit"
+        if status == SAT:
+            rest = out.split("\n", 1)[1] if "\n" in out.strip() else ""
+            if rest.strip():
+                try:
+                    values = parse_get_value(rest)
+                except SExprError:
+                    values = {}
+        return self.result(status, seconds, message, values)
+
+    def solve(self, ob: Obligation) -> SolverResult:
+        prefix = script_prefix(ob.smt2)
+        if prefix is None:
+            return self.result(ERROR, 0.0, "script has no (check-sat)")
+        if self.profile.stdin_command is None:
+            return self._solve_file(ob, prefix)
+        if not _balanced(prefix):
+            # an unclosed parenthesis would swallow the end marker: let a one-off process
+            # reading the script as a file report it
+            return self._solve_file(ob, prefix)
+        fresh_process = self.proc is None or self.proc.served == 0
+        res = self._solve_stdin(ob, prefix)
+        if res.status == ERROR and not fresh_process:
+            # the error may come from the state left by earlier scripts: retry on a new process
+            res = self._solve_stdin(ob, prefix)
+        if not self.profile.keepalive:
+            self._drop()
+        return res
+
+
+_STRIP = re.compile(r'"(?:[^"]|"")*"|\|[^|]*\||;[^\n]*')
+
+
+def _balanced(text: str) -> bool:
+    """Parentheses balance (outside strings, quoted symbols and comments)."""
+    if '"' in text or "|" in text or ";" in text:
+        text = _STRIP.sub("", text)
+    return text.count("(") == text.count(")")
+
+
+def solve_batch(obligations: Sequence[Obligation], profile: "Profile | str",
+                timeout_s: float | None = 60, *, registry: str | None = None
+                ) -> list[SolverResult]:
+    """Solve `obligations` one after the other with one solver (kept-alive process when the
+    profile allows). Each result's `seconds` is that obligation's solving time."""
+    profile = get_profile(profile)
+    batch = _Batch(profile, timeout_s, _Registry(registry))
+    try:
+        return [batch.solve(ob) for ob in obligations]
+    finally:
+        batch.close()
+
+
+def run_file(path: str | os.PathLike, profile: "Profile | str", timeout_s: float | None = 60
+             ) -> SolverResult:
+    """Run a solver on a script file as is, with its `file` command (one fresh process)."""
+    batch = _Batch(get_profile(profile), timeout_s, _Registry(None))
+    return batch.run_file(os.fspath(path))
+
+
+def _task(profile: Profile, items: list[tuple[int, Obligation]], timeout_s, registry):
+    """One joblib task: a chunk of obligations for one solver."""
+    results = solve_batch([ob for _, ob in items], profile, timeout_s, registry=registry)
+    return profile.name, [(i, r) for (i, _), r in zip(items, results)]
+
+
+# --------------------------------------------------------------------------------------------
+# Parallel runs.
+
+
+def _parallel_setup(backend: str, scheduler, jobs: int | None):
+    """(context manager, n_jobs, client to close or None)."""
+    import contextlib
+
+    import joblib
+
+    n_jobs = -1 if jobs is None else jobs
+    if backend != "dask":
+        return joblib.parallel_config(backend=backend, n_jobs=n_jobs), n_jobs, None
+    try:
+        from distributed import Client, get_client
+    except ImportError:
+        raise ValueError("backend='dask' needs the 'distributed' package "
+                         "(pip install 'dask[distributed]')") from None
+    own = None
+    if scheduler is None:
+        try:
+            client = get_client()
+        except ValueError:
+            raise ValueError("backend='dask' needs scheduler=ADDRESS or an active "
+                             "distributed.Client") from None
+    elif isinstance(scheduler, str):
+        client = own = Client(scheduler, set_as_default=False)
+    else:
+        client = scheduler
+    stack = contextlib.ExitStack()
+    stack.enter_context(joblib.parallel_config(backend="dask", n_jobs=n_jobs, client=client))
+    return stack, n_jobs, own
+
+
+def _chunks(indices: list[int], chunk_size: int) -> list[list[int]]:
+    return [indices[i:i + chunk_size] for i in range(0, len(indices), chunk_size)]
+
+
+def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeout_s, backend,
+         scheduler, chunk_size, on_result: Callable[[str, int, SolverResult], None]) -> None:
+    """Solve every (unique) obligation with every profile; on_result(solver, index, result)
+    is called for every original index as results arrive."""
+    import joblib
+
+    if not obligations:
+        return
+    # identical scripts are solved once
+    first: dict[str, int] = {}
+    copies: dict[int, list[int]] = {}
+    for i, ob in enumerate(obligations):
+        j = first.setdefault(ob.digest or f"#{i}", i)
+        copies.setdefault(j, []).append(i)
+    unique = sorted(copies)
+    if backend != "dask" or scheduler is None:
+        for p in profiles:
+            require_binary(p)  # fail fast, in the caller, with the profile's message
+    registry_dir = tempfile.mkdtemp(prefix="tvsmt-run-")
+    registry = _Registry(registry_dir)
+    done = False
+    ctx, n_jobs, own_client = _parallel_setup(backend, scheduler, jobs)
+    try:
+        with ctx:
+            workers = max(1, joblib.effective_n_jobs(n_jobs))
+            if chunk_size is None:
+                per = len(unique) * len(profiles) / (workers * 4)
+                chunk_size = max(1, min(32, math.ceil(per / len(profiles))))
+            tasks = []
+            per_profile = [_chunks(unique, chunk_size) for _ in profiles]
+            for k in range(max(len(c) for c in per_profile)):  # interleave solvers
+                for p, chunks in zip(profiles, per_profile):
+                    if k < len(chunks):
+                        items = [(i, obligations[i]) for i in chunks[k]]
+                        tasks.append(joblib.delayed(_task)(p, items, timeout_s, registry_dir))
+            gen = joblib.Parallel(n_jobs=n_jobs, batch_size=1, pre_dispatch="all",
+                                  return_as="generator_unordered")(tasks)
+            try:
+                for name, pairs in gen:
+                    for i, res in pairs:
+                        for c, idx in enumerate(copies[i]):
+                            on_result(name, idx, res if c == 0 else replace(res))
+            finally:
+                close = getattr(gen, "close", None)
+                if close is not None:
+                    close()
+        done = True
+    finally:
+        try:
+            if not done:
+                registry.cancel_and_kill()
+        finally:
+            if own_client is not None:
+                own_client.close()
+            import shutil
+            shutil.rmtree(registry_dir, ignore_errors=True)
+
+
+def solve_all(obligations: Iterable[Obligation], solver: "str | Profile" = "z3",
+              jobs: int | None = None, timeout_s: float | None = 60, backend: str = "loky",
+              scheduler=None, progress: Progress | None = None, *,
+              chunk_size: int | None = None) -> list[SolverResult]:
+    """Solve every obligation with one solver, in parallel; results in input order.
+
+    jobs: joblib n_jobs (None = all cores / all Dask worker threads). backend: a joblib
+    backend ("loky", "threading", ...) or "dask", with `scheduler` an address
+    ("tcp://host:8786") or a `distributed.Client` (None = the current default client).
+    progress(index, result) is called in the caller's process as results arrive. Identical
+    obligations (same digest) are solved once.
+    """
+    obligations = list(obligations)
+    profile = get_profile(solver)
+    results: list[SolverResult | None] = [None] * len(obligations)
+
+    def on_result(_name: str, i: int, res: SolverResult) -> None:
+        results[i] = res
+        if progress is not None:
+            progress(i, res)
+
+    _run(obligations, [profile], jobs=jobs, timeout_s=timeout_s, backend=backend,
+         scheduler=scheduler, chunk_size=chunk_size, on_result=on_result)
+    assert all(r is not None for r in results)
+    return results  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------------------------
+# Cross-checking.
+
+
+def _brief(r: SolverResult) -> str:
+    extra = f" ({r.message})" if r.message and r.status != SAT else ""
+    return f"{r.solver} says {r.status}{extra}"
+
+
+def reconcile(results: Sequence[SolverResult], *, strict: bool = False) -> SolverResult:
+    """One verdict from several solvers' results on the same obligation.
+
+    All agree -> that status. `sat` against `unsat` -> UNKNOWN ("solvers disagree: ...").
+    Otherwise the decisive answer is kept (with strict=True it becomes UNKNOWN) and the other
+    sides are named in `message`. The raw results are in `details`.
+    """
+    results = list(results)
+    name = "+".join(r.solver for r in results)
+    version = " ".join(f"{r.solver} {r.version}".strip() for r in results)
+    seconds = sum(r.seconds for r in results)
+    statuses = [r.status for r in results]
+    decisive = {s for s in statuses if s in (SAT, UNSAT)}
+    values = next((r.values for r in results if r.status == SAT and r.values), {})
+
+    def make(status, message="", vals=None):
+        return SolverResult(status=status, solver=name, version=version, seconds=seconds,
+                            values=vals or {}, message=message, details=list(results))
+
+    if len(set(statuses)) == 1:
+        return make(statuses[0], "; ".join(_brief(r) for r in results if r.message)
+                    if statuses[0] not in (SAT, UNSAT) else "", values)
+    if len(decisive) == 2:
+        return make(UNKNOWN, "solvers disagree: " + ", ".join(_brief(r) for r in results))
+    if len(decisive) == 1:
+        status = decisive.pop()
+        others = ", ".join(_brief(r) for r in results if r.status != status)
+        if strict:
+            return make(UNKNOWN, f"not confirmed: {', '.join(_brief(r) for r in results)}")
+        answered = ", ".join(r.solver for r in results if r.status == status)
+        return make(status, f"only {answered} answered {status}; {others}", values)
+    for status in (ERROR, TIMEOUT, UNKNOWN):
+        if status in statuses:
+            return make(status, "; ".join(_brief(r) for r in results))
+    raise AssertionError(statuses)  # pragma: no cover
+
+
+def crosscheck(obligations: Iterable[Obligation], solvers: Sequence["str | Profile"] = ("z3", "cvc5"),
+               jobs: int | None = None, timeout_s: float | None = 60, backend: str = "loky",
+               scheduler=None, progress: Progress | None = None, *, strict: bool = False,
+               chunk_size: int | None = None) -> list[SolverResult]:
+    """Run every solver on every obligation (all in one parallel run) and `reconcile`.
+
+    progress(index, reconciled_result) is called once all solvers answered that obligation.
+    """
+    obligations = list(obligations)
+    profiles = [get_profile(s) for s in solvers]
+    names = [p.name for p in profiles]
+    if len(set(names)) != len(names):
+        raise ValueError(f"crosscheck needs distinct solvers, got {names}")
+    raw: list[dict[str, SolverResult]] = [{} for _ in obligations]
+    results: list[SolverResult | None] = [None] * len(obligations)
+
+    def on_result(name: str, i: int, res: SolverResult) -> None:
+        raw[i][name] = res
+        if len(raw[i]) == len(profiles):
+            results[i] = reconcile([raw[i][n] for n in names], strict=strict)
+            if progress is not None:
+                progress(i, results[i])
+
+    _run(obligations, profiles, jobs=jobs, timeout_s=timeout_s, backend=backend,
+         scheduler=scheduler, chunk_size=chunk_size, on_result=on_result)
+    assert all(r is not None for r in results)
+    return results  # type: ignore[return-value]
