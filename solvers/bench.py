@@ -59,8 +59,8 @@ class _Script:
         return "\n".join(lines) + "\n"
 
 
-def matmul(rng, buggy):
-    m, k, n, r = rng.randint(1, 3), rng.choice([2, 4, 6]), rng.randint(1, 3), rng.choice([2, 3])
+def matmul(rng, buggy, scale=1):
+    m, k, n, r = rng.randint(1, 3), rng.choice([2, 4, 6]) * scale, rng.randint(1, 3), rng.choice([2, 3])
     s = _Script()
     a = [[s.var(f"a_{i}_{j}") for j in range(k)] for i in range(m)]
     b = [[s.var(f"b_{i}_{j}") for j in range(n)] for i in range(k)]
@@ -71,14 +71,14 @@ def matmul(rng, buggy):
             ref = s.define(_sum(f"(* {a[i][t]} {b[t][j]})" for t in range(k)))
             parts = []
             for q, sh in enumerate(shards):
-                idx = sh[:-1] if buggy and q == r - 1 and i == m - 1 and j == n - 1 else sh
+                idx = sh[:-1] if buggy and q == 0 and i == m - 1 and j == n - 1 else sh
                 parts.append(s.define(_sum(f"(* {a[i][t]} {b[t][j]})" for t in idx) if idx else "0.0"))
             pairs.append((ref, s.define(_sum(parts))))
     return s.text([], pairs, [a[0][0], b[0][0]])
 
 
-def rmsnorm(rng, buggy):
-    d, r = rng.choice([2, 4, 6, 8]), 2
+def rmsnorm(rng, buggy, scale=1):
+    d, r = rng.choice([2, 4, 6, 8]) * scale, 2
     s = _Script()
     x = [s.var(f"x_{i}") for i in range(d)]
     g = [s.var(f"g_{i}") for i in range(d)]
@@ -93,8 +93,8 @@ def rmsnorm(rng, buggy):
     return s.text([("uf_rsqrt", 1)], pairs, x[:2])
 
 
-def softmax(rng, buggy):
-    c, r = rng.choice([2, 4, 8]), 2
+def softmax(rng, buggy, scale=1):
+    c, r = rng.choice([2, 4, 8]) * scale, 2
     s = _Script()
     x = [s.var(f"x_{i}") for i in range(c)]
     e = [s.define(f"(uf_exp {v})") for v in x]
@@ -108,8 +108,8 @@ def softmax(rng, buggy):
     return s.text([("uf_exp", 1), ("uf_div", 2)], pairs, x[:2])
 
 
-def gradacc(rng, buggy):
-    bsz, mb = rng.choice([4, 6, 8]), 2
+def gradacc(rng, buggy, scale=1):
+    bsz, mb = rng.choice([4, 6, 8]) * scale, 2
     s = _Script()
     x = [s.var(f"x_{i}") for i in range(bsz)]
     dy = [s.var(f"dy_{i}") for i in range(bsz)]
@@ -122,12 +122,12 @@ def gradacc(rng, buggy):
     return s.text([], [(ref, s.define(_sum(parts)))], [x[0], dy[0], w])
 
 
-def make(count: int, seed: int = 0) -> list[Obligation]:
+def make(count: int, seed: int = 0, scale: int = 1) -> list[Obligation]:
     rng = random.Random(seed)
     kinds = [matmul, rmsnorm, softmax, gradacc]
     out = []
     for i in range(count):
-        text = kinds[i % 4](rng, buggy=bool((i // 4) % 2))
+        text = kinds[i % 4](rng, buggy=bool((i // 4) % 2), scale=scale)
         text = f"; bench {i}\n" + text  # distinct digests
         query = tuple(text.rsplit("(get-value (", 1)[1].split("))")[0].split())
         out.append(Obligation(hashlib.sha256(text.encode()).hexdigest(), text, query))
@@ -140,8 +140,9 @@ def main() -> None:
     ap.add_argument("--solvers", default="z3,cvc5")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--timeout", type=float, default=20)
+    ap.add_argument("--scale", type=int, default=1, help="multiply stage dimensions")
     args = ap.parse_args()
-    obs = make(args.count)
+    obs = make(args.count, scale=args.scale)
     print(f"{len(obs)} obligations, {statistics.mean(len(o.smt2) for o in obs):.0f} chars avg, "
           f"{os.cpu_count()} cores")
     for name in args.solvers.split(","):
@@ -162,15 +163,17 @@ def main() -> None:
         t = time.perf_counter()
         kept = solve_batch(obs, prof, args.timeout)
         rows.append(("stdin, kept alive", time.perf_counter() - t, kept))
-        t = time.perf_counter()
-        par = solve_all(obs, prof, jobs=args.jobs, timeout_s=args.timeout)
-        rows.append((f"solve_all jobs={args.jobs or 'all'}", time.perf_counter() - t, par))
+        for state in ("cold", "warm"):  # cold: loky starts its workers
+            t = time.perf_counter()
+            par = solve_all(obs, prof, jobs=args.jobs, timeout_s=args.timeout)
+            rows.append((f"solve_all {state} jobs={args.jobs or 'all'}", time.perf_counter() - t,
+                         par))
         for label, secs, res in rows:
             counts = {}
             for r in res:
                 counts[r.status] = counts.get(r.status, 0) + 1
             med = statistics.median(r.seconds for r in res) * 1000
-            print(f"{name:6} {label:24} {secs / len(res) * 1000:7.2f} ms/obligation wall "
+            print(f"{name:6} {label:26} {secs / len(res) * 1000:7.2f} ms/obligation wall "
                   f"(median solve {med:6.2f} ms)  {dict(sorted(counts.items()))}")
         slow = sorted(res, key=lambda r: -r.seconds)[:3]
         print(f"{name:6} slowest: {[round(r.seconds, 2) for r in slow]}")

@@ -303,13 +303,15 @@ def test_cli_generate_mutate_bugs(tmp_path):
      "no such file"),
     (["mutate", "{tmp}/flat", "--bug", "drop-bw-reduction", "-o", "{tmp}/y"], "does not apply"),
     (["mutate", "{tmp}/flat", "--bug", "nope", "-o", "{tmp}/y"], "unknown bug"),
+    (["mutate", "{tmp}/flat", "--bug", "grad-scale-wrong", "-o", "{tmp}/flat"], "must differ"),
+    (["generate", "--model", "gpt", "-o", "{tmp}/x"], "gpt"),
 ])
 def test_cli_errors(tmp_path, args, msg):
     write_pair(tmp_path / "flat", "mlp", **TINY_MLP)
     r = CliRunner().invoke(plan_cli, [a.replace("{tmp}", str(tmp_path)) for a in args])
     assert r.exit_code != 0
     assert msg in r.output and "Traceback" not in r.output
-    assert len([ln for ln in r.output.splitlines() if ln.strip()]) == 1
+    assert len([ln for ln in r.output.splitlines() if ln.startswith("Error")]) == 1
 
 
 def test_graph_inputs_helper():

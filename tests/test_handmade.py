@@ -82,3 +82,38 @@ def test_parallel_input_posing_as_a_computed_tensor_is_a_violation():
     report = verify_dicts(single_mlp(), par)
     assert report.verdict == "violation"
     assert any(f.tensor == "h" and "never derives" in f.message for f in report.failures)
+
+
+def _rsqrt_square_pair(parallel_op: str):
+    """single: y = rsqrt(x) * rsqrt(x); parallel (1 rank): y = pow(x, -1) or the same as
+    single. Equal for the real functions, not provable with uninterpreted ones."""
+    from handmade import PlanDict
+
+    s = PlanDict("single", "s", {"dp": 1, "tp": 1, "pp": 1, "mb": 1, "ranks": 1})
+    for t in ("x", "r", "y"):
+        s.t(t, [2, 2], "input" if t == "x" else "activation")
+    s.n("n1", "rsqrt", ["x"], ["r"])
+    s.n("n2", "mul", ["r", "r"], ["y"])
+    s.d["outputs"] = ["y"]
+    p = PlanDict("parallel", "p", {"dp": 1, "tp": 1, "pp": 1, "mb": 1, "ranks": 1})
+    for t in ("x@0", "r@0", "y@0"):
+        p.t(t, [2, 2], "input" if t == "x@0" else "activation")
+    if parallel_op == "pow":
+        p.n("m1", "pow", ["x@0"], ["y@0"], consts=[-1])
+    else:
+        p.n("m1", "rsqrt", ["x@0"], ["r@0"])
+        p.n("m2", "mul", ["r@0", "r@0"], ["y@0"])
+    p.lineage("x", [([(0, 2), (0, 2)], ["x@0"])])
+    p.lineage("y", [([(0, 2), (0, 2)], ["y@0"])])
+    return s.d, p.d
+
+
+def test_counterexample_relying_on_the_abstraction_is_inconclusive_not_a_pass():
+    report = verify_dicts(*_rsqrt_square_pair("pow"))
+    assert report.verdict == "inconclusive"
+    assert report.exit_code == 2
+    assert "abstraction" in report.failures[0].message
+
+
+def test_same_computation_with_uninterpreted_functions_is_proven():
+    assert verify_dicts(*_rsqrt_square_pair("same")).verdict == "equivalent"

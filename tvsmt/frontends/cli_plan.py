@@ -73,6 +73,9 @@ def mutate(in_dir, name, seed, where, out_dir):
 
     if name not in MUTATIONS:
         raise click.ClickException(f"unknown bug {name!r}; `tvsmt plan bugs` lists them")
+    if os.path.abspath(in_dir) == os.path.abspath(out_dir):
+        raise click.ClickException("the output folder must differ from IN_DIR (the original "
+                                   "plan would be overwritten)")
     src_single, src_parallel = (os.path.join(in_dir, f) for f in (SINGLE, PARALLEL))
     for path in (src_single, src_parallel):
         if not os.path.isfile(path):
@@ -89,9 +92,7 @@ def mutate(in_dir, name, seed, where, out_dir):
         raise click.ClickException(str(e)) from None
     try:
         os.makedirs(out_dir, exist_ok=True)
-        dst_single = os.path.join(out_dir, SINGLE)
-        if os.path.abspath(dst_single) != os.path.abspath(src_single):
-            shutil.copyfile(src_single, dst_single)
+        shutil.copyfile(src_single, os.path.join(out_dir, SINGLE))
         write_plan(os.path.join(out_dir, PARALLEL), mutated)
         with open(os.path.join(out_dir, RECORD), "w", encoding="utf-8") as f:
             json.dump(record, f, indent=2)

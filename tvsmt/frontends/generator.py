@@ -36,7 +36,7 @@ Design decisions (see also llama.py / mlp.py for the tensor-parallel layout):
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from tvsmt.frontends import llama, mlp
@@ -190,4 +190,4 @@ def write_pair_dicts(out_dir: str | os.PathLike, single: dict, parallel: dict
 
 
 __all__ = ["ModelConfig", "World", "generate_pair", "write_pair", "write_pair_dicts",
-           "build_pair", "validate", "stage_of_layers", "asdict"]
+           "build_pair", "validate", "stage_of_layers"]

@@ -25,7 +25,6 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
-IDENTITY_LIKE = {"float", "to", "contiguous", "identity", "multiref", "view", "transpose"}
 # Backward rules that read the value (not only the shape) of their mirror inputs.
 READS_MIRRORS = ("silu", "softmax", "rsqrt", "pow", "mul", "matmul", "linear")
 
@@ -340,6 +339,14 @@ def pp_wrong_stage(v: PlanView, rng, where):
                 continue
             if v.pos[s2["id"]] < v.pos[n["id"]]:
                 alts.append((s2["rank"] != sender["rank"], v.pos[s2["id"]], s2))
+        if not mine and out in v.consumers:
+            # no lineage to compare slices: another replica's message of the same shape
+            per_replica = v.w("pp") * v.w("tp")
+            for n2, s2 in receivers:
+                if (n2 is not n and v.shape(n2["outputs"][0]) == v.shape(out)
+                        and s2["rank"] // per_replica != sender["rank"] // per_replica
+                        and v.pos[s2["id"]] < v.pos[n["id"]]):
+                    alts.append((True, v.pos[s2["id"]], s2))
         if alts:
             alts.sort(key=lambda a: (a[0], a[1]))
             cands.append((n, sender, alts[-1][2]))
@@ -402,17 +409,6 @@ def wrong_constant_group(v: PlanView, rng, where):
                    old=old, new=bad, ranks=sorted(group))
 
 
-def _forward_of(v: PlanView, bw: dict) -> dict | None:
-    """The forward node a backward node differentiates: same op, rank and micro-batch, whose
-    inputs are the backward node's trailing (mirror) inputs."""
-    for n in v.nodes:
-        if (n["pass"] == "fw" and n["op"] == bw["op"] and n["rank"] == bw["rank"]
-                and n["mb"] == bw["mb"] and len(n["inputs"]) < len(bw["inputs"])
-                and bw["inputs"][-len(n["inputs"]):] == n["inputs"]):
-            return n
-    return None
-
-
 def bw_wrong_input(v: PlanView, rng, where):
     """A backward node reads the forward node's output where it needs the forward input (a
     wrong tensor saved for backward)."""
@@ -455,8 +451,10 @@ def swap_bw_outputs(v: PlanView, rng, where):
     cands = [n for n in v.nodes if n["pass"] == "bw" and n["op"] == "apply_rotary_emb"
              and n["outputs"][0] is not None and n["outputs"][1] is not None]
     if not cands:
-        cands = [n for n in v.nodes if n["pass"] == "bw" and n["outputs"][:2].count(None) == 0
-                 and len(n["outputs"]) >= 2 and two_outputs(n)]
+        # (not add/sub: their two gradients are equal when alpha is 1)
+        cands = [n for n in v.nodes if n["pass"] == "bw" and n["op"] not in ("add", "sub")
+                 and len(n["outputs"]) >= 2 and n["outputs"][:2].count(None) == 0
+                 and two_outputs(n)]
     n = _pick(cands, rng, where, "backward node with two same-shaped gradient outputs")
     n["outputs"][0], n["outputs"][1] = n["outputs"][1], n["outputs"][0]
     v.refresh()

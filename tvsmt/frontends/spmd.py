@@ -117,8 +117,6 @@ class Tracer:
         self._per_rank: dict[tuple[str, int], str] = {}
         # gradient accumulation: (grad key, rank) -> current accumulated tensor
         self._acc: dict[tuple[str, int], str] = {}
-        self._final_grads: dict[str, Val] = {}  # grad key -> final (accumulated) Val of run d=0
-        self._final_ver: dict[str, int] = {}
         self._final_vals: dict[tuple[str, int], Val] = {}  # (grad key, d) -> final Val
         self.weight_grads: list[str] = []  # single keys of the weight gradients, in order
         self.d = self.m = self.stage = 0

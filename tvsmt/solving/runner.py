@@ -13,7 +13,9 @@ KeyboardInterrupt or an exception raised by the progress callback).
 How a script is fed: the obligation's text up to its last `(check-sat)` is sent, followed by
 `(echo "<marker>")`; once the answer is read, `(get-value (<query>))` is sent only if the
 answer is `sat` (a get-value after `unsat` is an error in both z3 and cvc5), so a trailing
-get-value in the script is replaced by one built from `Obligation.query`.
+get-value in the script is replaced by one built from `Obligation.query` (with no query,
+`(get-model)` is asked instead). A `sat` whose model cannot be obtained is UNKNOWN.
+Profiles without a stdin command get the same prefix as a file, without values.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ import math
 import os
 import re
 import selectors
+import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -49,11 +54,20 @@ class Cancelled(Exception):
     """The run this batch belongs to was cancelled by its caller."""
 
 
+def _host_id() -> str:
+    return f"{socket.gethostname()}/{psutil.boot_time():.0f}"
+
+
 class _Registry:
+    """`token` = (host id, directory). Off the host that made it (a remote Dask worker) the
+    registry is inert; on that host, a vanished directory means the run is over (cancelled)."""
+
     CANCEL = "CANCEL"
 
-    def __init__(self, path: str | None):
-        self.path = path if path and os.path.isdir(path) else None
+    def __init__(self, token: tuple[str, str] | None):
+        self.path = None
+        if token is not None and token[0] == _host_id():
+            self.path = token[1]
 
     def register(self, pid: int) -> None:
         if self.path:
@@ -61,8 +75,11 @@ class _Registry:
                 ctime = psutil.Process(pid).create_time()
             except psutil.Error:
                 ctime = 0.0
-            with open(os.path.join(self.path, str(pid)), "w") as fh:
-                fh.write(repr(ctime))
+            try:
+                with open(os.path.join(self.path, str(pid)), "w") as fh:
+                    fh.write(repr(ctime))
+            except OSError:
+                raise Cancelled() from None  # the run's directory is gone
 
     def unregister(self, pid: int) -> None:
         if self.path:
@@ -72,7 +89,8 @@ class _Registry:
                 pass
 
     def cancelled(self) -> bool:
-        return bool(self.path) and os.path.exists(os.path.join(self.path, self.CANCEL))
+        return bool(self.path) and (not os.path.isdir(self.path)
+                                    or os.path.exists(os.path.join(self.path, self.CANCEL)))
 
     def cancel_and_kill(self) -> None:
         """Flag the run as cancelled, then kill every registered solver (race-free: a batch
@@ -133,19 +151,27 @@ class _SolverProcess:
         if registry.cancelled():
             raise Cancelled()
         self.stderr = tempfile.TemporaryFile()
-        self.popen = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=self.stderr, env=env, start_new_session=True,
-                                      bufsize=0)
+        self.sel = selectors.DefaultSelector()
         self.registry = registry
-        registry.register(self.popen.pid)
         self.served = 0
         self.count = 0
-        os.set_blocking(self.popen.stdin.fileno(), False)
-        os.set_blocking(self.popen.stdout.fileno(), False)
-        self.sel = selectors.DefaultSelector()
-        if registry.cancelled():
+        try:
+            self.popen = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=self.stderr, env=env, start_new_session=True,
+                                          bufsize=0)
+        except BaseException:
+            self.stderr.close()
+            self.sel.close()
+            raise
+        try:
+            registry.register(self.popen.pid)  # register first, then look at the flag
+            if registry.cancelled():
+                raise Cancelled()
+            os.set_blocking(self.popen.stdin.fileno(), False)
+            os.set_blocking(self.popen.stdout.fileno(), False)
+        except BaseException:
             self.close()
-            raise Cancelled()
+            raise
 
     def exchange(self, text: str, deadline: float) -> str:
         """Send `text` + an echo marker; return the output printed before the marker."""
@@ -251,10 +277,20 @@ def get_value_command(query: Sequence[str]) -> str:
 
 
 def _first_error(text: str, markers: Sequence[str]) -> str | None:
-    for line in text.splitlines():
+    """The first error in the output (an `(error "...")` spanning lines joined into one)."""
+    lines = text.splitlines()
+    for k, line in enumerate(lines):
         if any(m in line for m in markers):
-            return line.strip()
+            msg = line.strip()
+            for more in lines[k + 1:k + 8]:
+                if _balanced(msg) and msg.count('"') % 2 == 0:
+                    break
+                msg += " " + more.strip()
+            return msg[:500]
     return None
+
+
+_WARNING = re.compile(r"\(?warning\b", re.IGNORECASE)
 
 
 def classify(output: str, profile: Profile) -> tuple[str, str]:
@@ -262,7 +298,8 @@ def classify(output: str, profile: Profile) -> tuple[str, str]:
     err = _first_error(output, profile.error_markers)
     if err is not None:
         return ERROR, err
-    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in output.splitlines()
+             if ln.strip() and not _WARNING.match(ln.strip())]
     if not lines:
         return ERROR, "no answer"
     first = lines[0]
@@ -318,14 +355,17 @@ class _Batch:
             values = {}
             if status == UNKNOWN and time.monotonic() - t0 >= self.timeout:
                 status, message = TIMEOUT, "unknown at the time limit"
-            if status == SAT and ob.query:
-                vout = proc.exchange(get_value_command(ob.query), deadline)
+            if status == SAT:
+                # a sat must come with a model (cvc5 has answered sat without one on a valid
+                # obligation): ask for the query values, or for the model if there is no query
+                ask = get_value_command(ob.query) if ob.query else "(get-model)"
+                vout = proc.exchange(ask, deadline)
                 err = _first_error(vout, self.profile.error_markers)
                 try:
-                    values = parse_get_value(vout) if err is None else None
+                    values = parse_get_value(vout) if err is None and ob.query else {}
                 except SExprError as e:
-                    values, err = None, f"unreadable get-value answer: {e}"
-                if values is None:
+                    err = f"unreadable get-value answer: {e}"
+                if err is not None:
                     values = {}
                     status, message = UNKNOWN, f"sat, but no model: {err}"
         except _TimedOut:
@@ -333,8 +373,8 @@ class _Batch:
             return self.result(TIMEOUT, time.monotonic() - t0, f"killed after {self.timeout:g} s")
         except _Died as died:
             code = proc.exit_code()
-            self._drop()
             tail = " ".join(proc.stderr_tail().split())[-300:]
+            self._drop()
             partial = _first_error(str(died), self.profile.error_markers)
             msg = partial or f"solver exited (code {code})" + (f": {tail}" if tail else "")
             return self.result(ERROR, time.monotonic() - t0, msg)
@@ -345,7 +385,7 @@ class _Batch:
 
     # -- file protocol (profiles without a stdin command) --------------------------------
     def _solve_file(self, ob: Obligation, prefix: str) -> SolverResult:
-        fd, path = tempfile.mkstemp(prefix="tvsmt-", suffix=".smt2")
+        fd, path = tempfile.mkstemp(prefix=f"tvsmt-{ob.digest[:12]}-", suffix=".smt2")
         try:
             with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
                 fh.write(prefix + "\n")
@@ -368,7 +408,7 @@ class _Batch:
                                      env=self.env, start_new_session=True)
             reaped = False
             try:
-                self.registry.register(popen.pid)
+                self.registry.register(popen.pid)  # register first, then look at the flag
                 if self.registry.cancelled():
                     raise Cancelled()
                 try:
@@ -436,7 +476,7 @@ def _balanced(text: str) -> bool:
 
 
 def solve_batch(obligations: Sequence[Obligation], profile: "Profile | str",
-                timeout_s: float | None = 60, *, registry: str | None = None
+                timeout_s: float | None = 60, *, registry: tuple[str, str] | None = None
                 ) -> list[SolverResult]:
     """Solve `obligations` one after the other with one solver (kept-alive process when the
     profile allows). Each result's `seconds` is that obligation's solving time."""
@@ -507,20 +547,24 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
 
     if not obligations:
         return
-    # identical scripts are solved once
-    first: dict[str, int] = {}
+    # identical scripts (same digest and query) are solved once
+    first: dict[tuple, int] = {}
     copies: dict[int, list[int]] = {}
     for i, ob in enumerate(obligations):
-        j = first.setdefault(ob.digest or f"#{i}", i)
+        j = first.setdefault((ob.digest or f"#{i}", ob.query), i)
         copies.setdefault(j, []).append(i)
     unique = sorted(copies)
     if backend != "dask" or scheduler is None:
         for p in profiles:
             require_binary(p)  # fail fast, in the caller, with the profile's message
     registry_dir = tempfile.mkdtemp(prefix="tvsmt-run-")
-    registry = _Registry(registry_dir)
-    done = False
-    ctx, n_jobs, own_client = _parallel_setup(backend, scheduler, jobs)
+    token = (_host_id(), registry_dir)
+    registry = _Registry(token)
+    try:
+        ctx, n_jobs, own_client = _parallel_setup(backend, scheduler, jobs)
+    except BaseException:
+        os.rmdir(registry_dir)
+        raise
     try:
         with ctx:
             workers = max(1, joblib.effective_n_jobs(n_jobs))
@@ -533,7 +577,7 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
                 for p, chunks in zip(profiles, per_profile):
                     if k < len(chunks):
                         items = [(i, obligations[i]) for i in chunks[k]]
-                        tasks.append(joblib.delayed(_task)(p, items, timeout_s, registry_dir))
+                        tasks.append(joblib.delayed(_task)(p, items, timeout_s, token))
             gen = joblib.Parallel(n_jobs=n_jobs, batch_size=1, pre_dispatch="all",
                                   return_as="generator_unordered")(tasks)
             try:
@@ -541,19 +585,19 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
                     for i, res in pairs:
                         for c, idx in enumerate(copies[i]):
                             on_result(name, idx, res if c == 0 else replace(res))
+            except BaseException:
+                # kill the run's solvers before joblib waits for (or kills) its workers
+                registry.cancel_and_kill()
+                raise
             finally:
-                close = getattr(gen, "close", None)
-                if close is not None:
-                    close()
-        done = True
+                with warnings.catch_warnings():  # joblib warns about the cancelled tasks
+                    warnings.simplefilter("ignore", UserWarning)
+                    gen.close()
     finally:
         try:
-            if not done:
-                registry.cancel_and_kill()
-        finally:
             if own_client is not None:
                 own_client.close()
-            import shutil
+        finally:
             shutil.rmtree(registry_dir, ignore_errors=True)
 
 

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Scale benchmark: generate Llama3 plans with the built-in generator and verify them.
+
+For each configuration it prints, per phase (generate, load, stages, templates, shapes,
+encoding, solving, report), the wall time, the number of stages, stage templates, unique
+obligations, solver calls and the peak RSS of the child process that did the work, as a
+table and as JSON. It also prints a reference floor: the time z3 takes on an empty query
+times the number of unique obligations.
+
+    python scripts/bench.py                      # the configurations that fit (see --max-nodes)
+    python scripts/bench.py --configs 32L-dp2pp2tp2mb2 --json bench.json
+    python scripts/bench.py --markdown           # the README's performance table
+
+Each configuration runs in its own process (so peak RSS is its own) with a time limit.
+Configurations whose parallel plan would exceed --max-nodes nodes are reported as skipped
+with the estimate, rather than left to exhaust memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+CONFIGS = {
+    "32L-dp2pp2tp2mb2": dict(layers=32, dp=2, pp=2, tp=2, mb=2),
+    "32L-dp16pp4tp8mb8": dict(layers=32, dp=16, pp=4, tp=8, mb=8),
+    "80L-dp16pp4tp8mb32 (70B)": dict(layers=80, dp=16, pp=4, tp=8, mb=32),
+    "126L-dp64pp16tp8mb16 (405B)": dict(layers=126, dp=64, pp=16, tp=8, mb=16),
+}
+NODES_PER_LAYER_REPLICA = 105  # measured on generated plans: parallel nodes / (layers*dp*tp*mb)
+
+CHILD = r"""
+import json, resource, sys, time, os
+cfg = json.loads(sys.argv[1]); out = sys.argv[2]
+t0 = time.perf_counter()
+from tvsmt.frontends import write_pair
+s, p = write_pair(out, "llama3", hidden=64, heads=8, ffn=128, vocab=128, seq=8, **cfg)
+gen = time.perf_counter() - t0
+from tvsmt.verify import Options, verify_pair
+calls = []
+rep = verify_pair(s, p, Options(jobs=2, progress=None))
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"generate": gen, "verdict": rep.verdict, "timings": rep.timings,
+                  "stages": rep.stages_total, "templates": rep.stage_templates,
+                  "obligations": rep.obligations_total, "unique": rep.obligations_unique,
+                  "solver_calls": rep.obligations_unique - rep.cache_hits,
+                  "peak_rss_mb": rss, "plan_bytes": os.path.getsize(p)}))
+"""
+
+
+def empty_query_seconds(repeat: int = 20) -> float:
+    """Wall time of the z3 binary on an empty query (the per-call floor)."""
+    z3 = os.path.join(os.path.dirname(sys.executable), "z3")
+    if not os.path.exists(z3):
+        return float("nan")
+    with tempfile.NamedTemporaryFile("w", suffix=".smt2", delete=False) as f:
+        f.write("(check-sat)\n")
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        subprocess.run([z3, f.name], capture_output=True)
+        best = min(best, time.perf_counter() - t)
+    os.unlink(f.name)
+    return best
+
+
+def run(name: str, cfg: dict, limit: float) -> dict:
+    est = NODES_PER_LAYER_REPLICA * cfg["layers"] * cfg["dp"] * cfg["tp"] * cfg["mb"]
+    row = {"config": name, **cfg, "est_parallel_nodes": est}
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg), tmp],
+                                  capture_output=True, text=True, timeout=limit)
+        except subprocess.TimeoutExpired:
+            row["status"] = f"timeout after {limit:.0f}s"
+            return row
+    if proc.returncode != 0:
+        row["status"] = "failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
+        return row
+    row.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    row["total_s"] = row["generate"] + sum(row["timings"].values())
+    row["status"] = "ok"
+    return row
+
+
+def table(rows, floor, markdown=False):
+    phases = ["generate", "load", "stages", "templates", "shapes", "encoding", "solving"]
+    head = ["config", "verdict", *phases, "total s", "stages", "templ.", "unique obl.",
+            "solver calls", "floor s", "peak RSS MB"]
+    lines = []
+    for r in rows:
+        if r.get("status") != "ok":
+            lines.append([r["config"], r.get("status", "?")] + [""] * (len(head) - 2))
+            continue
+        t = r["timings"]
+        lines.append([r["config"], r["verdict"], f"{r['generate']:.1f}"]
+                     + [f"{t.get(p, 0):.2f}" for p in phases[1:]]
+                     + [f"{r['total_s']:.1f}", str(r["stages"]), str(r["templates"]),
+                        str(r["unique"]), str(r["solver_calls"]), f"{floor * r['unique']:.2f}",
+                        f"{r['peak_rss_mb']:.0f}"])
+    if markdown:
+        out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        out += ["| " + " | ".join(line) + " |" for line in lines]
+        return "\n".join(out)
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(head)]
+    fmt = "  ".join("{:>%d}" % w for w in widths)
+    return "\n".join([fmt.format(*head)] + [fmt.format(*line) for line in lines])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    ap.add_argument("--max-nodes", type=int, default=2_000_000,
+                    help="skip configurations whose parallel plan is estimated larger")
+    ap.add_argument("--limit", type=float, default=1800, help="seconds per configuration")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args()
+    floor = empty_query_seconds()
+    rows = []
+    for name in args.configs:
+        cfg = CONFIGS[name]
+        est = NODES_PER_LAYER_REPLICA * cfg["layers"] * cfg["dp"] * cfg["tp"] * cfg["mb"]
+        if est > args.max_nodes:
+            rows.append({"config": name, **cfg, "est_parallel_nodes": est,
+                         "status": f"skipped: ~{est / 1e6:.1f}M parallel nodes > --max-nodes"})
+            continue
+        rows.append(run(name, cfg, args.limit))
+        print(f"{name}: {rows[-1].get('status')}", file=sys.stderr)
+    print(table(rows, floor, args.markdown))
+    print(f"\nz3 empty-query floor: {floor * 1000:.1f} ms per call")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"floor_s": floor, "rows": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
