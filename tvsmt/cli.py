@@ -8,6 +8,7 @@ import sys
 import click
 
 from tvsmt.errors import TvsmtError
+from tvsmt.frontends.cli_plan import plan
 
 
 class Cli(click.Group):
@@ -94,15 +95,7 @@ def demo(out_dir):
     sys.exit(run_demo(out_dir))
 
 
-def _register_optional():
-    try:
-        from tvsmt.frontends.cli_plan import plan
-    except ImportError:  # the generator is optional in partial checkouts
-        return
-    main.add_command(plan)
-
-
-_register_optional()
+main.add_command(plan)
 
 if __name__ == "__main__":
     main()
