@@ -56,17 +56,100 @@ def run_verify(single: str, parallel: str, report_path: str | None, **opts) -> i
     return report.exit_code
 
 
+def default_corpus(parallel: str) -> str:
+    """smt_corpus/<pair name>: the folder of a `parallel.json[.gz]`, else the file's stem."""
+    path = os.path.abspath(parallel)
+    base = os.path.basename(path)
+    name = (os.path.basename(os.path.dirname(path)) if base.startswith("parallel.json")
+            else base.split(".json")[0])
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "plans"
+    return os.path.join("smt_corpus", safe)
+
+
+def solver_options(f):
+    """Options shared by `verify` and `replay`."""
+    for opt in reversed([
+        click.option("--jobs", "-j", type=int, default=None,
+                     help="Parallel solver workers (default: all cores)."),
+        click.option("--timeout", type=float, default=60.0, show_default=True,
+                     help="Seconds per obligation; the solver is killed after it. A timeout "
+                          "is inconclusive, never a pass."),
+        click.option("--solver", default="z3", show_default=True,
+                     help="Solver profile (solvers/*.toml): z3, cvc5, ..."),
+        click.option("--backend", type=click.Choice(["loky", "threading", "dask"]),
+                     default="loky", show_default=True, help="joblib backend for solving."),
+        click.option("--scheduler", default=None,
+                     help="Dask scheduler address (with --backend dask)."),
+    ]):
+        f = opt(f)
+    return f
+
+
 @main.command()
 @click.argument("single", type=click.Path(dir_okay=False))
 @click.argument("parallel", type=click.Path(dir_okay=False))
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
               help="Write the JSON report to this file.")
-@click.option("--jobs", "-j", type=int, default=None, help="Parallel workers (default: all cores).")
-@click.option("--timeout", type=float, default=60.0, show_default=True,
-              help="Seconds per solver call; a timeout is inconclusive, never a pass.")
-def verify(single, parallel, report_path, jobs, timeout):
+@solver_options
+@click.option("--crosscheck", is_flag=True,
+              help="Solve with z3 AND cvc5; any disagreement or one-sided answer is "
+                   "inconclusive.")
+@click.option("--corpus", "corpus", type=click.Path(file_okay=False), default=None,
+              help="SMT-LIB corpus folder (default: smt_corpus/<plan pair name>).")
+@click.option("--no-corpus", is_flag=True, help="Do not write or read a corpus.")
+@click.option("--fresh", is_flag=True, help="Ignore verdicts already in the corpus.")
+def verify(single, parallel, report_path, jobs, timeout, solver, backend, scheduler,
+           crosscheck, corpus, no_corpus, fresh):
     """Verify that PARALLEL computes what SINGLE computes."""
-    sys.exit(run_verify(single, parallel, report_path, jobs=jobs, timeout=timeout))
+    if backend == "dask" and not scheduler:
+        raise click.UsageError("--backend dask needs --scheduler ADDRESS")
+    corpus = None if no_corpus else (corpus or default_corpus(parallel))
+    sys.exit(run_verify(single, parallel, report_path, jobs=jobs, timeout=timeout,
+                        solver=solver, backend=backend, scheduler=scheduler,
+                        crosscheck=crosscheck, corpus=corpus, fresh=fresh))
+
+
+@main.command()
+@click.argument("single", type=click.Path(dir_okay=False))
+@click.argument("parallel", type=click.Path(dir_okay=False))
+@click.option("--corpus", "corpus", type=click.Path(file_okay=False), default=None,
+              help="Corpus folder (default: smt_corpus/<plan pair name>).")
+def export(single, parallel, corpus):
+    """Write the SMT-LIB obligations of every stage to a corpus, without solving."""
+    from tvsmt.plan import load_plan
+    from tvsmt.plan.reader import check_pair
+    from tvsmt.verify import export_obligations
+
+    s, p = load_plan(single), load_plan(parallel)
+    check_pair(s, p)
+    corpus = corpus or default_corpus(parallel)
+    report = export_obligations(s, p, corpus)
+    click.echo(f"{report.obligations_unique} unique obligations ({report.obligations_total} "
+               f"stages need a solver, {report.proven_without_solver} proven by term "
+               f"identity) written to {corpus}")
+    for f in report.failures[:5]:
+        click.echo(f"not exported: {f.kind}: {f.message}", err=True)
+    sys.exit(1 if report.failures else 0)
+
+
+@main.command()
+@click.argument("corpus", type=click.Path(file_okay=False, exists=True))
+@solver_options
+def replay(corpus, jobs, timeout, solver, backend, scheduler):
+    """Re-solve every obligation of a corpus and compare with the recorded verdicts."""
+    from tvsmt.solving.replay import replay as run_replay
+
+    rep = run_replay(corpus, solver=solver, jobs=jobs, timeout=timeout, backend=backend,
+                     scheduler=scheduler)
+    click.echo(f"{rep.total} obligations re-solved with {rep.solver} {rep.version}: "
+               f"{rep.agree} agree, {len(rep.differences)} differ, {len(rep.unrecorded)} "
+               f"had no recorded verdict, {len(rep.file_problems)} damaged files "
+               f"({rep.seconds:.2f}s)")
+    for d in rep.differences:
+        click.echo(f"DIFFERENT {d}")
+    for fp in rep.file_problems:
+        click.echo(f"DAMAGED {fp}")
+    sys.exit(0 if rep.ok else 1)
 
 
 @main.command("report")

@@ -42,6 +42,10 @@ class Options:
     scheduler: str | None = None
     progress: Callable[[str, int, int], None] | None = None  # (phase, done, total)
 
+    def __post_init__(self):
+        if self.crosscheck and self.solver not in ("z3", "cvc5"):
+            raise ValueError("--crosscheck runs z3 and cvc5; do not combine it with --solver")
+
 
 @dataclass
 class StageOutcome:
@@ -228,20 +232,78 @@ def _first_mismatch_part(cex: dict) -> int | None:
     return cex["mismatches"][0]["part"] if cex.get("mismatches") else None
 
 
-def solve_obligations(obligations: list[Obligation], opts: Options) -> list[SolverResult]:
-    from tvsmt.solving.inprocess import solve_all
-
-    progress = (lambda done, total: opts.progress("solving", done, total)) if opts.progress \
-        else None
-    return solve_all(obligations, solver=opts.solver, jobs=opts.jobs, timeout_s=opts.timeout,
-                     progress=progress)
+SMALL_RUN = 24  # obligations below which solving stays in this process (kept-alive solver)
 
 
-def verify_plans(single: Plan, parallel: Plan, opts: Options | None = None,
-                 timer: Timer | None = None) -> Report:
-    opts = opts or Options()
-    timer = timer or Timer()
-    report = Report(EQUIVALENT, single.path, parallel.path, solver=opts.solver)
+def _solver_names(opts: Options) -> tuple[str, ...]:
+    return ("z3", "cvc5") if opts.crosscheck else (opts.solver,)
+
+
+def _corpus_header(digest: str, outcomes: list[StageOutcome], parallel: Plan,
+                   ob: Obligation) -> dict:
+    stages = [o.stage for o in outcomes if o.obligation is not None
+              and o.obligation.digest == digest]
+    return {"plan": parallel.name, "stages": [st.id for st in stages[:50]],
+            "tensors": sorted({parallel.lineages[st.target].single for st in stages})[:50],
+            "stage_count": len(stages), "query": list(ob.query)}
+
+
+def solve_obligations(unique: dict[str, Obligation], outcomes: list[StageOutcome],
+                      parallel: Plan, opts: Options, report: Report) -> dict[str, SolverResult]:
+    """Solve each unique obligation once: corpus verdicts first (unless --fresh), then the
+    external solver(s) in parallel; new verdicts are recorded in the corpus."""
+    from tvsmt.solving.corpus import Corpus
+    from tvsmt.solving.runner import crosscheck, reconcile, solve_all
+
+    solvers = _solver_names(opts)
+    corpus = Corpus(opts.corpus) if opts.corpus else None
+    results: dict[str, SolverResult] = {}
+    todo: list[Obligation] = []
+    for dg, ob in unique.items():
+        if corpus is not None:
+            corpus.add(ob, [o.stage.id for o in outcomes if o.obligation is not None
+                            and o.obligation.digest == dg],
+                       header=_corpus_header(dg, outcomes, parallel, ob))
+            if not opts.fresh:
+                cached = [corpus.lookup(dg, name) for name in solvers]
+                if all(c is not None for c in cached):
+                    results[dg] = reconcile(cached, strict=True) if len(cached) > 1 \
+                        else cached[0]
+                    report.cache_hits += 1
+                    continue
+        todo.append(ob)
+    done = [len(results)]
+
+    def progress(_index, _result):
+        done[0] += 1
+        if opts.progress:
+            opts.progress("solving", done[0], len(unique))
+
+    jobs = opts.jobs
+    if opts.backend == "loky" and len(todo) * len(solvers) <= SMALL_RUN:
+        jobs = 1  # starting worker processes (~0.5 s) costs more than solving in this one
+    common = dict(jobs=jobs, timeout_s=opts.timeout, backend=opts.backend,
+                  scheduler=opts.scheduler, progress=progress)
+    if todo:
+        if opts.crosscheck:
+            solved = crosscheck(todo, solvers=solvers, strict=True, **common)
+        else:
+            solved = solve_all(todo, solver=opts.solver, **common)
+        for ob, res in zip(todo, solved):
+            results[ob.digest] = res
+            if corpus is not None:
+                for raw in (res.details or [res]):
+                    corpus.record(ob.digest, raw)
+    if corpus is not None:
+        corpus.save()
+    return results
+
+
+def prepare(single: Plan, parallel: Plan, opts: Options, timer: Timer
+            ) -> tuple[Report, list[Failure], list[StageOutcome], dict[str, Obligation]]:
+    """Everything before solving: checks, stages, templates, obligations (deduplicated)."""
+    report = Report(EQUIVALENT, single.path, parallel.path,
+                    solver="+".join(_solver_names(opts)))
     failures: list[Failure] = []
     with timer.phase("stages"):
         sgraph, pgraph = Graph(single), Graph(parallel)
@@ -257,8 +319,7 @@ def verify_plans(single: Plan, parallel: Plan, opts: Options | None = None,
     report.stages_total = len(cut.stages)
     outcomes = build_obligations(single, parallel, cut.stages, timer, opts.progress)
     report.stage_templates = len({id(o.template or o) for o in outcomes})
-
-    # Deduplicate identical obligations (same canonical text = same digest): solve once.
+    # Identical obligations (same canonical text = same digest) are solved once.
     unique: dict[str, Obligation] = {}
     for out in outcomes:
         if out.obligation is not None:
@@ -267,12 +328,42 @@ def verify_plans(single: Plan, parallel: Plan, opts: Options | None = None,
     report.obligations_unique = len(unique)
     report.proven_without_solver = sum(1 for o in outcomes if o.failure is None
                                        and o.obligation is None)
+    return report, failures, outcomes, unique
+
+
+def export_obligations(single: Plan, parallel: Plan, corpus_dir: str, opts: Options | None = None
+                       ) -> Report:
+    """Write every stage's obligation to a corpus without solving (`tvsmt export`)."""
+    from tvsmt.solving.corpus import Corpus
+
+    opts = opts or Options()
+    timer = Timer()
+    report, failures, outcomes, unique = prepare(single, parallel, opts, timer)
+    corpus = Corpus(corpus_dir)
+    with timer.phase("export"):
+        for dg, ob in unique.items():
+            corpus.add(ob, [o.stage.id for o in outcomes if o.obligation is not None
+                            and o.obligation.digest == dg],
+                       header=_corpus_header(dg, outcomes, parallel, ob))
+        corpus.save()
+    report.failures = failures + [o.failure for o in outcomes if o.failure is not None]
+    report.verdict = VIOLATION if report.failures else INCONCLUSIVE  # nothing was solved
+    report.timings = {k: round(v, 4) for k, v in timer.timings.items()}
+    return report
+
+
+def verify_plans(single: Plan, parallel: Plan, opts: Options | None = None,
+                 timer: Timer | None = None) -> Report:
+    opts = opts or Options()
+    timer = timer or Timer()
+    report, failures, outcomes, unique = prepare(single, parallel, opts, timer)
     with timer.phase("solving"):
-        results = dict(zip(unique, solve_obligations(list(unique.values()), opts)))
+        results = solve_obligations(unique, outcomes, parallel, opts, report)
     with timer.phase("report"):
         seconds: dict[str, float] = {}
         for r in results.values():
-            seconds[r.solver] = seconds.get(r.solver, 0.0) + r.seconds
+            for raw in (r.details or [r]):
+                seconds[raw.solver] = round(seconds.get(raw.solver, 0.0) + raw.seconds, 4)
         report.solver_seconds = seconds
         for out in outcomes:
             if out.failure is not None:

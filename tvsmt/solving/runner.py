@@ -33,7 +33,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from pathlib import Path
 
 import psutil
 

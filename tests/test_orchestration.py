@@ -1,0 +1,163 @@
+"""Solver orchestration through `tvsmt verify` (issue 3): corpus, incremental runs, replay,
+export, cvc5, crosscheck, solver profiles as data, the Dask backend."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import fixture_pair
+from handmade import parallel_mlp, single_mlp
+
+from tvsmt.cli import main
+from tvsmt.frontends import write_pair_dicts
+from tvsmt.solving.corpus import Corpus, split_header
+from tvsmt.solving.profiles import find_binary, get_profile
+from tvsmt.verify import Options, verify_pair
+
+
+@pytest.fixture
+def mlp_pair(tmp_path):
+    return write_pair_dicts(tmp_path / "mlp-dp2tp2", single_mlp(), parallel_mlp())
+
+
+@pytest.fixture
+def buggy_pair(tmp_path):
+    return write_pair_dicts(tmp_path / "mlp-bug", single_mlp(),
+                            parallel_mlp(wrong_const_rank=2))
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_corpus_incremental_fresh_and_replay(tmp_path, mlp_pair):
+    corpus = tmp_path / "corpus"
+    first = tmp_path / "r1.json"
+    r = run("verify", *mlp_pair, "--corpus", corpus, "--report", first)
+    assert r.exit_code == 0, r.output
+    rep1 = json.loads(first.read_text())
+    files = sorted(corpus.glob("*.smt2"))
+    assert len(files) == rep1["obligations_unique"] > 0
+    manifest = json.loads((corpus / "manifest.json").read_text())
+    assert manifest  # stage -> digest and verdicts
+    for f in files:  # file name = sha256 of the body; header records the stages
+        meta, body = split_header(f.read_text())
+        import hashlib
+        assert hashlib.sha256(body.encode()).hexdigest() == f.stem
+        assert meta["stages"]
+    second = tmp_path / "r2.json"
+    r = run("verify", *mlp_pair, "--corpus", corpus, "--report", second)
+    assert r.exit_code == 0
+    assert json.loads(second.read_text())["cache_hits"] == rep1["obligations_unique"]
+    third = tmp_path / "r3.json"
+    r = run("verify", *mlp_pair, "--corpus", corpus, "--report", third, "--fresh")
+    assert json.loads(third.read_text())["cache_hits"] == 0
+    assert not list(corpus.glob("*.tmp")) and not list(corpus.glob(".*tmp*"))
+
+    r = run("replay", corpus)
+    assert r.exit_code == 0, r.output
+    assert "0 differ" in r.output
+    # edit one obligation: replay must notice the hash no longer matches the name
+    victim = files[0]
+    victim.write_text(victim.read_text().replace("(check-sat)", "(assert false)\n(check-sat)"))
+    r = run("replay", corpus)
+    assert r.exit_code != 0
+    assert "DAMAGED" in r.output and victim.stem[:16] in r.output
+
+
+def test_violation_verdicts_are_cached_too(tmp_path, buggy_pair):
+    corpus = tmp_path / "c"
+    out1, out2 = tmp_path / "1.json", tmp_path / "2.json"
+    assert run("verify", *buggy_pair, "--corpus", corpus, "--report", out1).exit_code == 1
+    assert run("verify", *buggy_pair, "--corpus", corpus, "--report", out2).exit_code == 1
+    a, b = json.loads(out1.read_text()), json.loads(out2.read_text())
+    assert b["cache_hits"] > 0
+    assert a["failures"][0]["counterexample"] == b["failures"][0]["counterexample"]
+
+
+def test_export_writes_files_that_stock_solvers_accept(tmp_path, buggy_pair):
+    corpus = tmp_path / "exported"
+    r = run("export", *buggy_pair, "--corpus", corpus)
+    assert r.exit_code == 0, r.output
+    files = sorted(corpus.glob("*.smt2"))
+    assert files
+    assert not Corpus(corpus).verdicts  # nothing solved
+    z3 = find_binary(get_profile("z3"))
+    answers = []
+    for f in files:
+        _, body = split_header(f.read_text())
+        plain = tmp_path / "plain.smt2"
+        plain.write_text(body)
+        z = subprocess.run([z3, str(plain)], capture_output=True, text=True, timeout=60)
+        c = subprocess.run([sys.executable, "-m", "tvsmt.solving.cvc5_shim", str(plain)],
+                           capture_output=True, text=True, timeout=60)
+        assert "(error" not in z.stdout + c.stdout, (f, z.stdout, c.stdout)
+        assert z.stdout.split()[0] == c.stdout.split()[0] in ("sat", "unsat")
+        answers.append(z.stdout.split()[0])
+    assert "sat" in answers and "unsat" in answers  # the bug is in some obligation
+
+
+@pytest.mark.parametrize("flags", [["--solver", "cvc5"], ["--crosscheck"]])
+@pytest.mark.parametrize("name,code", [("mlp-ly2-dp2pp2tp2mb2", 0),
+                                       ("llama3-ly2-dp2pp2tp2mb2", 0),
+                                       ("br0-llama3-ly1-dp2pp2tp2mb2", 1)])
+def test_fixture_verdicts_with_cvc5_and_crosscheck(name, code, flags):
+    single, parallel = fixture_pair(name)
+    r = run("verify", single, parallel, "--no-corpus", *flags)
+    assert r.exit_code == code, r.output
+
+
+@pytest.mark.parametrize("flags", [["--solver", "cvc5"], ["--crosscheck"]])
+def test_handmade_bug_with_cvc5_and_crosscheck(buggy_pair, flags):
+    r = run("verify", *buggy_pair, "--no-corpus", *flags)
+    assert r.exit_code == 1, r.output
+
+
+FAKE = """\
+import sys
+print("unsat")  # a broken solver that proves everything
+"""
+
+
+def test_a_profile_is_all_it_takes_and_crosscheck_catches_a_lying_solver(tmp_path, buggy_pair):
+    script = tmp_path / "liar.py"
+    script.write_text(FAKE)
+    prof = tmp_path / "liar.toml"
+    prof.write_text(textwrap.dedent(f"""\
+        name = "liar"
+        [binary]
+        search = ["{{python}}"]
+        [run]
+        file = ["{{bin}}", {json.dumps(str(script))}, "{{file}}"]
+        """))
+    # the new solver is used as is: it (wrongly) proves the buggy plan...
+    r = run("verify", *buggy_pair, "--no-corpus", "--solver", str(prof))
+    assert r.exit_code == 0
+    # ...which is why cross-checking exists: z3 disagrees, the stage is not a pass
+    from tvsmt.solving.runner import crosscheck
+    from tvsmt.verify import prepare, Timer
+    from tvsmt.plan import load_plan
+
+    s, p = load_plan(buggy_pair[0]), load_plan(buggy_pair[1])
+    _, _, _, unique = prepare(s, p, Options(), Timer())
+    results = crosscheck(list(unique.values()), solvers=("z3", str(prof)), jobs=1,
+                         timeout_s=30, strict=True)
+    assert any("disagree" in r.message for r in results)
+    assert all(r.status != "sat" for r in results)
+
+
+def test_dask_backend_gives_the_same_verdicts(mlp_pair, buggy_pair):
+    distributed = pytest.importorskip("distributed")
+    local = [verify_pair(*pair, Options(jobs=2)).verdict for pair in (mlp_pair, buggy_pair)]
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
+                                  host="127.0.0.1", dashboard_address=None) as cluster:
+        remote = [verify_pair(*pair, Options(backend="dask",
+                                             scheduler=cluster.scheduler_address)).verdict
+                  for pair in (mlp_pair, buggy_pair)]
+    assert remote == local == ["equivalent", "violation"]
