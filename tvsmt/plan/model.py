@@ -17,7 +17,7 @@ class TensorInfo:
     role: str = "activation"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Node:
     id: str
     op: str
@@ -37,7 +37,7 @@ class Node:
         return f"{self.id} ({kind} on rank {self.rank}, mb {self.mb})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LineagePart:
     """`single[slice] == scale * sum(sum_of)` elementwise."""
 

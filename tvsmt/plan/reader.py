@@ -77,39 +77,49 @@ def plan_from_dict(data: Any, path: str = "<memory>") -> Plan:
     nodes: list[Node] = []
     writer: dict[str, str] = {}
     seen_ids: set[str] = set()
-    for i, raw in enumerate(data["nodes"]):
-        _require(isinstance(raw, dict), f"node #{i} is not an object", path)
+    known_ops: set[str] = set()
+    for i, raw in enumerate(data["nodes"]):  # hot loop: checks inline, messages built on error
+        if not isinstance(raw, dict):
+            raise PlanError(f"node #{i} is not an object", file=path)
         nid = raw.get("id")
-        _require(isinstance(nid, str), f"node #{i} has no string 'id'", path)
-        _require(nid not in seen_ids, "node id used twice", path, node=nid)
+        if not isinstance(nid, str):
+            raise PlanError(f"node #{i} has no string 'id'", file=path)
+        if nid in seen_ids:
+            raise PlanError("node id used twice", file=path, node=nid)
         seen_ids.add(nid)
         op = raw.get("op")
-        _require(isinstance(op, str), "node has no 'op'", path, node=nid)
-        if get_op(op) is None:
-            raise UnsupportedOperator(f"unknown operator {op!r}", file=path, node=nid)
+        if op not in known_ops:
+            if not isinstance(op, str):
+                raise PlanError("node has no 'op'", file=path, node=nid)
+            if get_op(op) is None:
+                raise UnsupportedOperator(f"unknown operator {op!r}", file=path, node=nid)
+            known_ops.add(op)
         pass_ = raw.get("pass")
-        _require(pass_ in PASSES, f"'pass' must be fw, bw or null, not {pass_!r}", path, node=nid)
+        if pass_ not in PASSES:
+            raise PlanError(f"'pass' must be fw, bw or null, not {pass_!r}", file=path, node=nid)
         ins, outs = raw.get("inputs"), raw.get("outputs")
         for key, lst in (("inputs", ins), ("outputs", outs)):
-            _require(isinstance(lst, list) and all(t is None or isinstance(t, str) for t in lst),
-                     f"'{key}' must be a list of tensor ids or null", path, node=nid)
+            if not isinstance(lst, list):
+                raise PlanError(f"'{key}' must be a list of tensor ids or null", file=path,
+                                node=nid)
         for t in ins:
-            if t is None:
-                continue
-            _require(t in tensors, "reads an undeclared tensor", path, node=nid, tensor=t)
-            # A tensor written by a later node means a cycle or nodes out of order.
+            if t is not None and t not in tensors:
+                raise PlanError("reads an undeclared tensor", file=path, node=nid,
+                                tensor=str(t))
         for t in outs:
             if t is None:
                 continue
-            _require(t in tensors, "writes an undeclared tensor", path, node=nid, tensor=t)
-            _require(t not in writer, f"tensor written twice (also by {writer.get(t)}): "
-                     "the plan is not SSA", path, node=nid, tensor=t)
+            if t not in tensors:
+                raise PlanError("writes an undeclared tensor", file=path, node=nid,
+                                tensor=str(t))
+            if t in writer:
+                raise PlanError(f"tensor written twice (also by {writer[t]}): the plan is not "
+                                "SSA", file=path, node=nid, tensor=t)
             writer[t] = nid
         attrs = raw.get("attrs") or {}
-        _require(isinstance(attrs, dict), "'attrs' must be an object", path, node=nid)
         rank, mb = raw.get("rank", 0), raw.get("mb", 0)
-        _require(isinstance(rank, int) and isinstance(mb, int), "rank/mb must be ints",
-                 path, node=nid)
+        if not (isinstance(attrs, dict) and type(rank) is int and type(mb) is int):
+            raise PlanError("'attrs' must be an object and rank/mb ints", file=path, node=nid)
         nodes.append(Node(nid, op, pass_, rank, mb, tuple(ins), tuple(outs), attrs))
 
     # Topological order: every input is a graph input or written by an earlier node.
@@ -127,7 +137,8 @@ def plan_from_dict(data: Any, path: str = "<memory>") -> Plan:
         _require(isinstance(t, str) and t in tensors, "output is not a declared tensor", path,
                  tensor=str(t))
 
-    lineages = [_lineage(raw, i, tensors, path) for i, raw in
+    cache: dict = {}
+    lineages = [_lineage(raw, i, tensors, path, cache) for i, raw in
                 enumerate(data.get("lineages") or [])]
     if kind == "single":
         _require(not lineages, "a single plan carries no lineages", path)
@@ -135,7 +146,8 @@ def plan_from_dict(data: Any, path: str = "<memory>") -> Plan:
                 list(outputs), lineages)
 
 
-def _lineage(raw: Any, index: int, tensors: dict[str, TensorInfo], path: str) -> Lineage:
+def _lineage(raw: Any, index: int, tensors: dict[str, TensorInfo], path: str,
+             cache: dict) -> Lineage:
     where = f"lineage #{index}"
     _require(isinstance(raw, dict) and isinstance(raw.get("single"), str),
              f"{where} needs a 'single' tensor id", path)
@@ -144,30 +156,40 @@ def _lineage(raw: Any, index: int, tensors: dict[str, TensorInfo], path: str) ->
     _require(isinstance(parts_raw, list) and parts_raw, f"{where} needs a non-empty 'parts' list",
              path, tensor=single)
     parts = []
+    checked: dict[tuple, tuple[int, ...]] = cache.setdefault("slices", {})  # slice -> shape
     for j, p in enumerate(parts_raw):
         pw = f"{where} part {j}"
-        _require(isinstance(p, dict), f"{pw} is not an object", path, tensor=single)
+        if not isinstance(p, dict):
+            raise PlanError(f"{pw} is not an object", file=path, tensor=single)
         sl = p.get("slice")
-        _require(isinstance(sl, list) and all(_int_list(r) and len(r) == 2 for r in sl),
-                 f"{pw}: 'slice' must be a list of [start, end] pairs", path, tensor=single)
+        try:
+            key = tuple((a, b) for a, b in sl)
+        except (TypeError, ValueError):
+            key = None
+        if key not in checked:  # validate each distinct slice once
+            _require(key is not None and all(_int_list(list(r)) for r in key),
+                     f"{pw}: 'slice' must be a list of [start, end] pairs", path, tensor=single)
+            checked[key] = tuple(e - s for s, e in key)
+        shape = checked[key]
         sum_of = p.get("sum_of")
-        _require(isinstance(sum_of, list) and sum_of and all(isinstance(t, str) for t in sum_of),
-                 f"{pw}: 'sum_of' must be a non-empty list of tensor ids", path, tensor=single)
-        _require(len(set(sum_of)) == len(sum_of), f"{pw}: a tensor appears twice in sum_of",
-                 path, tensor=single)
+        if not (isinstance(sum_of, list) and sum_of and len(set(sum_of)) == len(sum_of)):
+            raise PlanError(f"{pw}: 'sum_of' must be a non-empty list of distinct tensor ids",
+                            file=path, tensor=single)
         scale = Fraction(1)
         if p.get("scale") is not None:
             sc = p["scale"]
             _require(_int_list(sc) and len(sc) == 2 and sc[1] != 0,
                      f"{pw}: 'scale' must be [num, den] ints with den != 0", path, tensor=single)
             scale = Fraction(sc[0], sc[1])
-        part = LineagePart(tuple((a, b) for a, b in sl), tuple(sum_of), scale)
         for t in sum_of:
-            _require(t in tensors, f"{pw} names an undeclared parallel tensor", path, tensor=t)
-            _require(tensors[t].shape == part.shape,
-                     f"{pw}: shape {list(tensors[t].shape)} differs from the slice shape "
-                     f"{list(part.shape)} of {single}", path, tensor=t)
-        parts.append(part)
+            info = tensors.get(t) if isinstance(t, str) else None
+            if info is None:
+                raise PlanError(f"{pw} names an undeclared parallel tensor", file=path,
+                                tensor=str(t))
+            if info.shape != shape:
+                raise PlanError(f"{pw}: shape {list(info.shape)} differs from the slice shape "
+                                f"{list(shape)} of {single}", file=path, tensor=t)
+        parts.append(LineagePart(key, tuple(sum_of), scale))
     aligned = None
     if raw.get("aligned") is not None:
         a = raw["aligned"]
