@@ -22,3 +22,21 @@ def fixture_pair(name: str) -> tuple[str, str]:
         pytest.skip(f"fixture plans not found at {folder} (the third-party nnScaler plans are "
                     "kept beside the checkout in ../shared/plans, never in the project)")
     return str(single), str(parallel)
+
+
+def fake_solver_profile(folder: Path, name: str, answer: str) -> str:
+    """A solver profile whose 'solver' is a script that always prints `answer`."""
+    import json
+    import textwrap
+
+    script = folder / f"{name}_solver.py"
+    script.write_text(f"print({answer!r})\n")
+    prof = folder / f"{name}.toml"
+    prof.write_text(textwrap.dedent(f"""\
+        name = "{name}"
+        [binary]
+        search = ["{{python}}"]
+        [run]
+        file = ["{{bin}}", {json.dumps(str(script))}, "{{file}}"]
+        """))
+    return str(prof)

@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import fixture_pair
+from conftest import fake_solver_profile, fixture_pair
 from handmade import parallel_mlp, single_mlp
 
 from tvsmt.cli import main
@@ -119,23 +117,8 @@ def test_handmade_bug_with_cvc5_and_crosscheck(buggy_pair, flags):
     assert r.exit_code == 1, r.output
 
 
-FAKE = """\
-import sys
-print("unsat")  # a broken solver that proves everything
-"""
-
-
 def test_a_profile_is_all_it_takes_and_crosscheck_catches_a_lying_solver(tmp_path, buggy_pair):
-    script = tmp_path / "liar.py"
-    script.write_text(FAKE)
-    prof = tmp_path / "liar.toml"
-    prof.write_text(textwrap.dedent(f"""\
-        name = "liar"
-        [binary]
-        search = ["{{python}}"]
-        [run]
-        file = ["{{bin}}", {json.dumps(str(script))}, "{{file}}"]
-        """))
+    prof = fake_solver_profile(tmp_path, "liar", "unsat")  # a broken solver: proves anything
     # the new solver is used as is: it (wrongly) proves the buggy plan...
     r = run("verify", *buggy_pair, "--no-corpus", "--solver", str(prof))
     assert r.exit_code == 0

@@ -9,7 +9,6 @@ import dataclasses
 import hashlib
 import json
 import signal
-import textwrap
 import time
 import uuid
 from fractions import Fraction
@@ -317,25 +316,11 @@ def test_dask_backend_matches_loky():
 # crosscheck
 
 
-FAKE_SOLVER = """\
-import sys
-print("sat")
-"""
-
-
 @pytest.fixture
 def fake_profile(tmp_path):
-    script = tmp_path / "fake_solver.py"
-    script.write_text(FAKE_SOLVER)
-    prof = tmp_path / "fake.toml"
-    prof.write_text(textwrap.dedent(f"""\
-        name = "fake"
-        [binary]
-        search = ["{{python}}"]
-        [run]
-        file = ["{{bin}}", {json.dumps(str(script))}, "{{file}}"]
-        """))
-    return str(prof)
+    from conftest import fake_solver_profile
+
+    return fake_solver_profile(tmp_path, "fake", "sat")
 
 
 def test_crosscheck_fake_disagrees(fake_profile):

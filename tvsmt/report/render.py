@@ -23,6 +23,9 @@ def render(report: Report, console: Console | None = None, max_failures: int = 1
               f"unique, {report.proven_without_solver} proven by term identity, "
               f"{report.cache_hits} cache hits")
     t.add_row("time", "  ".join(f"{k} {v:.2f}s" for k, v in report.timings.items()))
+    if report.solver_seconds:
+        t.add_row("solvers", "  ".join(f"{k} {v:.2f}s" for k, v in
+                                       report.solver_seconds.items()))
     console.print(t)
     for f in report.failures[:max_failures]:
         console.print(f"\n[bold]{f.kind}[/] {('in stage ' + f.stage) if f.stage else ''}: "

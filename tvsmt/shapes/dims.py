@@ -18,7 +18,7 @@ always exists; this replaces an integer optimization problem by a few microsecon
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from math import gcd
 
