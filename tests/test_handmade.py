@@ -117,3 +117,13 @@ def test_counterexample_relying_on_the_abstraction_is_inconclusive_not_a_pass():
 
 def test_same_computation_with_uninterpreted_functions_is_proven():
     assert verify_dicts(*_rsqrt_square_pair("same")).verdict == "equivalent"
+
+
+def test_operator_whose_declared_shapes_cannot_hold_is_a_violation():
+    par = parallel_mlp(dp=1, tp=1)
+    node = next(n for n in par["nodes"] if n["id"] == "n3@0")
+    node["inputs"][1] = "w1@0"  # [16, 8] where the layer needs w2's [8, 16]
+    report = verify_dicts(single_mlp(), par)
+    assert report.verdict == "violation"
+    assert any(f.kind == "structural" and f.node == "n3@0" and "shape" in f.message
+               for f in report.failures)

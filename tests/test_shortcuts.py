@@ -58,3 +58,20 @@ def test_bug_in_one_layer_replica_and_microbatch_is_caught(pair, bug, op, pred):
     hit = [f for f in report.failures
            if changed & ({n["id"] for n in f.parallel_nodes} | set(f.parallel_tensors))]
     assert hit, [f.message for f in report.failures]
+
+
+def test_parallel_encoding_gives_the_same_obligations_and_catches_the_bug(pair):
+    from tvsmt.verify import PARALLEL_TEMPLATES, Timer, prepare
+
+    single, parallel = pair
+    s, p = plan_from_dict(single, "single"), plan_from_dict(parallel, "parallel")
+    serial = prepare(s, p, Options(jobs=1), Timer())
+    forked = prepare(s, p, Options(jobs=2), Timer())
+    assert serial[0].stage_templates >= PARALLEL_TEMPLATES  # the parallel path is taken
+    assert list(serial[3]) == list(forked[3])  # same unique obligations, same order
+    assert [o.obligation and o.obligation.digest for o in serial[2]] == \
+        [o.obligation and o.obligation.digest for o in forked[2]]
+    where = _last(parallel, "add", "L2.", lambda n: bool(n["attrs"].get("consts")))
+    broken, _ = apply(parallel, "wrong-constant-one-rank", where=where)
+    report = verify_plans(s, plan_from_dict(broken, "parallel"), Options(jobs=2))
+    assert report.verdict == "violation"

@@ -144,23 +144,78 @@ def encode_one(stage: Stage, single: Plan, parallel: Plan, be: SymbolicBackend,
     return out
 
 
+# Stage templates worth encoding in worker processes (below this, starting workers costs
+# more than it saves).
+PARALLEL_TEMPLATES = 48
+_WORK: tuple | None = None  # (single, parallel, stages), inherited by forked workers
+
+
+def _encode_chunk(indices: list[int]):
+    """Worker side: encode some template stages; results travel back as plain data."""
+    single, parallel, stages = _WORK
+    be, timer, out = SymbolicBackend(), Timer(), []
+    for i in indices:
+        o = encode_one(stages[i], single, parallel, be, timer)
+        out.append((i, o.obligation, o.failure))
+    return out, timer.timings
+
+
+def _encode_parallel(single: Plan, parallel: Plan, stages: list[Stage], reps: list[int],
+                     jobs: int, timer: Timer) -> dict[int, StageOutcome]:
+    """Encode the template stages in forked worker processes (joblib, multiprocessing):
+    the workers inherit the loaded plans instead of receiving them pickled."""
+    import joblib
+
+    global _WORK
+    _WORK = (single, parallel, stages)
+    chunks = [reps[k::jobs * 4] for k in range(jobs * 4) if reps[k::jobs * 4]]
+    try:
+        with timer.phase("encoding (wall)"):
+            results = joblib.Parallel(n_jobs=jobs, backend="multiprocessing")(
+                joblib.delayed(_encode_chunk)(c) for c in chunks)
+    finally:
+        _WORK = None
+    done: dict[int, StageOutcome] = {}
+    for items, timings in results:
+        for phase, secs in timings.items():  # time spent in each phase, over all workers
+            timer.timings[phase] = timer.timings.get(phase, 0.0) + secs
+        for i, obligation, failure in items:
+            done[i] = StageOutcome(stages[i], obligation=obligation, failure=failure)
+    return done
+
+
 def build_obligations(single: Plan, parallel: Plan, stages: list[Stage], timer: Timer,
-                      progress=None) -> list[StageOutcome]:
+                      progress=None, jobs: int | None = 1) -> list[StageOutcome]:
     """Encode every stage, once per stage *template*: stages with the same structural
-    signature (see stages/signature.py) share the representative's obligation."""
+    signature (see stages/signature.py) share the representative's obligation. With several
+    templates and jobs > 1, the templates are encoded in parallel worker processes."""
+    import multiprocessing
+    import os
+
+    with timer.phase("templates"):
+        sigs = [stage_signature(st, single, parallel) for st in stages]
+    first: dict[str, int] = {}
+    for i, sig in enumerate(sigs):
+        first.setdefault(sig, i)
+    reps = sorted(first.values())
+    jobs = (os.cpu_count() or 1) if jobs is None else jobs
+    done: dict[int, StageOutcome] = {}
+    if (jobs > 1 and len(reps) >= PARALLEL_TEMPLATES
+            and "fork" in multiprocessing.get_all_start_methods()):
+        done = _encode_parallel(single, parallel, stages, reps, jobs, timer)
     be = SymbolicBackend()
-    templates: dict[str, StageOutcome] = {}
     outcomes = []
-    for k, stage in enumerate(stages):
-        with timer.phase("templates"):
-            sig = stage_signature(stage, single, parallel)
-        rep = templates.get(sig)
-        if rep is not None and rep.failure is None:
+    for k, (stage, sig) in enumerate(zip(stages, sigs)):
+        i = first[sig]
+        if i == k and k not in done:
+            done[k] = encode_one(stage, single, parallel, be, timer)
+        rep = done[i]
+        if k == i:
+            outcomes.append(rep)
+        elif rep.failure is None:
             outcomes.append(StageOutcome(stage, obligation=rep.obligation, template=rep))
-        else:
-            out = encode_one(stage, single, parallel, be, timer)
-            templates.setdefault(sig, out)
-            outcomes.append(out)
+        else:  # a failing template: each copy gets its own encoding and its own names
+            outcomes.append(encode_one(stage, single, parallel, be, timer))
         if progress and (k % 64 == 0 or k == len(stages) - 1):
             progress("encoding stages", k + 1, len(stages))
     return outcomes
@@ -317,7 +372,8 @@ def prepare(single: Plan, parallel: Plan, opts: Options, timer: Timer
             failures.append(Failure("structural", str(v), tensor=v.tensor, lineage=v.lineage))
     report.assumptions = len(cut.assumptions)
     report.stages_total = len(cut.stages)
-    outcomes = build_obligations(single, parallel, cut.stages, timer, opts.progress)
+    outcomes = build_obligations(single, parallel, cut.stages, timer, opts.progress,
+                                 jobs=opts.jobs)
     report.stage_templates = len({id(o.template or o) for o in outcomes})
     # Identical obligations (same canonical text = same digest) are solved once.
     unique: dict[str, Obligation] = {}
