@@ -542,7 +542,6 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
          scheduler, chunk_size, on_result: Callable[[str, int, SolverResult], None]) -> None:
     """Solve every (unique) obligation with every profile; on_result(solver, index, result)
     is called for every original index as results arrive."""
-    import joblib
 
     if not obligations:
         return
@@ -559,6 +558,21 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
     registry_dir = tempfile.mkdtemp(prefix="tvsmt-run-")
     token = (_host_id(), registry_dir)
     registry = _Registry(token)
+    if jobs == 1 and backend != "dask":  # in this process: no worker pool to start
+        try:
+            for p in profiles:
+                name, pairs = _task(p, [(i, obligations[i]) for i in unique], timeout_s, token)
+                for i, res in pairs:
+                    for c, idx in enumerate(copies[i]):
+                        on_result(name, idx, res if c == 0 else replace(res))
+        except BaseException:
+            registry.cancel_and_kill()
+            raise
+        finally:
+            shutil.rmtree(registry_dir, ignore_errors=True)
+        return
+    import joblib
+
     try:
         ctx, n_jobs, own_client = _parallel_setup(backend, scheduler, jobs)
     except BaseException:
