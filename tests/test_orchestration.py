@@ -144,3 +144,23 @@ def test_dask_backend_gives_the_same_verdicts(mlp_pair, buggy_pair):
                                              scheduler=cluster.scheduler_address)).verdict
                   for pair in (mlp_pair, buggy_pair)]
     assert remote == local == ["equivalent", "violation"]
+
+
+def test_solver_timeout_is_inconclusive_never_a_pass(tmp_path, mlp_pair):
+    import psutil
+
+    prof = fake_solver_profile(tmp_path, "sleepy", "unsat")
+    script = tmp_path / "sleepy_solver.py"
+    script.write_text("import time\ntime.sleep(30)\nprint('unsat')\n")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    r = run("verify", *mlp_pair, "--no-corpus", "--solver", prof, "--timeout", "0.5",
+            "--report", tmp_path / "r.json")
+    assert r.exit_code == 2, r.output
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["verdict"] == "inconclusive"
+    assert data["stages_inconclusive"] > 0
+    assert all(f["kind"] == "inconclusive" for f in data["failures"])
+    assert any("timeout" in f["message"] for f in data["failures"])
+    left = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert not [p for p in left if psutil.pid_exists(p)
+                and "sleepy" in " ".join(psutil.Process(p).cmdline())]

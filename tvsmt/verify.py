@@ -40,7 +40,7 @@ class Options:
     fresh: bool = False
     backend: str = "loky"
     scheduler: str | None = None
-    progress: Callable[[str, int, int], None] | None = None  # (phase, done, total)
+    progress: Callable[[str, int, int | None], None] | None = None  # (phase, done, total)
 
     def __post_init__(self):
         if self.crosscheck and self.solver not in ("z3", "cvc5"):
@@ -360,6 +360,8 @@ def prepare(single: Plan, parallel: Plan, opts: Options, timer: Timer
     report = Report(EQUIVALENT, single.path, parallel.path,
                     solver="+".join(_solver_names(opts)))
     failures: list[Failure] = []
+    if opts.progress:
+        opts.progress("cutting stages", 0, None)
     with timer.phase("stages"):
         sgraph, pgraph = Graph(single), Graph(parallel)
         for plan in (single, parallel):
@@ -476,6 +478,8 @@ def verify_pair(single_path: str, parallel_path: str, opts: Options | None = Non
     """Load two plan files and verify them (PlanError on malformed input)."""
     opts = opts or Options(jobs=jobs, **kw)
     timer = Timer()
+    if opts.progress:
+        opts.progress("loading plans", 0, None)
     with timer.phase("load"):
         single = load_plan(single_path)
         parallel = load_plan(parallel_path)
