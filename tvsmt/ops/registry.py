@@ -111,6 +111,9 @@ class OpSpec:
     bw_shape: ShapeRule | None = None
     communication: bool = False
     doc: str = ""
+    # What the semantics and shape rule read from a node's attrs, normalized (e.g. a group's
+    # size, not its rank ids). Stage templates key on it; None = all attrs (always safe).
+    semantic_attrs: Callable[[dict], Any] | None = None
 
 
 REGISTRY: dict[str, OpSpec] = {}

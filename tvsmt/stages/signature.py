@@ -7,7 +7,9 @@ frontier tensors and every tensor's original shape. Two stages with the same sig
 the same computation on differently named tensors, so shape reduction, symbolic execution and
 printing would produce byte-identical scripts: the verifier computes them once (a template)
 and reuses the result. Anything left out of the signature could merge different stages, so
-when in doubt a field is included.
+when in doubt a field is included. The one normalization: an operator entry may declare
+which attributes its rules read (`OpSpec.semantic_attrs`, e.g. a collective reads the size of
+its group, not the rank ids); all others are keyed on every attribute.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from tvsmt.ops import get as get_op
 from tvsmt.plan.model import Plan
 from tvsmt.stages.cutter import Stage
 
@@ -42,7 +45,9 @@ def stage_signature(stage: Stage, single: Plan, parallel: Plan) -> str:
                              ("p", parallel, stage.parallel_nodes)):
         for i in idxs:
             n = plan.nodes[i]
-            parts.append((side, n.op, n.pass_, json.dumps(n.attrs, sort_keys=True, default=str),
+            reads = get_op(n.op).semantic_attrs
+            attrs = n.attrs if reads is None else reads(n.attrs)
+            parts.append((side, n.op, n.pass_, json.dumps(attrs, sort_keys=True, default=str),
                           tuple(tid(side, t) for t in n.inputs),
                           tuple(tid(side, t) for t in n.outputs)))
     parts.append(("frontier", tuple(tid("s", t) for t in stage.single_frontier),

@@ -117,25 +117,41 @@ def all_to_all_shape(c, ins, outs, attrs):
     relate(c, xs[0], outs[0], factors)
 
 
-def _comm(name: str, forward, shape, doc: str) -> OpSpec:
-    return register(OpSpec(name, forward, shape, communication=True, doc=doc))
+def _comm(name: str, forward, shape, doc: str, reads=None) -> OpSpec:
+    return register(OpSpec(name, forward, shape, communication=True, doc=doc,
+                           semantic_attrs=reads))
 
 
-_comm("all_reduce", sum_fw, identity_shape, "sum of the group's inputs")
+def _reads_nothing(attrs) -> dict:
+    """Sum/copy semantics: the group's rank ids, src/dst, shape and dtype change nothing."""
+    return {}
+
+
+def _reads_pieces(attrs) -> dict:
+    """Gather/split semantics read the axes, the piece index and the NUMBER of ranks only."""
+    return {"dim": attrs.get("dim"), "split_dim": attrs.get("split_dim"),
+            "idx": attrs.get("idx"), "pieces": len(attrs.get("ranks") or ())}
+
+
+_comm("all_reduce", sum_fw, identity_shape, "sum of the group's inputs", _reads_nothing)
 _comm("reducer", sum_fw, identity_shape,
-      "data-parallel gradient sum of one weight: sum of the inputs (no averaging)")
-_comm("grad_accum", sum_fw, identity_shape, "micro-batch gradient accumulation: sum of inputs")
-_comm("move", copy_fw, identity_shape, "point-to-point copy: [x] -> [x]")
+      "data-parallel gradient sum of one weight: sum of the inputs (no averaging)",
+      _reads_nothing)
+_comm("grad_accum", sum_fw, identity_shape, "micro-batch gradient accumulation: sum of inputs",
+      _reads_nothing)
+_comm("move", copy_fw, identity_shape, "point-to-point copy: [x] -> [x]", _reads_nothing)
 _comm("broadcast", broadcast_fw, identity_shape,
       "[x] -> [x] (one copy per output slot); with several inputs, the one at the position of "
       "attrs.src in attrs.ranks")
 _comm("all_gather", all_gather_fw, all_gather_shape,
-      "concatenate the inputs along attrs.dim in input order")
+      "concatenate the inputs along attrs.dim in input order", _reads_pieces)
 _comm("chunk", chunk_fw, chunk_shape,
-      "[x] -> [piece attrs.idx of len(attrs.ranks) equal pieces along attrs.dim]")
+      "[x] -> [piece attrs.idx of len(attrs.ranks) equal pieces along attrs.dim]",
+      _reads_pieces)
 _comm("reduce_scatter", reduce_scatter_fw, reduce_scatter_shape,
-      "sum of the group's inputs, then piece attrs.idx of len(attrs.ranks) along attrs.dim")
+      "sum of the group's inputs, then piece attrs.idx of len(attrs.ranks) along attrs.dim",
+      _reads_pieces)
 _comm("all_to_all", all_to_all_fw, all_to_all_shape,
       "inputs = the group's tensors in group order; this rank's output concatenates, along "
       "attrs.dim, piece attrs.idx (of len(attrs.ranks), default the number of inputs) of every "
-      "input split along attrs.split_dim (default attrs.dim)")
+      "input split along attrs.split_dim (default attrs.dim)", _reads_pieces)
