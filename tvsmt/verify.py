@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from fractions import Fraction
 
 from tvsmt.encoding.smtlib import Printed, print_obligation
 from tvsmt.encoding.stage import StageFormula, encode_stage
@@ -22,7 +21,9 @@ from tvsmt.lineage import check_output_coverage, check_plan_shapes
 from tvsmt.ops import SymbolicBackend
 from tvsmt.plan import Plan, load_plan
 from tvsmt.plan.reader import check_pair
-from tvsmt.report.report import (EQUIVALENT, INCONCLUSIVE, VIOLATION, Failure, Report)
+from tvsmt.report.counterexample import (confirm, counterexample, first_mismatch_part,
+                                         uses_abstraction)
+from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, VIOLATION, Failure, Report
 from tvsmt.shapes import reduce_stage
 from tvsmt.shapes.reduce import ShapeReductionUnknown
 from tvsmt.solving.types import SAT, UNSAT, Obligation, SolverResult
@@ -221,72 +222,6 @@ def build_obligations(single: Plan, parallel: Plan, stages: list[Stage], timer: 
     return outcomes
 
 
-def _counterexample(out: StageOutcome) -> dict:
-    """Inputs and mismatching element values of a model, in plan terms."""
-    values = out.result.values if out.result else {}
-    p, f = out.printed, out.formula
-
-    def show(v):
-        if isinstance(v, Fraction):
-            return str(v.numerator) if v.denominator == 1 else f"{v.numerator}/{v.denominator}"
-        return str(v)
-
-    inputs = {}
-    for canon, original in p.symbols.items():
-        if canon in values:
-            side_tensor, idx = f.inputs.get(original, (original, ()))
-            inputs[f"{side_tensor}[{','.join(map(str, idx))}]"] = show(values[canon])
-    mismatches = []
-    for (ln, rn), comp in zip(p.pairs, f.comparisons):
-        lv, rv = values.get(ln), values.get(rn)
-        if lv is not None and rv is not None and lv != rv:
-            mismatches.append({"part": comp.part, "index": list(comp.single_index),
-                               "part_index": list(comp.index), "single": show(lv),
-                               "parallel": show(rv)})
-    return {"inputs": inputs, "mismatches": mismatches}
-
-
-def _abstract(out: StageOutcome) -> bool:
-    """Does the obligation use an abstraction (uninterpreted function or -inf symbol)?"""
-    return "(declare-fun uf_" in out.printed.text or "neg_inf" in out.printed.symbols.values()
-
-
-def _confirm(out: StageOutcome, cex: dict) -> bool:
-    """Re-evaluate the model with the real functions; True if a mismatch survives.
-    Adds the real-function values to the counterexample's mismatches."""
-    from tvsmt.encoding.evaluate import FloatEvaluator, as_float, close
-
-    values = out.result.values
-    env = {}
-    for canon, original in out.printed.symbols.items():
-        if original == "neg_inf":
-            continue
-        v = as_float(values.get(canon))
-        if v is None:
-            return False
-        env[original] = v
-    ev = FloatEvaluator(env)
-    try:
-        if not all(ev.walk(c) for c in out.formula.constraints):
-            return False
-        confirmed = False
-        by_index = {tuple(m["index"]) + (m["part"],): m for m in cex["mismatches"]}
-        for comp in out.formula.comparisons:
-            a, b = ev.walk(comp.lhs), ev.walk(comp.rhs)
-            if not close(a, b) and not (a != a or b != b):
-                confirmed = True
-                m = by_index.get(tuple(comp.single_index) + (comp.part,))
-                if m is not None:
-                    m["single_eval"], m["parallel_eval"] = repr(a), repr(b)
-        return confirmed
-    except KeyError:
-        return False
-
-
-def _first_mismatch_part(cex: dict) -> int | None:
-    return cex["mismatches"][0]["part"] if cex.get("mismatches") else None
-
-
 SMALL_RUN = 24  # obligations below which solving stays in this process (kept-alive solver)
 
 
@@ -294,13 +229,21 @@ def _solver_names(opts: Options) -> tuple[str, ...]:
     return ("z3", "cvc5") if opts.crosscheck else (opts.solver,)
 
 
-def _corpus_header(digest: str, outcomes: list[StageOutcome], parallel: Plan,
-                   ob: Obligation) -> dict:
-    stages = [o.stage for o in outcomes if o.obligation is not None
-              and o.obligation.digest == digest]
-    return {"plan": parallel.name, "stages": [st.id for st in stages[:50]],
-            "tensors": sorted({parallel.lineages[st.target].single for st in stages})[:50],
-            "stage_count": len(stages), "query": list(ob.query)}
+def store_in_corpus(corpus, unique: dict[str, Obligation], outcomes: list[StageOutcome],
+                    parallel: Plan) -> None:
+    """Write each unique obligation with a header naming the stages and tensors it stands for
+    (outside the hashed body) and map every stage to its digest."""
+    by_digest: dict[str, list[Stage]] = {}
+    for o in outcomes:
+        if o.obligation is not None:
+            by_digest.setdefault(o.obligation.digest, []).append(o.stage)
+    for dg, ob in unique.items():
+        stages = by_digest[dg]
+        header = {"plan": parallel.name, "stages": [st.id for st in stages[:50]],
+                  "tensors": sorted({parallel.lineages[st.target].single
+                                     for st in stages})[:50],
+                  "stage_count": len(stages), "query": list(ob.query)}
+        corpus.add(ob, [st.id for st in stages], header=header)
 
 
 def solve_obligations(unique: dict[str, Obligation], outcomes: list[StageOutcome],
@@ -314,11 +257,10 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: list[StageOutcome
     corpus = Corpus(opts.corpus) if opts.corpus else None
     results: dict[str, SolverResult] = {}
     todo: list[Obligation] = []
+    if corpus is not None:
+        store_in_corpus(corpus, unique, outcomes, parallel)
     for dg, ob in unique.items():
         if corpus is not None:
-            corpus.add(ob, [o.stage.id for o in outcomes if o.obligation is not None
-                            and o.obligation.digest == dg],
-                       header=_corpus_header(dg, outcomes, parallel, ob))
             if not opts.fresh:
                 cached = [corpus.lookup(dg, name) for name in solvers]
                 if all(c is not None for c in cached):
@@ -399,10 +341,7 @@ def export_obligations(single: Plan, parallel: Plan, corpus_dir: str, opts: Opti
     report, failures, outcomes, unique = prepare(single, parallel, opts, timer)
     corpus = Corpus(corpus_dir)
     with timer.phase("export"):
-        for dg, ob in unique.items():
-            corpus.add(ob, [o.stage.id for o in outcomes if o.obligation is not None
-                            and o.obligation.digest == dg],
-                       header=_corpus_header(dg, outcomes, parallel, ob))
+        store_in_corpus(corpus, unique, outcomes, parallel)
         corpus.save()
     report.failures = failures + [o.failure for o in outcomes if o.failure is not None]
     report.verdict = VIOLATION if report.failures else INCONCLUSIVE  # nothing was solved
@@ -440,20 +379,22 @@ def verify_plans(single: Plan, parallel: Plan, opts: Options | None = None,
                 if out.printed is None:  # a template's copy: encode it to name its tensors
                     redo = encode_one(out.stage, single, parallel, SymbolicBackend(), Timer())
                     out.formula, out.printed = redo.formula, redo.printed
-                cex = _counterexample(out)
+                values = res.values
+                cex = counterexample(out.printed, out.formula, values)
                 lin = parallel.lineages[out.stage.target]
-                if _abstract(out) and not _confirm(out, cex):
+                if uses_abstraction(out.printed) and not confirm(out.printed, out.formula,
+                                                                 values, cex):
                     failures.append(_stage_failure(
                         "inconclusive", f"the solver's counterexample to lineage #{lin.index} "
                         f"of {lin.single} relies on the uninterpreted abstraction of exp/rsqrt/"
                         "... and is not reproduced with the real functions",
-                        out.stage, single, parallel, part=_first_mismatch_part(cex),
+                        out.stage, single, parallel, part=first_mismatch_part(cex),
                         counterexample=cex, solver=solver))
                     continue
                 msg = (f"the parallel plan does not compute lineage #{lin.index} of "
                        f"{lin.single}: counterexample found")
                 failures.append(_stage_failure("counterexample", msg, out.stage, single,
-                                               parallel, part=_first_mismatch_part(cex),
+                                               parallel, part=first_mismatch_part(cex),
                                                counterexample=cex, solver=solver))
             else:
                 failures.append(_stage_failure(
