@@ -164,3 +164,30 @@ def test_solver_timeout_is_inconclusive_never_a_pass(tmp_path, mlp_pair):
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert not [p for p in left if psutil.pid_exists(p)
                 and "sleepy" in " ".join(psutil.Process(p).cmdline())]
+
+
+def test_crosscheck_policy_pass_needs_every_solver_counterexample_stands_alone():
+    from tvsmt.solving.runner import reconcile
+    from tvsmt.solving.types import SolverResult
+    from tvsmt.verify import _both_must_prove
+
+    z3u, z3s = SolverResult("unsat", "z3"), SolverResult("sat", "z3", values={"x0": 1})
+    cu, ct = SolverResult("unsat", "cvc5"), SolverResult("timeout", "cvc5")
+    assert _both_must_prove(reconcile([z3u, cu])).status == "unsat"
+    one_sided = _both_must_prove(reconcile([z3u, ct]))
+    assert one_sided.status == "unknown" and "cvc5 says timeout" in one_sided.message
+    assert _both_must_prove(reconcile([z3s, ct])).status == "sat"  # checked later, on the plan
+    assert _both_must_prove(reconcile([z3s, cu])).status == "unknown"  # disagreement
+
+
+def test_crosscheck_finds_every_zoo_bug_the_single_solver_finds(tmp_path):
+    from tvsmt.frontends import generate_pair
+    from tvsmt.frontends.mutations import apply
+
+    single, parallel = generate_pair("llama3", layers=2, dp=2, tp=2, pp=2, mb=2,
+                                     hidden=16, heads=4, ffn=32, vocab=16, seq=4)
+    for bug in ("bw-wrong-input", "swap-bw-outputs", "wrong-constant-one-rank"):
+        broken, _ = apply(parallel, bug)
+        paths = write_pair_dicts(tmp_path / bug, single, broken)
+        r = run("verify", *paths, "--no-corpus", "--crosscheck")
+        assert r.exit_code == 1, (bug, r.output)

@@ -26,7 +26,7 @@ from tvsmt.report.counterexample import (confirm, counterexample, first_mismatch
 from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, VIOLATION, Failure, Report
 from tvsmt.shapes import reduce_stage
 from tvsmt.shapes.reduce import ShapeReductionUnknown
-from tvsmt.solving.types import SAT, UNSAT, Obligation, SolverResult
+from tvsmt.solving.types import SAT, UNKNOWN, UNSAT, Obligation, SolverResult
 from tvsmt.stages import Stage, cut_stages
 from tvsmt.stages.signature import stage_signature
 
@@ -246,6 +246,19 @@ def store_in_corpus(corpus, unique: dict[str, Obligation], outcomes: list[StageO
         corpus.add(ob, [st.id for st in stages], header=header)
 
 
+def _both_must_prove(res: SolverResult) -> SolverResult:
+    """Cross-checking policy. A pass needs `unsat` from every solver; a `sat` with a model
+    stands on its own (its counterexample is checked against the plan, see
+    report/counterexample.py), with the other answers named; sat against unsat is a
+    disagreement (inconclusive)."""
+    from dataclasses import replace
+
+    if res.status == UNSAT and any(d.status != UNSAT for d in res.details):
+        others = ", ".join(f"{d.solver} says {d.status}" for d in res.details)
+        return replace(res, status=UNKNOWN, message=f"not proven by every solver: {others}")
+    return res
+
+
 def solve_obligations(unique: dict[str, Obligation], outcomes: list[StageOutcome],
                       parallel: Plan, opts: Options, report: Report) -> dict[str, SolverResult]:
     """Solve each unique obligation once: corpus verdicts first (unless --fresh), then the
@@ -264,7 +277,7 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: list[StageOutcome
             if not opts.fresh:
                 cached = [corpus.lookup(dg, name) for name in solvers]
                 if all(c is not None for c in cached):
-                    results[dg] = reconcile(cached, strict=True) if len(cached) > 1 \
+                    results[dg] = _both_must_prove(reconcile(cached)) if len(cached) > 1 \
                         else cached[0]
                     report.cache_hits += 1
                     continue
@@ -283,7 +296,7 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: list[StageOutcome
                   scheduler=opts.scheduler, progress=progress)
     if todo:
         if opts.crosscheck:
-            solved = crosscheck(todo, solvers=solvers, strict=True, **common)
+            solved = [_both_must_prove(r) for r in crosscheck(todo, solvers=solvers, **common)]
         else:
             solved = solve_all(todo, solver=opts.solver, **common)
         for ob, res in zip(todo, solved):
