@@ -191,3 +191,19 @@ def test_crosscheck_finds_every_zoo_bug_the_single_solver_finds(tmp_path):
         paths = write_pair_dicts(tmp_path / bug, single, broken)
         r = run("verify", *paths, "--no-corpus", "--crosscheck")
         assert r.exit_code == 1, (bug, r.output)
+
+
+def test_without_a_solver_answer_evaluation_still_finds_a_real_bug(tmp_path, mlp_pair,
+                                                                    buggy_pair):
+    """A solver that only says `unknown`: the correct plan is inconclusive (never a pass), the
+    buggy one is a violation found by evaluating both plans at concrete inputs."""
+    prof = fake_solver_profile(tmp_path, "shrug", "unknown")
+    good = run("verify", *mlp_pair, "--no-corpus", "--solver", prof)
+    assert good.exit_code == 2, good.output
+    report = tmp_path / "bad.json"
+    bad = run("verify", *buggy_pair, "--no-corpus", "--solver", prof, "--report", report)
+    assert bad.exit_code == 1, bad.output
+    failures = json.loads(report.read_text())["failures"]
+    found = [f for f in failures if f["kind"] == "counterexample"]
+    assert found and found[0]["counterexample"]["found_by"] == "evaluation"
+    assert "n2@2" in [n["id"] for n in found[0]["parallel_nodes"]]

@@ -22,7 +22,7 @@ from tvsmt.ops import SymbolicBackend
 from tvsmt.plan import Plan, load_plan
 from tvsmt.plan.reader import check_pair
 from tvsmt.report.counterexample import (confirm, counterexample, first_mismatch_part,
-                                         uses_abstraction)
+                                         screen, uses_abstraction)
 from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, VIOLATION, Failure, Report
 from tvsmt.shapes import reduce_stage
 from tvsmt.shapes.reduce import ShapeReductionUnknown
@@ -362,6 +362,38 @@ def export_obligations(single: Plan, parallel: Plan, corpus_dir: str, opts: Opti
     return report
 
 
+def _judge(out: StageOutcome, res: SolverResult, solver: dict, single: Plan,
+           parallel: Plan) -> Failure:
+    """The failure of a stage the solver did not prove: a counterexample (from the model,
+    checked with the real functions where the encoding abstracts them, or else from random
+    evaluation of both plans) or, without one, an inconclusive stage."""
+    if out.printed is None:  # a template's copy: encode it to name its own tensors
+        redo = encode_one(out.stage, single, parallel, SymbolicBackend(), Timer())
+        out.formula, out.printed = redo.formula, redo.printed
+    lin = parallel.lineages[out.stage.target]
+    found = f"the parallel plan does not compute lineage #{lin.index} of {lin.single}"
+    why = f"solver answered {res.status}" + (f": {res.message}" if res.message else "")
+    cex = None
+    if res.status == SAT:
+        cex = counterexample(out.printed, out.formula, res.values)
+        if not uses_abstraction(out.printed) or confirm(out.printed, out.formula,
+                                                        res.values, cex):
+            return _stage_failure("counterexample", found + ": counterexample found", out.stage,
+                                  single, parallel, part=first_mismatch_part(cex),
+                                  counterexample=cex, solver=solver)
+        why = ("the solver's counterexample relies on the uninterpreted abstraction of "
+               "exp/rsqrt/... and is not reproduced with the real functions")
+    screened = screen(out.formula)
+    if screened is not None:
+        return _stage_failure("counterexample", found + " (counterexample found by evaluating "
+                              f"both plans; {why})", out.stage, single, parallel,
+                              part=first_mismatch_part(screened), counterexample=screened,
+                              solver=solver)
+    return _stage_failure("inconclusive", f"lineage #{lin.index} of {lin.single}: {why}",
+                          out.stage, single, parallel, part=first_mismatch_part(cex or {}),
+                          counterexample=cex, solver=solver)
+
+
 def verify_plans(single: Plan, parallel: Plan, opts: Options | None = None,
                  timer: Timer | None = None) -> Report:
     opts = opts or Options()
@@ -388,32 +420,8 @@ def verify_plans(single: Plan, parallel: Plan, opts: Options | None = None,
                       "seconds": round(res.seconds, 4), "message": res.message}
             if res.status == UNSAT:
                 report.stages_proven += 1
-            elif res.status == SAT:
-                if out.printed is None:  # a template's copy: encode it to name its tensors
-                    redo = encode_one(out.stage, single, parallel, SymbolicBackend(), Timer())
-                    out.formula, out.printed = redo.formula, redo.printed
-                values = res.values
-                cex = counterexample(out.printed, out.formula, values)
-                lin = parallel.lineages[out.stage.target]
-                if uses_abstraction(out.printed) and not confirm(out.printed, out.formula,
-                                                                 values, cex):
-                    failures.append(_stage_failure(
-                        "inconclusive", f"the solver's counterexample to lineage #{lin.index} "
-                        f"of {lin.single} relies on the uninterpreted abstraction of exp/rsqrt/"
-                        "... and is not reproduced with the real functions",
-                        out.stage, single, parallel, part=first_mismatch_part(cex),
-                        counterexample=cex, solver=solver))
-                    continue
-                msg = (f"the parallel plan does not compute lineage #{lin.index} of "
-                       f"{lin.single}: counterexample found")
-                failures.append(_stage_failure("counterexample", msg, out.stage, single,
-                                               parallel, part=first_mismatch_part(cex),
-                                               counterexample=cex, solver=solver))
             else:
-                failures.append(_stage_failure(
-                    "inconclusive", f"solver answered {res.status}"
-                    + (f": {res.message}" if res.message else ""), out.stage, single, parallel,
-                    solver=solver))
+                failures.append(_judge(out, res, solver, single, parallel))
         report.failures = failures
         report.stages_violated = len({f.stage for f in failures if f.stage and f.kind in
                                       ("counterexample", "structural")})

@@ -74,3 +74,37 @@ def confirm(printed: Printed, formula: StageFormula, values: dict, cex: dict) ->
 
 def first_mismatch_part(cex: dict) -> int | None:
     return cex["mismatches"][0]["part"] if cex.get("mismatches") else None
+
+
+def screen(formula: StageFormula, seeds: int = 4) -> dict | None:
+    """Look for a concrete counterexample by evaluating the stage at random inputs with the
+    real functions (no solver). Used when the solver gave no usable answer: a mismatch found
+    here is a genuine violation (a plain evaluation of both plans); finding none proves
+    nothing. Stages with assumption constraints are skipped (random inputs would violate them).
+    """
+    import random
+
+    if formula.constraints:
+        return None
+    names = sorted(formula.inputs)
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        env = {n: rng.uniform(0.5, 1.5) for n in names}
+        ev = FloatEvaluator(env)
+        mismatches = []
+        for comp in formula.comparisons:
+            try:
+                a, b = ev.walk(comp.lhs), ev.walk(comp.rhs)
+            except KeyError:
+                return None
+            if a == a and b == b and not close(a, b, rel=1e-7, abs_=1e-9):
+                mismatches.append({"part": comp.part, "index": list(comp.single_index),
+                                   "part_index": list(comp.index), "single": repr(a),
+                                   "parallel": repr(b)})
+        if mismatches:
+            inputs = {}
+            for n in names:
+                side_tensor, idx = formula.inputs[n]
+                inputs[f"{side_tensor}[{','.join(map(str, idx))}]"] = repr(env[n])
+            return {"inputs": inputs, "mismatches": mismatches, "found_by": "evaluation"}
+    return None
