@@ -558,13 +558,16 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
     registry_dir = tempfile.mkdtemp(prefix="tvsmt-run-")
     token = (_host_id(), registry_dir)
     registry = _Registry(token)
+
+    def deliver(name: str, pairs) -> None:  # one result per original index (copies share it)
+        for i, res in pairs:
+            for c, idx in enumerate(copies[i]):
+                on_result(name, idx, res if c == 0 else replace(res))
+
     if jobs == 1 and backend != "dask":  # in this process: no worker pool to start
         try:
             for p in profiles:
-                name, pairs = _task(p, [(i, obligations[i]) for i in unique], timeout_s, token)
-                for i, res in pairs:
-                    for c, idx in enumerate(copies[i]):
-                        on_result(name, idx, res if c == 0 else replace(res))
+                deliver(*_task(p, [(i, obligations[i]) for i in unique], timeout_s, token))
         except BaseException:
             registry.cancel_and_kill()
             raise
@@ -595,9 +598,7 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
                                   return_as="generator_unordered")(tasks)
             try:
                 for name, pairs in gen:
-                    for i, res in pairs:
-                        for c, idx in enumerate(copies[i]):
-                            on_result(name, idx, res if c == 0 else replace(res))
+                    deliver(name, pairs)
             except BaseException:
                 # kill the run's solvers before joblib waits for (or kills) its workers
                 registry.cancel_and_kill()
