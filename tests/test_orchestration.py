@@ -207,3 +207,18 @@ def test_without_a_solver_answer_evaluation_still_finds_a_real_bug(tmp_path, mlp
     found = [f for f in failures if f["kind"] == "counterexample"]
     assert found and found[0]["counterexample"]["found_by"] == "evaluation"
     assert "n2@2" in [n["id"] for n in found[0]["parallel_nodes"]]
+
+
+def test_cli_usage_errors_are_one_line_exit_2(tmp_path, mlp_pair):
+    r = run("verify", *mlp_pair, "--crosscheck", "--solver", "cvc5")
+    assert r.exit_code == 2 and "takes no --solver" in r.output and "Traceback" not in r.output
+    r = run("verify", *mlp_pair, "--solver", "nosuchsolver")
+    assert r.exit_code == 2 and "unknown solver" in r.output
+    r = run("verify", *mlp_pair, "--backend", "dask")
+    assert r.exit_code == 2 and "--scheduler" in r.output
+    (tmp_path / "empty").mkdir()
+    r = run("replay", tmp_path / "empty")
+    assert r.exit_code == 2 and "not a tvsmt corpus" in r.output
+    (tmp_path / "empty" / "manifest.json").write_text("{broken")
+    r = run("replay", tmp_path / "empty")
+    assert r.exit_code == 2 and "manifest.json" in r.output

@@ -102,6 +102,8 @@ def verify(single, parallel, report_path, jobs, timeout, solver, backend, schedu
     """Verify that PARALLEL computes what SINGLE computes."""
     if backend == "dask" and not scheduler:
         raise click.UsageError("--backend dask needs --scheduler ADDRESS")
+    if crosscheck and solver != "z3":
+        raise click.UsageError("--crosscheck runs z3 and cvc5; it takes no --solver")
     corpus = None if no_corpus else (corpus or default_corpus(parallel))
     sys.exit(run_verify(single, parallel, report_path, jobs=jobs, timeout=timeout,
                         solver=solver, backend=backend, scheduler=scheduler,
@@ -136,8 +138,12 @@ def export(single, parallel, corpus):
 @solver_options
 def replay(corpus, jobs, timeout, solver, backend, scheduler):
     """Re-solve every obligation of a corpus and compare with the recorded verdicts."""
+    from tvsmt.errors import PlanError
     from tvsmt.solving.replay import replay as run_replay
 
+    if not (os.path.exists(os.path.join(corpus, "manifest.json"))
+            or any(name.endswith(".smt2") for name in os.listdir(corpus))):
+        raise PlanError("not a tvsmt corpus (no manifest.json and no .smt2 files)", file=corpus)
     rep = run_replay(corpus, solver=solver, jobs=jobs, timeout=timeout, backend=backend,
                      scheduler=scheduler)
     click.echo(f"{rep.total} obligations re-solved with {rep.solver} {rep.version}: "
