@@ -141,3 +141,26 @@ def test_plans_swapped_is_an_error(tmp_path):
     result = run_cli(tmp_path, parallel_mlp(), copy.deepcopy(single_mlp()))
     assert result.exit_code == 2
     assert "expected a single plan" in result.output
+
+
+@pytest.mark.parametrize("op,attrs,words", [
+    ("chunk", {"idx": None}, ["c@0", "chunk", "idx"]),
+    ("chunk", {"dim": 7}, ["c@0", "not an axis"]),
+    ("div", {"consts": ["abc"]}, ["n2@0", "div", "abc"]),
+    ("div", {"consts": [0]}, ["n2@0", "div"]),
+])
+def test_malformed_attributes_are_one_line_errors(tmp_path, op, attrs, words):
+    s, p = single_mlp(), parallel_mlp()
+    for n in p["nodes"]:
+        if n["op"] == op:
+            for k, v in attrs.items():
+                if v is None:
+                    n["attrs"].pop(k, None)
+                else:
+                    n["attrs"][k] = v
+    result = run_cli(tmp_path, s, p)
+    assert result.exit_code == 2, result.output
+    err = result.output.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    for w in words:
+        assert w in err, (w, err)

@@ -18,6 +18,11 @@ from tvsmt.plan.model import Node, Plan
 Shape = tuple[int, ...]
 
 
+def _brief(attrs: dict, limit: int = 120) -> str:
+    text = ", ".join(f"{k}={v!r}" for k, v in attrs.items())
+    return "{" + (text if len(text) <= limit else text[:limit] + "...") + "}"
+
+
 class Interpreter:
     def __init__(self, plan: Plan, backend: Backend, shapes: dict[str, Shape] | None = None):
         self.plan = plan
@@ -32,13 +37,18 @@ class Interpreter:
         ctx = NodeCtx(tuple(self.shapes[t] if t is not None else None for t in node.outputs),
                       tuple(self.plan.shape(t) if t is not None else None for t in node.inputs),
                       tuple(self.plan.shape(t) if t is not None else None for t in node.outputs))
-        if node.is_backward:
-            if spec.backward is None:
-                raise StructuralViolation(f"{node.id}: operator {node.op} has no backward",
-                                          node=node.id)
-            outs = spec.backward(self.be, ins, node.attrs, ctx)
-        else:
-            outs = spec.forward(self.be, ins, node.attrs, ctx)
+        rule = spec.backward if node.is_backward else spec.forward
+        if rule is None:
+            raise PlanError(f"operator {node.op} has no backward", file=self.plan.path,
+                            node=node.id)
+        try:
+            outs = rule(self.be, ins, node.attrs, ctx)
+        except (KeyError, IndexError, TypeError, ValueError, ArithmeticError) as e:
+            # the entry refused this node's attributes/operands: a malformed plan
+            what = f"missing attribute {e}" if isinstance(e, KeyError) else str(e)
+            raise PlanError(f"operator {node.op} cannot be applied with attrs "
+                            f"{_brief(node.attrs)}: {what}", file=self.plan.path,
+                            node=node.id) from None
         if len(outs) != len(node.outputs):
             raise PlanError(f"operator {node.op} ({'backward' if node.is_backward else 'forward'})"
                             f" has {len(outs)} output slots, the node lists "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 
-from tvsmt.errors import StructuralViolation
+from tvsmt.errors import PlanError, StructuralViolation
 from tvsmt.ops import ShapeConstraints, ShapeRuleError, TShape
 from tvsmt.ops import get as get_op
 from tvsmt.ops.registry import shape_rule
@@ -64,8 +64,11 @@ def check_plan_shapes(plan: Plan) -> list[StructuralViolation]:
             bad = [x for x in c.constraints if x is False]
         except ShapeRuleError as e:
             bad = [e]
-        except (IndexError, KeyError, TypeError, ValueError) as e:
-            bad = [f"{type(e).__name__}: {e}"]
+        except (IndexError, KeyError, TypeError, ValueError, ArithmeticError) as e:
+            # not a shape contradiction: the rule cannot read this node's attributes
+            what = f"missing attribute {e}" if isinstance(e, KeyError) else str(e)
+            raise PlanError(f"operator {node.op} cannot be applied with attrs "
+                            f"{node.attrs}: {what}", file=plan.path, node=node.id) from None
         if bad:
             out.append(StructuralViolation(
                 f"{plan.path}: node {node.id} ({node.op}): declared shapes violate the "

@@ -39,6 +39,9 @@ def norm_axes(dims: Any, ndim: int) -> tuple[int, ...]:
         return tuple(range(ndim))
     if isinstance(dims, int):
         dims = [dims]
+    for d in dims:
+        if not isinstance(d, int) or not -ndim <= d < ndim:
+            raise ValueError(f"dim={d!r} is not an axis of a {ndim}-d tensor")
     return tuple(sorted({d % ndim for d in dims}))
 
 

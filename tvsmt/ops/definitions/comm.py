@@ -20,6 +20,8 @@ def _axis(attrs, key: str, ndim: int, default: str | None = None) -> int:
         d = attrs.get(default)
     if d is None:
         raise ValueError(f"missing attrs.{key}")
+    if not isinstance(d, int) or not -ndim <= d < ndim:
+        raise ValueError(f"attrs.{key}={d!r} is not an axis of a {ndim}-d tensor")
     return d % ndim
 
 

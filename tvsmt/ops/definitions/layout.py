@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tvsmt.ops.definitions._common import (add_all, identity_shape, passthrough, present, prod,
-                                           require, same_shape)
+from tvsmt.ops.definitions._common import (add_all, identity_shape, norm_axes, passthrough,
+                                           present, prod, require, same_shape)
 from tvsmt.ops.registry import OpSpec, register
 
 passthrough("contiguous", "identity; bw [g, x] -> [g]")
@@ -90,7 +90,7 @@ def transpose_shape(c, ins, outs, attrs):
     x, y = ins[0], outs[0]
     require(len(x) == len(y), "transpose: rank changes")
     perm = list(range(len(x)))
-    d0, d1 = (d % len(x) for d in _dims(attrs))
+    d0, d1 = (norm_axes(d, len(x))[0] for d in _dims(attrs))
     perm[d0], perm[d1] = perm[d1], perm[d0]
     for o, i in enumerate(perm):
         require(y.orig[o] == x.orig[i], f"transpose: {list(x.orig)} -> {list(y.orig)}")
