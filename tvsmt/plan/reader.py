@@ -88,14 +88,14 @@ def plan_from_dict(data: Any, path: str = "<memory>") -> Plan:
             raise PlanError("node id used twice", file=path, node=nid)
         seen_ids.add(nid)
         op = raw.get("op")
+        if type(op) is not str:
+            raise PlanError("node has no string 'op'", file=path, node=nid)
         if op not in known_ops:
-            if not isinstance(op, str):
-                raise PlanError("node has no 'op'", file=path, node=nid)
             if get_op(op) is None:
                 raise UnsupportedOperator(f"unknown operator {op!r}", file=path, node=nid)
             known_ops.add(op)
         pass_ = raw.get("pass")
-        if pass_ not in PASSES:
+        if not (pass_ is None or type(pass_) is str) or pass_ not in PASSES:
             raise PlanError(f"'pass' must be fw, bw or null, not {pass_!r}", file=path, node=nid)
         ins, outs = raw.get("inputs"), raw.get("outputs")
         for key, lst in (("inputs", ins), ("outputs", outs)):
@@ -103,13 +103,13 @@ def plan_from_dict(data: Any, path: str = "<memory>") -> Plan:
                 raise PlanError(f"'{key}' must be a list of tensor ids or null", file=path,
                                 node=nid)
         for t in ins:
-            if t is not None and t not in tensors:
+            if t is not None and (type(t) is not str or t not in tensors):
                 raise PlanError("reads an undeclared tensor", file=path, node=nid,
                                 tensor=str(t))
         for t in outs:
             if t is None:
                 continue
-            if t not in tensors:
+            if type(t) is not str or t not in tensors:
                 raise PlanError("writes an undeclared tensor", file=path, node=nid,
                                 tensor=str(t))
             if t in writer:
@@ -137,9 +137,10 @@ def plan_from_dict(data: Any, path: str = "<memory>") -> Plan:
         _require(isinstance(t, str) and t in tensors, "output is not a declared tensor", path,
                  tensor=str(t))
 
+    raw_lineages = data.get("lineages") or []
+    _require(isinstance(raw_lineages, list), "'lineages' must be a list", path)
     cache: dict = {}
-    lineages = [_lineage(raw, i, tensors, path, cache) for i, raw in
-                enumerate(data.get("lineages") or [])]
+    lineages = [_lineage(raw, i, tensors, path, cache) for i, raw in enumerate(raw_lineages)]
     if kind == "single":
         _require(not lineages, "a single plan carries no lineages", path)
     return Plan(path, str(data.get("name", os.path.basename(path))), kind, world, tensors, nodes,
@@ -164,15 +165,18 @@ def _lineage(raw: Any, index: int, tensors: dict[str, TensorInfo], path: str,
         sl = p.get("slice")
         try:
             key = tuple((a, b) for a, b in sl)
+            if not all(type(a) is int and type(b) is int for a, b in key):
+                key = None
         except (TypeError, ValueError):
             key = None
-        if key not in checked:  # validate each distinct slice once
-            _require(key is not None and all(_int_list(list(r)) for r in key),
-                     f"{pw}: 'slice' must be a list of [start, end] pairs", path, tensor=single)
+        if key not in checked:  # compute each distinct slice's shape once
+            _require(key is not None, f"{pw}: 'slice' must be a list of [start, end] int pairs",
+                     path, tensor=single)
             checked[key] = tuple(e - s for s, e in key)
         shape = checked[key]
         sum_of = p.get("sum_of")
-        if not (isinstance(sum_of, list) and sum_of and len(set(sum_of)) == len(sum_of)):
+        if not (isinstance(sum_of, list) and sum_of and all(type(t) is str for t in sum_of)
+                and len(set(sum_of)) == len(sum_of)):
             raise PlanError(f"{pw}: 'sum_of' must be a non-empty list of distinct tensor ids",
                             file=path, tensor=single)
         scale = Fraction(1)
