@@ -24,7 +24,7 @@ def test_printing_is_canonical_up_to_renaming():
     m = be.mgr
 
     def build(names):
-        a, b, c = (m.Symbol(n, be._real) for n in names)
+        a, b, c = (m.Symbol(n, be.real) for n in names)
         e = be.exp(__import__("numpy").array([a + b], dtype=object))[0]
         return [m.Equals(c, e * e)], [(a * b + e, b * a + e)]
 
@@ -45,7 +45,7 @@ def test_z3_binary_accepts_the_script(tmp_path):
         pytest.skip("z3 binary not installed next to the interpreter")
     be = SymbolicBackend()
     m = be.mgr
-    a, b = m.Symbol("a", be._real), m.Symbol("b", be._real)
+    a, b = m.Symbol("a", be.real), m.Symbol("b", be.real)
     p = print_obligation([], [(a * b, b * a)])
     f = tmp_path / "o.smt2"
     f.write_text(p.text)

@@ -53,7 +53,7 @@ def _slice_view(arr: np.ndarray, slc) -> np.ndarray:
 def encode_stage(stage: Stage, single: Plan, parallel: Plan, shapes: ReducedShapes,
                  be: SymbolicBackend) -> StageFormula:
     mgr = be.mgr
-    real = be._real
+    real = be.real
     inputs: dict[str, tuple[str, tuple[int, ...]]] = {}
 
     def symbol(side: str, tensor: str, idx: tuple[int, ...]):

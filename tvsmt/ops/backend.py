@@ -124,7 +124,7 @@ class SymbolicBackend(Backend):
         env = get_env()
         env.enable_infix_notation = True
         self.mgr = env.formula_manager
-        self._real = REAL
+        self.real = REAL  # the pysmt sort of every tensor element
         self._uf_cache: dict[tuple[str, int], Any] = {}
         self._fn1 = FunctionType(REAL, [REAL])
         self._fn2 = FunctionType(REAL, [REAL, REAL])
