@@ -127,3 +127,22 @@ def test_operator_whose_declared_shapes_cannot_hold_is_a_violation():
     assert report.verdict == "violation"
     assert any(f.kind == "structural" and f.node == "n3@0" and "shape" in f.message
                for f in report.failures)
+
+
+@pytest.mark.parametrize("scale,verdict", [([1, 2], "equivalent"), ([1, 1], "violation"),
+                                           ([2, 1], "violation")])
+def test_lineage_scale_is_honoured(scale, verdict):
+    """`scale: [num, den]` means single[slice] == num/den * sum(sum_of): a parallel tensor
+    that holds twice the value is the single tensor only with scale 1/2."""
+    from handmade import PlanDict
+
+    s = PlanDict("single", "s", {"dp": 1, "tp": 1, "pp": 1, "mb": 1, "ranks": 1})
+    s.t("x", [2, 2], "input"), s.t("y", [2, 2])
+    s.n("n1", "mul", ["x"], ["y"], consts=[3])
+    s.d["outputs"] = ["y"]
+    p = PlanDict("parallel", "p", {"dp": 1, "tp": 1, "pp": 1, "mb": 1, "ranks": 1})
+    p.t("x@0", [2, 2], "input"), p.t("y@0", [2, 2])
+    p.n("m1", "mul", ["x@0"], ["y@0"], consts=[6])
+    p.lineage("x", [([(0, 2), (0, 2)], ["x@0"])])
+    p.lineage("y", [([(0, 2), (0, 2)], ["y@0"], scale)])
+    assert verify_dicts(s.d, p.d).verdict == verdict
