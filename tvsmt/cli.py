@@ -104,6 +104,8 @@ def verify(single, parallel, report_path, jobs, timeout, solver, backend, schedu
         raise click.UsageError("--backend dask needs --scheduler ADDRESS")
     if crosscheck and solver != "z3":
         raise click.UsageError("--crosscheck runs z3 and cvc5; it takes no --solver")
+    if report_path and not os.path.isdir(os.path.dirname(os.path.abspath(report_path))):
+        raise click.UsageError(f"--report: the folder of {report_path} does not exist")
     corpus = None if no_corpus else (corpus or default_corpus(parallel))
     sys.exit(run_verify(single, parallel, report_path, jobs=jobs, timeout=timeout,
                         solver=solver, backend=backend, scheduler=scheduler,

@@ -13,6 +13,13 @@ import shutil
 
 import click
 
+
+class PlanInputError(click.ClickException):
+    """Bad input to a `plan` command: one line on stderr, exit code 2 (as for `verify`)."""
+
+    exit_code = 2
+
+
 SINGLE, PARALLEL, RECORD = "single.json.gz", "parallel.json.gz", "mutation.json"
 
 
@@ -48,9 +55,9 @@ def generate(model, layers, hidden, heads, ffn, vocab, seq, batch, dp, tp, pp, m
                                          tp=tp, pp=pp, mb=mb)
         s_path, p_path = write_pair_dicts(out_dir, single, parallel)
     except ValueError as e:
-        raise click.ClickException(str(e)) from None
+        raise PlanInputError(str(e)) from None
     except OSError as e:
-        raise click.ClickException(f"cannot write {out_dir}: {e}") from None
+        raise PlanInputError(f"cannot write {out_dir}: {e}") from None
     click.echo(f"{s_path}: {len(single['nodes'])} nodes")
     click.echo(f"{p_path}: {len(parallel['nodes'])} nodes on {parallel['world']['ranks']} ranks, "
                f"{len(parallel['lineages'])} lineages")
@@ -72,24 +79,24 @@ def mutate(in_dir, name, seed, where, out_dir):
     from tvsmt.frontends.mutations import MUTATIONS, NotApplicable, apply
 
     if name not in MUTATIONS:
-        raise click.ClickException(f"unknown bug {name!r}; `tvsmt plan bugs` lists them")
+        raise PlanInputError(f"unknown bug {name!r}; `tvsmt plan bugs` lists them")
     if os.path.abspath(in_dir) == os.path.abspath(out_dir):
-        raise click.ClickException("the output folder must differ from IN_DIR (the original "
+        raise PlanInputError("the output folder must differ from IN_DIR (the original "
                                    "plan would be overwritten)")
     src_single, src_parallel = (os.path.join(in_dir, f) for f in (SINGLE, PARALLEL))
     for path in (src_single, src_parallel):
         if not os.path.isfile(path):
-            raise click.ClickException(f"{path}: no such file")
+            raise PlanInputError(f"{path}: no such file")
     try:
         parallel = read_plan_dict(src_parallel)
     except (OSError, EOFError, ValueError) as e:
-        raise click.ClickException(f"{src_parallel}: cannot read plan: {e}") from None
+        raise PlanInputError(f"{src_parallel}: cannot read plan: {e}") from None
     try:
         mutated, record = apply(parallel, name, seed=seed, where=where)
     except NotApplicable as e:
-        raise click.ClickException(f"bug {name} does not apply to {src_parallel}: {e}") from None
+        raise PlanInputError(f"bug {name} does not apply to {src_parallel}: {e}") from None
     except ValueError as e:
-        raise click.ClickException(str(e)) from None
+        raise PlanInputError(str(e)) from None
     try:
         os.makedirs(out_dir, exist_ok=True)
         shutil.copyfile(src_single, os.path.join(out_dir, SINGLE))
@@ -97,7 +104,7 @@ def mutate(in_dir, name, seed, where, out_dir):
         with open(os.path.join(out_dir, RECORD), "w", encoding="utf-8") as f:
             json.dump(record, f, indent=2)
     except OSError as e:
-        raise click.ClickException(f"cannot write {out_dir}: {e}") from None
+        raise PlanInputError(f"cannot write {out_dir}: {e}") from None
     click.echo(f"{name}: changed {', '.join(record['nodes'])}")
     click.echo(f"written to {out_dir} (record in {RECORD})")
 

@@ -68,10 +68,13 @@ class Report:
         import tempfile
 
         folder = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".report-", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(self.to_json())
-        os.replace(tmp, path)
+        try:
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".report-", suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                f.write(self.to_json())
+            os.replace(tmp, path)
+        except OSError as e:
+            raise PlanError(f"cannot write the report: {e.strerror}", file=path) from None
 
 
 def load_report(path: str) -> Report:
@@ -79,7 +82,7 @@ def load_report(path: str) -> Report:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError included
         raise PlanError(f"cannot read report: {e}", file=path) from None
     if not isinstance(data, dict) or data.get("format") != "tvsmt.report":
         raise PlanError("not a tvsmt report", file=path)
