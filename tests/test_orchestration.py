@@ -222,3 +222,14 @@ def test_cli_usage_errors_are_one_line_exit_2(tmp_path, mlp_pair):
     (tmp_path / "empty" / "manifest.json").write_text("{broken")
     r = run("replay", tmp_path / "empty")
     assert r.exit_code == 2 and "manifest.json" in r.output
+
+
+def test_more_input_errors_are_one_line_exit_2(tmp_path, mlp_pair):
+    r = run("verify", *mlp_pair, "--no-corpus", "--report", tmp_path / "no" / "dir" / "r.json")
+    assert r.exit_code == 2 and "does not exist" in r.output
+    r = run("report", mlp_pair[0])  # a plan, not a report
+    assert r.exit_code == 2 and "cannot read report" in r.output
+    r = run("plan", "mutate", tmp_path / "nothing", "--bug", "wrong-group", "-o", tmp_path / "o")
+    assert r.exit_code == 2 and "no such file" in r.output
+    r = run("plan", "generate", "--model", "llama3", "--tp", "3", "-o", tmp_path / "g")
+    assert r.exit_code == 2 and "Traceback" not in r.output
