@@ -43,6 +43,7 @@ class StageFormula:
     constraints: list  # pysmt Bool terms (assumed)
     comparisons: list[Comparison]  # non-trivial element comparisons (goal: one differs)
     trivially_equal: int = 0  # elements proven by term identity
+    target_shape: tuple[int, ...] = ()  # reduced shape of the target's single tensor
     inputs: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # symbol -> (tensor, index)
 
 
@@ -136,4 +137,5 @@ def encode_stage(stage: Stage, single: Plan, parallel: Plan, shapes: ReducedShap
                 continue
             sidx = tuple(i + s for i, (s, _) in zip(idx, rslc))
             comparisons.append(Comparison(j, idx, sidx, lhs, rhs))
-    return StageFormula(stage, constraints, comparisons, trivial, inputs)
+    return StageFormula(stage, constraints, comparisons, trivially_equal=trivial, inputs=inputs,
+                        target_shape=tuple(sred))

@@ -35,7 +35,9 @@ def counterexample(printed: Printed, formula: StageFormula, values: dict) -> dic
             mismatches.append({"part": comp.part, "index": list(comp.single_index),
                                "part_index": list(comp.index), "single": _show(lv),
                                "parallel": _show(rv)})
-    return {"inputs": inputs, "mismatches": mismatches}
+    return {"inputs": inputs, "mismatches": mismatches,
+            "reduced_shape": list(formula.target_shape),
+            "note": "element indices refer to the shape-reduced tensors of the stage"}
 
 
 def uses_abstraction(printed: Printed) -> bool:
@@ -106,5 +108,7 @@ def screen(formula: StageFormula, seeds: int = 4) -> dict | None:
             for n in names:
                 side_tensor, idx = formula.inputs[n]
                 inputs[f"{side_tensor}[{','.join(map(str, idx))}]"] = repr(env[n])
-            return {"inputs": inputs, "mismatches": mismatches, "found_by": "evaluation"}
+            return {"inputs": inputs, "mismatches": mismatches, "found_by": "evaluation",
+                    "reduced_shape": list(formula.target_shape),
+                    "note": "element indices refer to the shape-reduced tensors of the stage"}
     return None

@@ -44,9 +44,11 @@ def render(report: Report, console: Console | None = None, max_failures: int = 1
                 console.print(f"  {side.replace('_', ' ')}: {shown}{more}")
         cex = f.counterexample
         if cex:
+            if cex.get("reduced_shape"):
+                console.print(f"  counterexample at reduced shape {cex['reduced_shape']}")
             for m in cex.get("mismatches", [])[:4]:
-                console.print(f"  at {m['index']}: single = {m['single']}  parallel = "
-                              f"{m['parallel']}")
+                console.print(f"  at {m['index']} (lineage part {m['part']}): single = "
+                              f"{m['single']}  parallel = {m['parallel']}")
             inputs = cex.get("inputs", {})
             if inputs:
                 shown = ", ".join(f"{k}={v}" for k, v in list(inputs.items())[:6])
