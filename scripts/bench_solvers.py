@@ -1,6 +1,6 @@
 """Measure per-obligation solver overhead: fresh process per script vs one kept-alive process.
 
-    .venv/bin/python solvers/bench.py [--count 300] [--solvers z3,cvc5] [--jobs 2]
+    .venv/bin/python scripts/bench_solvers.py [--count 300] [--solvers z3,cvc5] [--jobs 2]
 
 Generates small reduced-shape stages in QF_UFNRA (matmul split over ranks + all-reduce,
 RMSNorm with an uninterpreted rsqrt, softmax with uninterpreted exp and division, gradient
