@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tvsmt.ops import NodeCtx, NumericBackend, get
+from tvsmt.encoding.interpreter import Interpreter
+from tvsmt.ops import NumericBackend
 from tvsmt.plan import Plan, plan_from_dict
 
 
@@ -77,35 +78,14 @@ def random_inputs(plan: Plan, rng: np.random.Generator) -> dict[str, np.ndarray]
 
 
 def run(plan: Plan, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    be = NumericBackend()
+    """Every node of the plan on numbers, with tvsmt's own interpreter."""
+    interpreter = Interpreter(plan, NumericBackend())
     vals = dict(inputs)
     for n in plan.nodes:
-        spec = get(n.op)
-        ins = []
-        for t in n.inputs:
-            if t is None:
-                ins.append(None)
-            elif t not in vals:
-                raise UndefinedTensor(f"node {n.id} reads {t}, which has no value")
-            else:
-                ins.append(vals[t])
-        ctx = NodeCtx(out_shapes=tuple(plan.shape(t) if t else None for t in n.outputs),
-                      orig_in=tuple(plan.shape(t) if t else None for t in n.inputs),
-                      orig_out=tuple(plan.shape(t) if t else None for t in n.outputs))
-        if n.pass_ == "bw":
-            outs = spec.backward(be, ins, n.attrs, ctx)
-        else:
-            outs = spec.forward(be, ins, n.attrs, ctx)
-        for t, v in zip(n.outputs, outs):
-            if t is None:
-                continue
-            if v is None:
-                raise UndefinedTensor(f"node {n.id} produced no value for {t}")
-            v = np.asarray(v, dtype=np.float64)
-            if v.shape != plan.shape(t):
-                raise AssertionError(f"node {n.id}: {t} has shape {v.shape}, plan says "
-                                     f"{plan.shape(t)}")
-            vals[t] = v
+        missing = [t for t in n.inputs if t is not None and t not in vals]
+        if missing:
+            raise UndefinedTensor(f"node {n.id} reads {missing[0]}, which has no value")
+        interpreter.run_node(n, vals)
     return vals
 
 

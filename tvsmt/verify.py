@@ -25,7 +25,6 @@ from tvsmt.report.counterexample import (confirm, counterexample, first_mismatch
                                          screen, uses_abstraction)
 from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, VIOLATION, Failure, Report
 from tvsmt.shapes import reduce_stage
-from tvsmt.shapes.reduce import ShapeReductionUnknown
 from tvsmt.solving.types import SAT, UNKNOWN, UNSAT, Obligation, SolverResult
 from tvsmt.stages import Stage, cut_stages
 from tvsmt.stages.signature import stage_signature
@@ -140,8 +139,6 @@ def encode_one(stage: Stage, single: Plan, parallel: Plan, be: SymbolicBackend,
     except StructuralViolation as e:
         out.failure = _stage_failure("structural", str(e), stage, single, parallel,
                                      node=e.node, tensor=e.tensor)
-    except ShapeReductionUnknown as e:
-        out.failure = _stage_failure("inconclusive", str(e), stage, single, parallel)
     return out
 
 

@@ -61,6 +61,7 @@ class ShapeConstraints:
 
     def __init__(self):
         self.constraints: list[Any] = []
+        self.boundaries: list[KeepBoundary] = []  # for the shape reducer, not a constraint
 
     def add(self, constraint: Any) -> None:
         if constraint is False:
@@ -80,16 +81,21 @@ class ShapeConstraints:
         """`position` (in original units) along `dim` must stay an integer position after
         reduction (e.g. the first row of a vocabulary shard)."""
         if not isinstance(dim, int) and position:
-            from tvsmt.shapes.dims import Dim, KeepBoundary
-
-            if isinstance(dim, Dim):
-                self.constraints.append(KeepBoundary(dim.id, position))
+            self.boundaries.append(KeepBoundary(dim, position))
 
     def same(self, a: TShape, b: TShape) -> None:
         if len(a) != len(b):
             raise ShapeRuleError(f"rank {len(a)} != {len(b)}")
         for x, y in zip(a.dims, b.dims):
             self.eq(x, y)
+
+
+@dataclass(frozen=True)
+class KeepBoundary:
+    """Position `at` (original units) along `dim` must stay an integer after reduction."""
+
+    dim: Any
+    at: int
 
 
 class ShapeRuleError(ValueError):

@@ -23,6 +23,7 @@ from fractions import Fraction
 from math import gcd
 
 
+
 class Dim:
     """One reduced dimension: original size `n`; `g` must be divisible by its divisor."""
 
@@ -96,14 +97,6 @@ class Bound:
     minimum: int
 
 
-@dataclass(frozen=True)
-class KeepBoundary:
-    """Position `at` (original units) along `dim` must stay an integer after reduction."""
-
-    dim: int
-    at: int
-
-
 class DivisorSolver:
     def __init__(self):
         self.dims: list[Dim] = []
@@ -135,8 +128,6 @@ class DivisorSolver:
             return
         if isinstance(c, Bound):
             self.min_size[c.dim] = max(self.min_size.get(c.dim, 1), int(c.minimum))
-        elif isinstance(c, KeepBoundary):
-            self.keep_divisible(self.dims[c.dim], c.at)
         elif isinstance(c, Eq):
             lhs, rhs = list(c.lhs.dims), list(c.rhs.dims)
             for d in list(lhs):  # cancel dims on both sides

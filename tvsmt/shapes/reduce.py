@@ -35,10 +35,6 @@ from tvsmt.stages import Stage
 Shape = tuple[int, ...]
 
 
-class ShapeReductionUnknown(RuntimeError):
-    """The optimizer gave up (timeout): the stage is inconclusive, never a pass."""
-
-
 @dataclass
 class ReducedShapes:
     single: dict[str, Shape]
@@ -103,6 +99,8 @@ def reduce_stage(stage: Stage, single: Plan, parallel: Plan) -> ReducedShapes:
             except ShapeRuleError as e:
                 raise StructuralViolation(f"{side} node {node.id} ({node.op}): {e}",
                                           node=node.id, lineage=stage.target) from None
+    for boundary in c.boundaries:
+        solver.keep_divisible(boundary.dim, boundary.at)
     try:
         for con in c.constraints:
             solver.add(con)
