@@ -11,8 +11,8 @@ Design decisions (see also llama.py / mlp.py for the tensor-parallel layout):
   input, role grad, shape [1]) and the weight gradients are plain sums (grad_accum over
   micro-batches, reducer over replicas, no averaging). The loss is an output of the single
   plan, so the parallel plan also computes the whole loss: each last-stage rank adds up its
-  micro-batches' partial losses (`add` nodes) and an `all_reduce` over the data-parallel
-  group sums the replicas' (Megatron's loss reporting, without its averaging). Its lineages:
+  micro-batches' partial losses (one n-ary `grad_accum`) and an `all_reduce` over the
+  data-parallel group sums the replicas' (Megatron's loss reporting, without its averaging). Its lineages:
   the partial losses (one part per tp rank, sum_of = every (replica, micro-batch)), the
   per-rank sums, then whole copies on every last-stage rank.
 * Data parallelism and micro-batches: replica d, micro-batch m holds rows
@@ -23,8 +23,9 @@ Design decisions (see also llama.py / mlp.py for the tensor-parallel layout):
   pairs (sender on the source rank writes an in-flight tensor, receiver on the destination
   reads it), gradients move back the same way. Every tp rank moves its own copy.
 * Schedule: micro-batch by micro-batch (m outer, replica inner), forward then backward; weight
-  gradients are accumulated with `grad_accum` right after each micro-batch's backward;
-  reducers come last.
+  gradients are summed by one n-ary `grad_accum` per rank after the last micro-batch's
+  backward (n-ary, so that every micro-batch's part of the plan is the same, which replica
+  folding relies on); reducers come last.
 * Ranks: rank = dp_index*(pp*tp) + pp_stage*tp + tp_index (as the reference fixtures).
 * Lineages: one per (single tensor, parallel representation), graph inputs first, then in
   creation order (a dependency order); a weight read by several micro-batches is listed once

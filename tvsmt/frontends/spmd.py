@@ -115,8 +115,8 @@ class Tracer:
         self._node_hints: dict[str, _Hint] = {}
         # graph inputs held per rank (weights, constants)
         self._per_rank: dict[tuple[str, int], str] = {}
-        # gradient accumulation: (grad key, rank) -> current accumulated tensor
-        self._acc: dict[tuple[str, int], str] = {}
+        # gradient accumulation: (grad key, rank) -> every micro-batch's gradient so far
+        self._acc: dict[tuple[str, int], list[str]] = {}
         self._final_vals: dict[tuple[str, int], Val] = {}  # (grad key, d) -> final Val
         self.weight_grads: list[str] = []  # single keys of the weight gradients, in order
         self.d = self.m = self.stage = 0
@@ -501,29 +501,25 @@ class Tracer:
     # ------------------------------------------------------------------ gradient finalization
 
     def _accumulate(self, g: Val) -> None:
-        """grad_accum of a weight gradient over this rank's micro-batches."""
+        """grad_accum of a weight gradient over this rank's micro-batches: one n-ary node at
+        the last micro-batch, which sums every micro-batch's gradient (an n-ary sum keeps the
+        plan the same for every micro-batch, which is what replica folding needs)."""
         mb = self.w.mb
-        if self.m == 0:
+        for t, r in enumerate(self.group()):
+            self._acc.setdefault((g.key, r), []).append(g.ids[t])
+        if self.m < mb - 1:
+            return
+        final = g
+        if mb > 1:
+            final = Val(g.key, self._new_ver(g.key), [], self.stage,
+                        replace(g.layout, reduce="d"), g.shape, "grad", False, True)
+            final.ids = [self._tid(g.key, final.ver, r, per_mb=False) for r in self.group()]
             for t, r in enumerate(self.group()):
-                self._acc[(g.key, r)] = g.ids[t]
-            final = g
-        else:
-            last = self.m == mb - 1
-            final = None
-            if last:
-                final = Val(g.key, self._new_ver(g.key), [], self.stage,
-                            replace(g.layout, reduce="d"), g.shape, "grad", False, True)
-                final.ids = [self._tid(g.key, final.ver, r, per_mb=False) for r in self.group()]
-            for t, r in enumerate(self.group()):
-                out = final.ids[t] if last else f"{g.key}~acc{self.m}@r{r}"
-                self.b.add_tensor(out, g.shape, "grad")
+                self.b.add_tensor(final.ids[t], g.shape, "grad")
                 self.b.add_node(self._nid(f"{g.key}:grad_accum", r), "grad_accum", None, r,
-                                self.m, [self._acc[(g.key, r)], g.ids[t]], [out], {})
-                self._acc[(g.key, r)] = out
-            if last:
-                self._register(final)
-        if self.m == mb - 1:
-            self._final_vals[(g.key, self.d)] = final
+                                self.m, self._acc[(g.key, r)], [final.ids[t]], {})
+            self._register(final)
+        self._final_vals[(g.key, self.d)] = final
 
     def finalize_gradients(self) -> dict[str, list[str]]:
         """Reducers over the data-parallel replicas; returns, per weight-gradient key, the
@@ -562,7 +558,7 @@ class Tracer:
     def finalize_loss(self, losses: dict[tuple[int, int], Val]) -> None:
         """Make the whole loss appear on every last-stage rank (it is an output of the single
         plan, and outputs need whole-tensor lineages): each rank adds up its micro-batches'
-        partial losses (`add` nodes), then an all_reduce sums the replicas' (as Megatron's
+        partial losses (one n-ary `grad_accum`), then an all_reduce sums the replicas' (as Megatron's
         loss reporting does, without its averaging)."""
         if self.single:
             return
@@ -576,17 +572,13 @@ class Tracer:
                         first.shape, "loss", False)
                 for t in range(self.tp):
                     r = w.rank(d, first.stage, t)
-                    cur = losses[(d, 0)].ids[t]
-                    for m in range(1, w.mb):
-                        last = m == w.mb - 1
-                        out = (self._tid(first.key, ver, r, per_mb=False) if last
-                               else f"{first.key}~acc{m}@r{r}")
-                        self.b.add_tensor(out, first.shape, "loss")
-                        self.b.add_node(f"{first.key}:add@r{r}m{m}", "add", "fw", r, m,
-                                        [cur, losses[(d, m)].ids[t]], [out], {"alpha": 1})
-                        cur = out
-                    acc[(d, t)] = cur
-                    v.ids.append(cur)
+                    out = self._tid(first.key, ver, r, per_mb=False)
+                    self.b.add_tensor(out, first.shape, "loss")
+                    self.b.add_node(f"{first.key}:grad_accum@r{r}m{w.mb - 1}", "grad_accum",
+                                    None, r, w.mb - 1,
+                                    [losses[(d, m)].ids[t] for m in range(w.mb)], [out], {})
+                    acc[(d, t)] = out
+                    v.ids.append(out)
                 self._register(v)
         else:
             ver = first.ver
