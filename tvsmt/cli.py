@@ -97,8 +97,10 @@ def solver_options(f):
               help="SMT-LIB corpus folder (default: smt_corpus/<plan pair name>).")
 @click.option("--no-corpus", is_flag=True, help="Do not write or read a corpus.")
 @click.option("--fresh", is_flag=True, help="Ignore verdicts already in the corpus.")
+@click.option("--no-fold", is_flag=True,
+              help="Verify every replica and micro-batch instead of folding the copies.")
 def verify(single, parallel, report_path, jobs, timeout, solver, backend, scheduler,
-           crosscheck, corpus, no_corpus, fresh):
+           crosscheck, corpus, no_corpus, fresh, no_fold):
     """Verify that PARALLEL computes what SINGLE computes."""
     if backend == "dask" and not scheduler:
         raise click.UsageError("--backend dask needs --scheduler ADDRESS")
@@ -109,7 +111,7 @@ def verify(single, parallel, report_path, jobs, timeout, solver, backend, schedu
     corpus = None if no_corpus else (corpus or default_corpus(parallel))
     sys.exit(run_verify(single, parallel, report_path, jobs=jobs, timeout=timeout,
                         solver=solver, backend=backend, scheduler=scheduler,
-                        crosscheck=crosscheck, corpus=corpus, fresh=fresh))
+                        crosscheck=crosscheck, corpus=corpus, fresh=fresh, fold=not no_fold))
 
 
 @main.command()

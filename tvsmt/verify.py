@@ -40,6 +40,7 @@ class Options:
     fresh: bool = False
     backend: str = "loky"
     scheduler: str | None = None
+    fold: bool = True  # replica folding (tvsmt/fold) when the plan has > 2 replicas or mbs
     progress: Callable[[str, int, int | None], None] | None = None  # (phase, done, total)
 
     def __post_init__(self):
@@ -393,8 +394,43 @@ def _judge(out: StageOutcome, res: SolverResult, solver: dict, single: Plan,
 
 def verify_plans(single: Plan, parallel: Plan, opts: Options | None = None,
                  timer: Timer | None = None) -> Report:
+    """Verify a pair; with `opts.fold`, through replica folding where the plan allows it."""
+    from tvsmt.fold import FoldRefused, fold_plans
+
     opts = opts or Options()
     timer = timer or Timer()
+    if not opts.fold:
+        return _verify_plans(single, parallel, opts, timer)
+    try:
+        with timer.phase("fold"):
+            folded = fold_plans(single, parallel)
+    except FoldRefused as e:
+        report = _verify_plans(single, parallel, opts, timer)
+        report.fold_note = str(e)
+        return report
+    report = _verify_plans(folded.single, folded.parallel, opts, timer)
+    report.fold = folded.info.to_json()
+    if folded.info.exceptions and report.verdict == EQUIVALENT:
+        # Units that are not copies: a second fold with one more uniform replica and
+        # micro-batch rules out compensating constant offsets (see tvsmt/fold/folder.py).
+        try:
+            with timer.phase("fold"):
+                second = fold_plans(single, parallel, extra=1)
+        except FoldRefused as e:
+            report = _verify_plans(single, parallel, opts, timer)
+            report.fold_note = f"second fold refused ({e}); verified unfolded"
+            return report
+        again = _verify_plans(second.single, second.parallel, opts, timer)
+        again.fold = second.info.to_json()
+        if again.verdict != EQUIVALENT:
+            report = again
+        else:
+            report.fold["second_fold"] = again.fold
+        report.timings = {k: round(v, 4) for k, v in timer.timings.items()}
+    return report
+
+
+def _verify_plans(single: Plan, parallel: Plan, opts: Options, timer: Timer) -> Report:
     report, failures, outcomes, unique = prepare(single, parallel, opts, timer)
     with timer.phase("solving"):
         results = solve_obligations(unique, outcomes, parallel, opts, report)

@@ -22,6 +22,15 @@ def render(report: Report, console: Console | None = None, max_failures: int = 1
     t.add_row("obligations", f"{report.obligations_total} total, {report.obligations_unique} "
               f"unique, {report.proven_without_solver} proven by term identity, "
               f"{report.cache_hits} cache hits")
+    if report.fold:
+        fo = report.fold
+        exc = f"; not copies: {', '.join(fo['exceptions'][:4])}" if fo["exceptions"] else ""
+        t.add_row("folding", f"{fo['replicas']} replicas x {fo['micro_batches']} micro-batches "
+                  f"checked to be copies; verified replicas {fo['kept_replicas']} "
+                  f"({fo['kept_units']} (replica, micro-batch) units, batch x "
+                  f"{fo['batch_factor']}, so batch rows in slices are folded rows){exc}")
+    elif report.fold_note:
+        t.add_row("folding", f"not folded: {report.fold_note}")
     t.add_row("time", "  ".join(f"{k} {v:.2f}s" for k, v in report.timings.items()))
     if report.solver_seconds:
         t.add_row("solvers", "  ".join(f"{k} {v:.2f}s" for k, v in

@@ -49,6 +49,9 @@ class Report:
     solver_seconds: dict[str, float] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds
     failures: list[Failure] = field(default_factory=list)
+    # replica folding (tvsmt/fold): what was verified, or why the plan was not folded
+    fold: dict[str, Any] | None = None
+    fold_note: str | None = None
 
     @property
     def exit_code(self) -> int:

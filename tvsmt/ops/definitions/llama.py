@@ -77,7 +77,14 @@ def embedding_shape(c, ins, outs, attrs):
     c.eq(y[-1], w[1])
 
 
+def _embedding_reads(attrs) -> dict:
+    """Only the vocabulary range and padding index matter; the batch bookkeeping the
+    generator adds (dp, mb, batch_index, num_batches) does not."""
+    return {k: attrs.get(k) for k in ("padding_idx", "start", "stop")}
+
+
 register(OpSpec("embedding", embedding_fw, embedding_shape, embedding_bw,
+                semantic_attrs=_embedding_reads,
                 doc="out[p] = W[ids[p] - start] for start <= ids[p] < stop, else 0 (real token "
                     "values via select_eq; start/stop = vocabulary range of the shard, absent "
                     "= [0, rows)); bw [g, ids, W] -> [null, g_W], g_W[r] = sum_p [ids[p] == "

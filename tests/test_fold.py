@@ -1,0 +1,148 @@
+"""Replica folding (tvsmt/fold) is a shortcut, so it must keep soundness: every bug of the
+catalogue placed in a folded-away replica or micro-batch (and a single layer) is still
+caught, a sum that misses a replica is refused, and units that are not copies are verified
+themselves."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tvsmt.fold import FoldRefused, fold_plans
+from tvsmt.fold.units import Renaming, WorldUnits, parse_id
+from tvsmt.frontends import generate_pair
+from tvsmt.frontends.mutations import MUTATIONS, NotApplicable, apply
+from tvsmt.plan import plan_from_dict
+from tvsmt.plan.reader import check_pair
+from tvsmt.verify import Options, verify_plans
+
+DIMS = dict(hidden=16, heads=4, ffn=32, vocab=16, seq=4)
+WORLD = dict(layers=2, dp=4, tp=2, pp=2, mb=4)
+PER_REPLICA = WORLD["tp"] * WORLD["pp"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return generate_pair("llama3", **WORLD, **DIMS)
+
+
+@pytest.fixture(scope="module")
+def single(pair):
+    return plan_from_dict(pair[0], "single")
+
+
+def _verify(single, parallel: dict, fold: bool = True):
+    return verify_plans(single, plan_from_dict(parallel, "parallel"), Options(jobs=1, fold=fold))
+
+
+def test_ids_and_renaming():
+    assert parse_id("x@r12m3") == ("x", (12,), 3)
+    assert parse_id("w@r5") == ("w", (5,), None)
+    assert parse_id("msg@r0>r4m1") == ("msg", (0, 4), 1)
+    assert parse_id("plain") is None and parse_id("t@r-8m0") is None
+    wu = WorldUnits(dp=4, mb=4, per_replica=4)
+    assert wu.unit_of("x@r13m2") == (3, 2) and wu.unit_of("w@r13") == (3, None)
+    assert wu.unit_of("msg@r3>r4m0") is None  # a message between replicas: no unit
+    ren = Renaming((3, 2), 4)
+    assert ren.id("x@r13m2") == "x@r1m0"
+    assert ren.id("w@r13") == "w@r1"  # the replica's weights map with the instance
+    assert ren.id("x@r13m1") == "x@r13m1"  # another micro-batch is another unit
+    assert ren.id("x@r1m2") == "x@r1m2"  # another replica is left alone
+    assert ren.rank(14) == 2 and ren.rank(2) == ("other", 2)
+
+
+def test_correct_plan_is_folded_and_equivalent(pair, single):
+    folded = fold_plans(single, plan_from_dict(pair[1], "parallel"))
+    check_pair(folded.single, folded.parallel)
+    assert folded.info.kept_replicas == [0, 1] and folded.info.kept_units == 4
+    assert folded.info.exceptions == []
+    assert folded.info.checked["nodes"] == len(pair[1]["nodes"])  # every node was compared
+    assert len(folded.parallel.nodes) < len(pair[1]["nodes"]) / 3
+    batch = pair[0]["tensors"]["tokens"]["shape"][0]
+    assert folded.single.shape("tokens")[0] == batch // 4  # 4 of 16 pieces kept
+    report = _verify(single, pair[1])
+    assert report.verdict == "equivalent" and report.fold is not None
+
+
+def _dropped_placement(parallel: dict, bug: str) -> tuple[dict, dict]:
+    """The bug injected at a node of a unit that folding drops (replica >= 2 or micro-batch
+    >= 2), preferring the last replica and micro-batch."""
+    found = []
+    for seed in range(60):
+        try:
+            broken, record = apply(parallel, bug, seed=seed)
+        except NotApplicable:
+            break
+        parsed = parse_id(record["target"])  # the target node may have been deleted
+        if parsed is None:
+            continue
+        d, m = parsed[1][0] // PER_REPLICA, parsed[2]
+        if d >= 2 and (m is None or m >= 2):
+            return broken, record
+        if d >= 2 or (m or 0) >= 2:
+            found.append((broken, record))
+    if not found:
+        pytest.skip(f"{bug}: no placement in a folded-away unit")
+    return found[0]
+
+
+@pytest.mark.parametrize("bug", sorted(MUTATIONS))
+def test_bug_in_a_folded_away_unit_is_caught(pair, single, bug):
+    broken, record = _dropped_placement(pair[1], bug)
+    report = _verify(single, broken)
+    assert report.verdict == "violation", (record, report.fold_note)
+    if report.fold is not None:  # folded: the mutated unit was verified as an exception
+        assert report.fold["exceptions"], record
+    else:  # refused, with a reason, and verified unfolded
+        assert report.fold_note
+
+
+def test_most_bugs_are_caught_through_the_fold(pair, single):
+    """The test above must exercise folding, not only its fallback."""
+    folded = 0
+    for bug in ("drop-allreduce-keep-dataflow", "bw-wrong-input", "grad-scale-wrong",
+                "loss-scale-wrong", "wrong-constant-one-rank"):
+        broken, _ = _dropped_placement(pair[1], bug)
+        folded += fold_plans(single, plan_from_dict(broken, "p")).info.exceptions != []
+    assert folded == 5
+
+
+def test_a_reducer_missing_a_replica_is_not_folded(pair, single):
+    broken = copy.deepcopy(pair[1])
+    for n in broken["nodes"]:
+        if n["op"] == "reducer":
+            n["inputs"] = n["inputs"][:-1]  # every reducer forgets the last replica
+            n["attrs"]["ranks"] = n["attrs"]["ranks"][:-1]
+    with pytest.raises(FoldRefused, match="misses"):
+        fold_plans(single, plan_from_dict(broken, "p"))
+    report = _verify(single, broken)
+    assert report.verdict == "violation" and "misses" in report.fold_note
+
+
+def test_a_benign_difference_is_verified_twice(pair, single):
+    """A unit that is not a copy (here: one node renamed) is kept and verified; the plan is
+    still equivalent, and the second fold (one more uniform replica) was run."""
+    broken = copy.deepcopy(pair[1])
+    node = next(n for n in broken["nodes"] if n["op"] == "linear" and n["pass"] == "fw"
+                and n["rank"] // PER_REPLICA == 3 and n["mb"] == 3)
+    node["id"] = node["id"].replace(":linear@", ":renamed_linear@")
+    report = _verify(single, broken)
+    assert report.verdict == "equivalent"
+    assert report.fold["exceptions"] == ["replica 3 micro-batch 3"]
+    assert report.fold["kept_replicas"] == [0, 1, 3]
+    second = report.fold["second_fold"]
+    assert second["extra"] == 1 and second["kept_replicas"] == [0, 1, 2, 3]
+
+
+def test_small_plans_are_not_folded():
+    s, p = generate_pair("mlp", layers=1, dp=2, tp=2, pp=1, mb=2)
+    report = _verify(plan_from_dict(s, "s"), p)
+    assert report.verdict == "equivalent" and report.fold is None
+    assert "nothing to fold" in report.fold_note
+
+
+def test_folding_can_be_turned_off(pair, single):
+    broken, _ = _dropped_placement(pair[1], "grad-scale-wrong")
+    report = _verify(single, broken, fold=False)
+    assert report.verdict == "violation" and report.fold is None and report.fold_note is None
