@@ -34,16 +34,19 @@ an inconsistent piece) makes the folder refuse, and the plan is verified unfolde
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable, Iterable
 
+import numpy as np
+
 from tvsmt.fold.rebatch import rebatch_single
+from tvsmt.fold.table import (OTHER, GroupError, Interner, UnitTable, build_table,
+                              canonical_inputs, encode_id, group_level, rename_ids,
+                              rename_ranks)
 from tvsmt.fold.units import (REPRESENTATIVE, REPRESENTATIVE_REPLICA, Renaming, Unit,
                               WorldUnits)
-from tvsmt.ops import get as get_op
 from tvsmt.plan.model import Lineage, LineagePart, Node, Plan, TensorInfo
 
 SUM_OPS = frozenset({"grad_accum", "reducer", "all_reduce"})
@@ -84,103 +87,88 @@ class Folded:
     info: FoldInfo
 
 
-# ----------------------------------------------------------------------------- canonical forms
-
-
-def _attrs_key(node: Node, ren: Renaming) -> str:
-    reads = get_op(node.op).semantic_attrs
-    attrs = node.attrs if reads is None else reads(node.attrs)
-    if not attrs:
-        return ""
-    if isinstance(attrs, dict) and any(k in attrs for k in ("ranks", "src", "dst")):
-        attrs = dict(attrs)
-        if isinstance(attrs.get("ranks"), list):
-            attrs["ranks"] = [ren.rank(r) if isinstance(r, int) else r for r in attrs["ranks"]]
-        for k in ("src", "dst"):
-            if isinstance(attrs.get(k), int):
-                attrs[k] = ren.rank(attrs[k])
-    return json.dumps(attrs, sort_keys=True, default=str)
+# ----------------------------------------------------------------------------- sums over units
 
 
 class Canon:
-    """Canonical forms of records, relative to the representative unit."""
+    """Checks the sums over units that global records (lineage parts summing every instance)
+    contain; units' own sums are checked in table form (table.canonical_inputs)."""
 
     def __init__(self, wu: WorldUnits):
         self.wu = wu
-        self._ren: dict[Unit, Renaming] = {}
-
-    def renaming(self, unit: Unit) -> Renaming:
-        ren = self._ren.get(unit)
-        if ren is None:
-            ren = self._ren[unit] = Renaming(unit, self.wu.per_replica)
-        return ren
 
     def group(self, ids: Iterable[str | None], where: str) -> tuple | None:
-        """A sum over units: ("group", level, representative id), or None when the ids all
-        belong to one unit. A sum that does not take one copy from every unit of a level
+        """("group", level, representative id), or None when the ids all belong to one unit.
+        A sum that does not take one copy of the same tensor from every unit of a level
         cannot be folded."""
         ids = list(ids)
         units = [self.wu.unit_of(x) for x in ids]
         if len(set(units)) <= 1:
             return None
-        if None in units or len(set(units)) != len(units):
-            raise FoldRefused(f"{where}: a sum over {len(ids)} tensors that are not one per "
-                              "replica or micro-batch")
-        reps = {self.renaming(u).id(x) for u, x in zip(units, ids)}
-        ds = {u[0] for u in units}
-        ms = {u[1] for u in units}
-        wu = self.wu
-        if ms == {None} and ds == set(range(wu.dp)):
-            level = "d"
-        elif None not in ms and len(ds) == 1 and ms == set(range(wu.mb)):
-            level = "m"
-        elif None not in ms and len(units) == wu.dp * wu.mb:
-            level = "dm"
-        else:
+        if None in units:
+            raise FoldRefused(f"{where}: a sum over tensors that are not one per replica or "
+                              "micro-batch")
+        rows = np.array([encode_id(x, self._intern) for x in ids], dtype=np.int64)
+        level = group_level(rows, self.wu)
+        if level is None or level < 0:
             raise FoldRefused(f"{where}: a sum over {len(ids)} replicas/micro-batches that "
                               "misses some of them")
+        reps = {Renaming(u, self.wu.per_replica).id(x) for u, x in zip(units, ids)}
         if len(reps) != 1:
             raise FoldRefused(f"{where}: a sum over units that do not contribute the same "
                               "tensor")
         return ("group", level, reps.pop())
 
-    def node(self, n: Node, ren: Renaming) -> tuple:
-        ins = self.group(n.inputs, f"node {n.id}") if n.op in SUM_OPS else None
-        if ins is None:
-            ins = tuple(ren.id(x) for x in n.inputs)
-        return ("n", ren.id(n.id), n.op, n.pass_, ren.rank(n.rank), ren.mb(n.mb), ins,
-                tuple(ren.id(x) for x in n.outputs), _attrs_key(n, ren))
-
-    def part_key(self, lin: int, p: LineagePart, ren: Renaming) -> tuple:
-        ids = self.group(p.sum_of, f"lineage #{lin}")
-        if ids is None:
-            ids = tuple(ren.id(x) for x in p.sum_of)
-        return ("p", lin, ids, p.scale)
+    _intern = Interner()
 
 
 # ----------------------------------------------------------------------------- the folder
 
 
+def _canonical(tab: UnitTable, unit: Unit, wu: WorldUnits, sum_ops: np.ndarray) -> dict:
+    """The table renamed to the representative (everything but the slices)."""
+    per = wu.per_replica
+    d, m_u = unit
+    try:
+        ins, in_ptr = canonical_inputs(tab, unit, wu, sum_ops)
+    except GroupError as e:
+        n = int(e.args[0])
+        raise FoldRefused(f"node #{int(tab.n_pos[n])}: a sum over replicas/micro-batches "
+                          "that misses some of them or mixes tensors") from None
+    mb = tab.n_mb if m_u is None else np.where(tab.n_mb == m_u, 0, tab.n_mb + OTHER)
+    return {
+        "t_ids": rename_ids(tab.t_ids, unit, per), "t_shape": tab.t_shape,
+        "n_ids": rename_ids(tab.n_ids, unit, per), "n_op": tab.n_op, "n_pass": tab.n_pass,
+        "n_rank": rename_ranks(tab.n_rank, d, per), "n_mb": mb, "n_attrs": tab.n_attrs,
+        "n_attr_ptr": tab.n_attr_ptr, "n_attr_ranks": rename_ranks(tab.n_attr_ranks, d, per),
+        "n_in": ins, "n_in_ptr": in_ptr, "n_out": rename_ids(tab.n_out, unit, per),
+        "n_out_ptr": tab.n_out_ptr, "p_lin": tab.p_lin, "p_scale": tab.p_scale,
+        "p_sum_ptr": tab.p_sum_ptr, "p_sum": rename_ids(tab.p_sum, unit, per),
+    }
+
+
 class Folder:
-    """Feed units (representative first), then `finish()` builds the folded pair.
+    """Feed units (representatives first), then `finish()` builds the folded pair.
 
-    `add_unit` returns whether the unit is a copy of its representative. The records of units
-    that are kept (first replicas and micro-batches, exceptions) are retained; the others are
-    only compared and counted, so a caller may stream them (frontends/stream.py)."""
+    A unit comes as a table (table.py) for the comparison, with its records (or a function
+    giving them) for the case it is kept. Units that are dropped are only compared and
+    counted, so a caller may stream them (frontends/stream.py)."""
 
-    def __init__(self, single: Plan, parallel_header: Plan, extra: int = 0):
+    def __init__(self, single: Plan, parallel_header: Plan, intern: Interner, extra: int = 0):
         self.single = single
         self.header = parallel_header  # world, name, path, lineage singles (records unused)
         self.wu = WorldUnits.of(parallel_header.world)
+        self.intern = intern
+        self.sum_ops = np.array([intern(op) for op in sorted(SUM_OPS)], dtype=np.int64)
         self.canon = Canon(self.wu)
         self.extra = extra
         self.kept_d = set(range(min(self.wu.dp, 2 + extra)))
         self.kept_m = set(range(min(self.wu.mb, 2 + extra)))
-        self.rep_keys: dict[Unit, Counter] = {}
-        self.rep_parts: dict[Unit, dict[tuple, tuple]] = {}  # part key -> slice
-        self.fold_dim: dict[int, int] = {}  # lineage -> dimension of the batch pieces
-        self.piece_len: dict[int, int] = {}
-        self.nodiff_undecided: set[int] = set()
+        self.rep: dict[Unit, tuple[dict, np.ndarray]] = {}  # canonical arrays, slices
+        nlin = len(parallel_header.lineages)
+        self.fold_dim = np.full(nlin, -1, dtype=np.int64)  # lineage -> batch dimension
+        self.piece_len = np.zeros(nlin, dtype=np.int64)
+        self.nodiff_undecided = np.zeros(nlin, dtype=bool)
         self.piece: dict[Unit, int] = {}
         self.records: dict[Unit, UnitRecords] = {}  # retained units
         self.global_records = UnitRecords()
@@ -205,85 +193,83 @@ class Folder:
         for lin, _, p in recs.parts:
             self.canon.group(p.sum_of, f"lineage #{lin}")
 
-    def add_unit(self, unit: Unit, recs: UnitRecords) -> bool:
+    def add_unit(self, unit: Unit, tab: UnitTable,
+                 records: UnitRecords | Callable[[], UnitRecords]) -> bool:
+        """Compare one unit with its representative; keep its records if it stays."""
         rep = REPRESENTATIVE if unit[1] is not None else REPRESENTATIVE_REPLICA
-        ren = self.canon.renaming(unit)
         self.seen.add(unit)
-        keys, parts = self.keys_of(recs, ren)
-        self.checked.update(tensors=len(recs.tensors), nodes=len(recs.nodes),
-                            parts=len(recs.parts))
+        canon = _canonical(tab, unit, self.wu, self.sum_ops)
+        self.checked.update(tensors=len(tab.t_shape), nodes=len(tab.n_op),
+                            parts=len(tab.p_lin))
         if unit == rep:
-            self.rep_keys[unit], self.rep_parts[unit] = keys, parts
+            self.rep[unit] = (canon, tab.p_slice)
             ok = True
         else:
-            if rep not in self.rep_keys:
+            if rep not in self.rep:
                 raise FoldRefused(f"unit {unit} arrived before its representative {rep}")
-            ok = self._same_parts(unit, parts, self.rep_parts[rep])
-            ok = keys == self.rep_keys[rep] and ok
+            ref, ref_slices = self.rep[rep]
+            ok = all(np.array_equal(canon[k], ref[k]) for k in ref)
+            ok = ok and self._translated(unit, tab, ref_slices)
         if not ok:
-            self._exception_piece(unit, parts)
             self.exceptions.append(unit)
+            self._exception_piece(unit, tab)
         if not ok or self.is_default_kept(unit):
-            self.records[unit] = recs
+            self.records[unit] = records() if callable(records) else records
         return ok
 
-    def keys_of(self, recs: UnitRecords, ren: Renaming) -> tuple[Counter, dict]:
-        keys: Counter = Counter()
-        for t in recs.tensors:
-            keys[("t", ren.id(t.id), t.shape)] += 1
-        for _, n in recs.nodes:
-            keys[self.canon.node(n, ren)] += 1
-        parts: dict[tuple, tuple] = {}
-        for lin, _, p in recs.parts:
-            key = self.canon.part_key(lin, p, ren)
-            keys[key] += 1
-            if parts.setdefault(key, p.slice) != p.slice:
-                parts[key] = None  # duplicates must be identical
-        return keys, parts
-
-    def _same_parts(self, unit: Unit, parts: dict, rep_parts: dict) -> bool:
+    def _translated(self, unit: Unit, tab: UnitTable, ref: np.ndarray) -> bool:
         """Slices equal the representative's up to a translation along the lineage's batch
-        dimension; record the unit's piece."""
-        pieces = set()
-        for key, slc in parts.items():
-            ref = rep_parts.get(key)
-            if slc is None or ref is None:
-                return False
-            lin = key[1]
-            diff = [k for k, (a, b) in enumerate(zip(slc, ref)) if a != b]
-            if len(diff) > 1:
-                return False
-            if not diff:
-                if lin in self.fold_dim:
-                    k = self.fold_dim[lin]
-                    pieces.add(ref[k][0] // self.piece_len[lin])
-                else:
-                    self.nodiff_undecided.add(lin)
-                continue
-            k = diff[0]
-            length = slc[k][1] - slc[k][0]
-            if length != ref[k][1] - ref[k][0] or length <= 0 or unit[1] is None:
-                return False
-            if self.fold_dim.setdefault(lin, k) != k:
-                return False
-            if lin in self.nodiff_undecided:
-                raise FoldRefused(f"lineage #{lin}: some units hold the representative's "
-                                  "piece of the batch, others another one")
-            self.piece_len[lin] = length
-            if slc[k][0] % length or ref[k][0] % length:
-                return False
-            pieces.add(slc[k][0] // length)
+        dimension, by a whole number of pieces, the same piece in every lineage."""
+        slc = tab.p_slice
+        if slc.shape != ref.shape:
+            return False
+        diff = slc != ref
+        dims = diff[:, 0::2] | diff[:, 1::2]
+        count = dims.sum(axis=1)
+        if (count > 1).any():
+            return False
+        lins = tab.p_lin
+        moved = count == 1
+        if moved.any() and unit[1] is None:
+            return False  # replica units hold no piece of the batch
+        k = dims[moved].argmax(axis=1)
+        ml = lins[moved]
+        start, end = slc[moved, 2 * k], slc[moved, 2 * k + 1]
+        length = end - start
+        if (length != ref[moved, 2 * k + 1] - ref[moved, 2 * k]).any() or (length <= 0).any():
+            return False
+        known = self.fold_dim[ml]
+        if ((known >= 0) & (known != k)).any():
+            return False
+        fresh = ml[known < 0]
+        if self.nodiff_undecided[fresh].any():
+            raise FoldRefused("some units hold the representative's piece of the batch in a "
+                              "lineage where others hold another one")
+        self.fold_dim[ml] = k
+        self.piece_len[ml] = length
+        if (start % length).any():
+            return False
+        pieces = set((start // length).tolist())
+        still = ~moved
+        undecided = still & (self.fold_dim[lins] < 0)
+        self.nodiff_undecided[lins[undecided]] = True
+        same = still & (self.fold_dim[lins] >= 0)
+        if same.any():
+            pieces |= set(self._pieces_at(ref[same], lins[same]).tolist())
         if len(pieces) > 1:
-            raise FoldRefused(f"unit {unit} holds different pieces of the batch in different "
-                              "lineages")
+            return False
         if pieces:
             self.piece[unit] = pieces.pop()
         return True
 
-    def _exception_piece(self, unit: Unit, parts: dict) -> None:
+    def _pieces_at(self, slices: np.ndarray, lins: np.ndarray) -> np.ndarray:
+        k = self.fold_dim[lins]
+        return slices[np.arange(len(lins)), 2 * k] // self.piece_len[lins]
+
+    def _exception_piece(self, unit: Unit, tab: UnitTable) -> None:
         """An exception keeps its own slices; it still needs one piece of the batch."""
-        pieces = {slc[self.fold_dim[key[1]]][0] // self.piece_len[key[1]]
-                  for key, slc in parts.items() if key[1] in self.fold_dim and slc is not None}
+        sel = self.fold_dim[tab.p_lin] >= 0
+        pieces = set(self._pieces_at(tab.p_slice[sel], tab.p_lin[sel]).tolist())
         if len(pieces) > 1:
             raise FoldRefused(f"unit {unit} holds different pieces of the batch in different "
                               "lineages")
@@ -345,8 +331,10 @@ class Folder:
                 parts[lin].append((pos, LineagePart(p.slice, sum_of, p.scale)))
         nodes.sort(key=lambda e: e[0])
         factor = Fraction(len(instance_kept), wu.dp * wu.mb)
-        single, new_slices = rebatch_single(self.single, self.header, self.fold_dim,
-                                            self.piece_len, pieces, wu.dp * wu.mb)
+        fold_dim = {int(i): int(k) for i, k in enumerate(self.fold_dim) if k >= 0}
+        piece_len = {i: int(self.piece_len[i]) for i in fold_dim}
+        single, new_slices = rebatch_single(self.single, self.header, fold_dim, piece_len,
+                                            pieces, wu.dp * wu.mb)
         lineages = []
         for lin in self.header.lineages:
             lp = sorted(parts.get(lin.index, ()), key=lambda e: e[0])
@@ -365,23 +353,22 @@ class Folder:
     def _pieces(self, instance_kept: list[Unit]) -> dict[int, int]:
         """Old piece index -> new (packed) index, after checking that pieces tile the batch."""
         wu = self.wu
-        if not self.fold_dim:
+        if not (self.fold_dim >= 0).any():
             raise FoldRefused("no lineage slices the batch by replica and micro-batch")
-        self.piece.setdefault(REPRESENTATIVE, self._rep_piece())
+        _, slices = self.rep[REPRESENTATIVE]
+        lins = np.array([lin for lin, _, _ in self.records[REPRESENTATIVE].parts],
+                        dtype=np.int64)
+        sel = self.fold_dim[lins] >= 0
+        rep_pieces = set(self._pieces_at(slices[sel], lins[sel]).tolist())
+        if len(rep_pieces) != 1:
+            raise FoldRefused("the representative unit holds several pieces of the batch")
+        self.piece[REPRESENTATIVE] = rep_pieces.pop()
         allp = [self.piece.get(u) for u in wu.instance_units()]
         if None in allp or sorted(allp) != list(range(wu.dp * wu.mb)):
             raise FoldRefused("the replicas' and micro-batches' pieces of the batch do not "
                               "tile it")
         old = sorted(self.piece[u] for u in instance_kept)
         return {p: i for i, p in enumerate(old)}
-
-    def _rep_piece(self) -> int:
-        seen = {slc[self.fold_dim[key[1]]][0] // self.piece_len[key[1]]
-                for key, slc in self.rep_parts[REPRESENTATIVE].items()
-                if key[1] in self.fold_dim and slc is not None}
-        if len(seen) != 1:
-            raise FoldRefused("the representative unit holds several pieces of the batch")
-        return seen.pop()
 
 
 def _replace_inputs(n: Node, inputs: tuple) -> Node:
@@ -425,8 +412,10 @@ def fold_plans(single: Plan, parallel: Plan, extra: int = 0) -> Folded:
                                          u[1] is None, u[0], -1 if u[1] is None else u[1]))
     if REPRESENTATIVE not in units:
         raise FoldRefused("no tensor is named like an instance of replica 0, micro-batch 0")
-    folder = Folder(single, parallel, extra)
+    intern = Interner()
+    folder = Folder(single, parallel, intern, extra)
     folder.add_global(glob)
     for u in order:
-        folder.add_unit(u, units[u])
+        recs = units[u]
+        folder.add_unit(u, build_table(recs.tensors, recs.nodes, recs.parts, intern), recs)
     return folder.finish(units.__getitem__)
