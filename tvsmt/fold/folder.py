@@ -147,28 +147,119 @@ def _canonical(tab: UnitTable, unit: Unit, wu: WorldUnits, sum_ops: np.ndarray) 
     }
 
 
+class Checker:
+    """Is a unit a copy of its representative? Small and picklable, so that worker processes
+    can check units in parallel (source.fold_source). Frozen copies never learn a lineage's
+    batch dimension: a unit that would teach one is reported "not a copy" and re-checked by
+    the main process, so parallel checking cannot weaken the check."""
+
+    def __init__(self, wu: WorldUnits, sum_ops: np.ndarray, lineages: int):
+        self.wu = wu
+        self.sum_ops = sum_ops
+        self.rep: dict[Unit, tuple[dict, np.ndarray]] = {}  # canonical arrays, slices
+        self.fold_dim = np.full(lineages, -1, dtype=np.int64)  # lineage -> batch dimension
+        self.piece_len = np.zeros(lineages, dtype=np.int64)
+        self.nodiff_undecided = np.zeros(lineages, dtype=bool)
+        self.frozen = False
+
+    def set_representative(self, unit: Unit, tab: UnitTable) -> None:
+        self.rep[unit] = (_canonical(tab, unit, self.wu, self.sum_ops), tab.p_slice)
+
+    def compare(self, unit: Unit, tab: UnitTable) -> tuple[bool, int | None]:
+        """(is a copy, its piece of the batch)."""
+        rep = REPRESENTATIVE if unit[1] is not None else REPRESENTATIVE_REPLICA
+        if rep not in self.rep:
+            raise FoldRefused(f"unit {unit} arrived before its representative {rep}")
+        ref, ref_slices = self.rep[rep]
+        canon = _canonical(tab, unit, self.wu, self.sum_ops)
+        if not all(np.array_equal(canon[k], ref[k]) for k in ref):
+            return False, None
+        return self._translated(unit, tab, ref_slices)
+
+    def _translated(self, unit: Unit, tab: UnitTable, ref: np.ndarray
+                    ) -> tuple[bool, int | None]:
+        """Slices equal the representative's up to a translation along the lineage's batch
+        dimension, by a whole number of pieces, the same piece in every lineage."""
+        slc = tab.p_slice
+        if slc.shape != ref.shape:
+            return False, None
+        diff = slc != ref
+        dims = diff[:, 0::2] | diff[:, 1::2]
+        count = dims.sum(axis=1)
+        if (count > 1).any():
+            return False, None
+        lins = tab.p_lin
+        moved = count == 1
+        if moved.any() and unit[1] is None:
+            return False, None  # replica units hold no piece of the batch
+        k = dims[moved].argmax(axis=1)
+        ml = lins[moved]
+        rows = np.flatnonzero(moved)
+        start, end = slc[rows, 2 * k], slc[rows, 2 * k + 1]
+        length = end - start
+        if ((length != ref[rows, 2 * k + 1] - ref[rows, 2 * k]).any() or (length <= 0).any()
+                or (start % np.maximum(length, 1)).any()):
+            return False, None
+        known = self.fold_dim[ml]
+        if ((known >= 0) & (known != k)).any():
+            return False, None
+        fresh = known < 0
+        if fresh.any():
+            if self.frozen:
+                return False, None
+            if self.nodiff_undecided[ml[fresh]].any():
+                raise FoldRefused("some units hold the representative's piece of the batch "
+                                  "in a lineage where others hold another one")
+            self.fold_dim[ml[fresh]] = k[fresh]
+            self.piece_len[ml[fresh]] = length[fresh]
+        if (self.fold_dim[ml] != k).any() or (self.piece_len[ml] != length).any():
+            return False, None
+        pieces = set((start // length).tolist())
+        still = ~moved
+        undecided = still & (self.fold_dim[lins] < 0)
+        if undecided.any():
+            if self.frozen:
+                return False, None
+            self.nodiff_undecided[lins[undecided]] = True
+        same = still & (self.fold_dim[lins] >= 0)
+        if same.any():
+            pieces |= set(self.pieces_at(ref[same], lins[same]).tolist())
+        if len(pieces) > 1:
+            return False, None
+        return True, (pieces.pop() if pieces else None)
+
+    def pieces_at(self, slices: np.ndarray, lins: np.ndarray) -> np.ndarray:
+        k = self.fold_dim[lins]
+        return slices[np.arange(len(lins)), 2 * k] // self.piece_len[lins]
+
+    def exception_piece(self, unit: Unit, tab: UnitTable) -> int | None:
+        """An exception keeps its own slices; it still needs one piece of the batch."""
+        sel = self.fold_dim[tab.p_lin] >= 0
+        pieces = set(self.pieces_at(tab.p_slice[sel], tab.p_lin[sel]).tolist())
+        if len(pieces) > 1:
+            raise FoldRefused(f"unit {unit} holds different pieces of the batch in different "
+                              "lineages")
+        return pieces.pop() if pieces else None
+
+
 class Folder:
     """Feed units (representatives first), then `finish()` builds the folded pair.
 
     A unit comes as a table (table.py) for the comparison, with its records (or a function
     giving them) for the case it is kept. Units that are dropped are only compared and
-    counted, so a caller may stream them (frontends/stream.py)."""
+    counted, so a caller may stream them (source.py, frontends/stream.py)."""
 
     def __init__(self, single: Plan, parallel_header: Plan, intern: Interner, extra: int = 0):
         self.single = single
         self.header = parallel_header  # world, name, path, lineage singles (records unused)
         self.wu = WorldUnits.of(parallel_header.world)
         self.intern = intern
-        self.sum_ops = np.array([intern(op) for op in sorted(SUM_OPS)], dtype=np.int64)
+        sum_ops = np.array([intern(op) for op in sorted(SUM_OPS)], dtype=np.int64)
+        self.checker = Checker(self.wu, sum_ops, len(parallel_header.lineages))
         self.canon = Canon(self.wu)
         self.extra = extra
         self.kept_d = set(range(min(self.wu.dp, 2 + extra)))
         self.kept_m = set(range(min(self.wu.mb, 2 + extra)))
-        self.rep: dict[Unit, tuple[dict, np.ndarray]] = {}  # canonical arrays, slices
-        nlin = len(parallel_header.lineages)
-        self.fold_dim = np.full(nlin, -1, dtype=np.int64)  # lineage -> batch dimension
-        self.piece_len = np.zeros(nlin, dtype=np.int64)
-        self.nodiff_undecided = np.zeros(nlin, dtype=bool)
         self.piece: dict[Unit, int] = {}
         self.records: dict[Unit, UnitRecords] = {}  # retained units
         self.global_records = UnitRecords()
@@ -196,85 +287,26 @@ class Folder:
     def add_unit(self, unit: Unit, tab: UnitTable,
                  records: UnitRecords | Callable[[], UnitRecords]) -> bool:
         """Compare one unit with its representative; keep its records if it stays."""
-        rep = REPRESENTATIVE if unit[1] is not None else REPRESENTATIVE_REPLICA
-        self.seen.add(unit)
-        canon = _canonical(tab, unit, self.wu, self.sum_ops)
-        self.checked.update(tensors=len(tab.t_shape), nodes=len(tab.n_op),
-                            parts=len(tab.p_lin))
-        if unit == rep:
-            self.rep[unit] = (canon, tab.p_slice)
-            ok = True
+        if unit in (REPRESENTATIVE, REPRESENTATIVE_REPLICA):
+            self.checker.set_representative(unit, tab)
+            ok, piece = True, None
         else:
-            if rep not in self.rep:
-                raise FoldRefused(f"unit {unit} arrived before its representative {rep}")
-            ref, ref_slices = self.rep[rep]
-            ok = all(np.array_equal(canon[k], ref[k]) for k in ref)
-            ok = ok and self._translated(unit, tab, ref_slices)
+            ok, piece = self.checker.compare(unit, tab)
         if not ok:
             self.exceptions.append(unit)
-            self._exception_piece(unit, tab)
+            piece = self.checker.exception_piece(unit, tab)
+        self.accept(unit, piece, len(tab.t_shape), len(tab.n_op), len(tab.p_lin))
         if not ok or self.is_default_kept(unit):
             self.records[unit] = records() if callable(records) else records
         return ok
 
-    def _translated(self, unit: Unit, tab: UnitTable, ref: np.ndarray) -> bool:
-        """Slices equal the representative's up to a translation along the lineage's batch
-        dimension, by a whole number of pieces, the same piece in every lineage."""
-        slc = tab.p_slice
-        if slc.shape != ref.shape:
-            return False
-        diff = slc != ref
-        dims = diff[:, 0::2] | diff[:, 1::2]
-        count = dims.sum(axis=1)
-        if (count > 1).any():
-            return False
-        lins = tab.p_lin
-        moved = count == 1
-        if moved.any() and unit[1] is None:
-            return False  # replica units hold no piece of the batch
-        k = dims[moved].argmax(axis=1)
-        ml = lins[moved]
-        start, end = slc[moved, 2 * k], slc[moved, 2 * k + 1]
-        length = end - start
-        if (length != ref[moved, 2 * k + 1] - ref[moved, 2 * k]).any() or (length <= 0).any():
-            return False
-        known = self.fold_dim[ml]
-        if ((known >= 0) & (known != k)).any():
-            return False
-        fresh = ml[known < 0]
-        if self.nodiff_undecided[fresh].any():
-            raise FoldRefused("some units hold the representative's piece of the batch in a "
-                              "lineage where others hold another one")
-        self.fold_dim[ml] = k
-        self.piece_len[ml] = length
-        if (start % length).any():
-            return False
-        pieces = set((start // length).tolist())
-        still = ~moved
-        undecided = still & (self.fold_dim[lins] < 0)
-        self.nodiff_undecided[lins[undecided]] = True
-        same = still & (self.fold_dim[lins] >= 0)
-        if same.any():
-            pieces |= set(self._pieces_at(ref[same], lins[same]).tolist())
-        if len(pieces) > 1:
-            return False
-        if pieces:
-            self.piece[unit] = pieces.pop()
-        return True
-
-    def _pieces_at(self, slices: np.ndarray, lins: np.ndarray) -> np.ndarray:
-        k = self.fold_dim[lins]
-        return slices[np.arange(len(lins)), 2 * k] // self.piece_len[lins]
-
-    def _exception_piece(self, unit: Unit, tab: UnitTable) -> None:
-        """An exception keeps its own slices; it still needs one piece of the batch."""
-        sel = self.fold_dim[tab.p_lin] >= 0
-        pieces = set(self._pieces_at(tab.p_slice[sel], tab.p_lin[sel]).tolist())
-        if len(pieces) > 1:
-            raise FoldRefused(f"unit {unit} holds different pieces of the batch in different "
-                              "lineages")
-        if pieces:
-            self.piece.setdefault(unit, pieces.pop())
+    def accept(self, unit: Unit, piece: int | None, tensors: int, nodes: int,
+               parts: int) -> None:
+        """Count a unit found (here or by a worker) to be a copy, or an exception."""
+        self.seen.add(unit)
+        if piece is not None:
+            self.piece[unit] = piece
+        self.checked.update(tensors=tensors, nodes=nodes, parts=parts)
 
     # -- the folded pair
 
@@ -331,8 +363,9 @@ class Folder:
                 parts[lin].append((pos, LineagePart(p.slice, sum_of, p.scale)))
         nodes.sort(key=lambda e: e[0])
         factor = Fraction(len(instance_kept), wu.dp * wu.mb)
-        fold_dim = {int(i): int(k) for i, k in enumerate(self.fold_dim) if k >= 0}
-        piece_len = {i: int(self.piece_len[i]) for i in fold_dim}
+        chk = self.checker
+        fold_dim = {int(i): int(k) for i, k in enumerate(chk.fold_dim) if k >= 0}
+        piece_len = {i: int(chk.piece_len[i]) for i in fold_dim}
         single, new_slices = rebatch_single(self.single, self.header, fold_dim, piece_len,
                                             pieces, wu.dp * wu.mb)
         lineages = []
@@ -353,13 +386,14 @@ class Folder:
     def _pieces(self, instance_kept: list[Unit]) -> dict[int, int]:
         """Old piece index -> new (packed) index, after checking that pieces tile the batch."""
         wu = self.wu
-        if not (self.fold_dim >= 0).any():
+        chk = self.checker
+        if not (chk.fold_dim >= 0).any():
             raise FoldRefused("no lineage slices the batch by replica and micro-batch")
-        _, slices = self.rep[REPRESENTATIVE]
+        _, slices = chk.rep[REPRESENTATIVE]
         lins = np.array([lin for lin, _, _ in self.records[REPRESENTATIVE].parts],
                         dtype=np.int64)
-        sel = self.fold_dim[lins] >= 0
-        rep_pieces = set(self._pieces_at(slices[sel], lins[sel]).tolist())
+        sel = chk.fold_dim[lins] >= 0
+        rep_pieces = set(chk.pieces_at(slices[sel], lins[sel]).tolist())
         if len(rep_pieces) != 1:
             raise FoldRefused("the representative unit holds several pieces of the batch")
         self.piece[REPRESENTATIVE] = rep_pieces.pop()
@@ -377,45 +411,3 @@ def _replace_inputs(n: Node, inputs: tuple) -> Node:
 
 def _unit_name(u: Unit) -> str:
     return f"replica {u[0]}" + ("" if u[1] is None else f" micro-batch {u[1]}")
-
-
-# ----------------------------------------------------------------------------- materialized plans
-
-
-def split_units(parallel: Plan, wu: WorldUnits) -> tuple[dict[Unit, UnitRecords], UnitRecords]:
-    """Group a loaded plan's records by unit (records of no unit are global)."""
-    units: dict[Unit, UnitRecords] = defaultdict(UnitRecords)
-    glob = UnitRecords()
-    unit_of = wu.unit_of
-    for t in parallel.tensors.values():
-        u = unit_of(t.id)
-        (glob if u is None else units[u]).tensors.append(t)
-    for pos, n in enumerate(parallel.nodes):
-        out = next((x for x in n.outputs if x is not None), None)
-        u = unit_of(out)
-        (glob if u is None else units[u]).nodes.append((pos, n))
-    for lin in parallel.lineages:
-        for pos, p in enumerate(lin.parts):
-            us = {unit_of(x) for x in p.sum_of}
-            u = us.pop() if len(us) == 1 else None
-            (glob if u is None else units[u]).parts.append((lin.index, pos, p))
-    return units, glob
-
-
-def fold_plans(single: Plan, parallel: Plan, extra: int = 0) -> Folded:
-    """Fold a loaded pair (raises FoldRefused when the plan does not fit)."""
-    wu = WorldUnits.of(parallel.world)
-    if wu.dp <= 2 + extra and wu.mb <= 2 + extra:
-        raise FoldRefused("nothing to fold: at most 2 replicas and 2 micro-batches")
-    units, glob = split_units(parallel, wu)
-    order = sorted(units, key=lambda u: (u not in (REPRESENTATIVE, REPRESENTATIVE_REPLICA),
-                                         u[1] is None, u[0], -1 if u[1] is None else u[1]))
-    if REPRESENTATIVE not in units:
-        raise FoldRefused("no tensor is named like an instance of replica 0, micro-batch 0")
-    intern = Interner()
-    folder = Folder(single, parallel, intern, extra)
-    folder.add_global(glob)
-    for u in order:
-        recs = units[u]
-        folder.add_unit(u, build_table(recs.tensors, recs.nodes, recs.parts, intern), recs)
-    return folder.finish(units.__getitem__)
