@@ -395,30 +395,57 @@ def _judge(out: StageOutcome, res: SolverResult, solver: dict, single: Plan,
 def verify_plans(single: Plan, parallel: Plan, opts: Options | None = None,
                  timer: Timer | None = None) -> Report:
     """Verify a pair; with `opts.fold`, through replica folding where the plan allows it."""
-    from tvsmt.fold import FoldRefused, fold_plans
+    from tvsmt.fold import fold_plans
 
     opts = opts or Options()
     timer = timer or Timer()
     if not opts.fold:
         return _verify_plans(single, parallel, opts, timer)
+    return _verify_folded(lambda extra: fold_plans(single, parallel, extra),
+                          lambda: _verify_plans(single, parallel, opts, timer), opts, timer)
+
+
+def verify_source(source, opts: Options | None = None, timer: Timer | None = None) -> Report:
+    """Verify a unit source (e.g. frontends.stream.StreamedPlan): a plan too large to hold
+    in memory, which can only be verified folded."""
+    from tvsmt.fold import fold_source
+
+    opts = opts or Options()
+    timer = timer or Timer()
+
+    def cannot() -> Report:
+        report = Report(INCONCLUSIVE, source.single.path, source.header.path)
+        report.failures = [Failure("error", "a streamed plan that cannot be folded cannot be "
+                                   "verified (it is never held in memory whole)")]
+        return report
+
+    return _verify_folded(lambda extra: fold_source(source, extra, jobs=opts.jobs or 1),
+                          cannot, opts, timer)
+
+
+def _verify_folded(fold, unfolded, opts: Options, timer: Timer) -> Report:
+    """Verify `fold(0)`; when it has exceptions, `fold(1)` too (see tvsmt/fold/folder.py);
+    when folding is refused, `unfolded()`, with the reason in the report."""
+    from tvsmt.fold import FoldRefused
+
     try:
         with timer.phase("fold"):
-            folded = fold_plans(single, parallel)
+            folded = fold(0)
     except FoldRefused as e:
-        report = _verify_plans(single, parallel, opts, timer)
+        report = unfolded()
         report.fold_note = str(e)
         return report
     report = _verify_plans(folded.single, folded.parallel, opts, timer)
     report.fold = folded.info.to_json()
     if folded.info.exceptions and report.verdict == EQUIVALENT:
         # Units that are not copies: a second fold with one more uniform replica and
-        # micro-batch rules out compensating constant offsets (see tvsmt/fold/folder.py).
+        # micro-batch rules out compensating constant offsets.
         try:
             with timer.phase("fold"):
-                second = fold_plans(single, parallel, extra=1)
+                second = fold(1)
         except FoldRefused as e:
-            report = _verify_plans(single, parallel, opts, timer)
-            report.fold_note = f"second fold refused ({e}); verified unfolded"
+            report = unfolded()
+            report.fold_note = f"second fold refused ({e})"
             return report
         again = _verify_plans(second.single, second.parallel, opts, timer)
         again.fold = second.info.to_json()

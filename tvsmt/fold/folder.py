@@ -327,7 +327,8 @@ class Folder:
             if fetch is None:
                 raise FoldRefused(f"unit {u} was not retained")
             self.records[u] = fetch(u)
-        kept = {u for u in kept if u in self.records}
+        kept = sorted((u for u in kept if u in self.records),
+                      key=lambda u: (u[0], -1 if u[1] is None else u[1]))
         instance_kept = sorted(u for u in kept if u[1] is not None)
         pieces = self._pieces(instance_kept)
         kept_tensors: dict[str, TensorInfo] = {}
@@ -335,11 +336,13 @@ class Folder:
             for t in recs.tensors:
                 kept_tensors[t.id] = t
 
+        kept_set = set(kept)
+
         def keep_sum(ids, where):
             group = self.canon.group(ids, where)
             if group is None:
                 return tuple(ids)
-            return tuple(x for x in ids if wu.unit_of(x) in kept)
+            return tuple(x for x in ids if wu.unit_of(x) in kept_set)
 
         nodes: list[tuple[int, Node]] = []
         parts: dict[int, list[tuple[int, LineagePart]]] = defaultdict(list)

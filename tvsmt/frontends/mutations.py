@@ -100,7 +100,7 @@ class PlanView:
     def fresh_tensor(self, base: str, shape, role: str) -> str:
         while True:
             self._n += 1
-            tid = f"{base}~bug{self._n}"
+            tid = _tagged(base, f"~bug{self._n}")
             if tid not in self.plan["tensors"]:
                 break
         self.plan["tensors"][tid] = {"shape": list(shape), "role": role}
@@ -109,7 +109,7 @@ class PlanView:
     def fresh_node_id(self, base: str) -> str:
         while True:
             self._n += 1
-            nid = f"{base}~bug{self._n}"
+            nid = _tagged(base, f"~bug{self._n}")
             if nid not in self.pos:
                 return nid
 
@@ -124,6 +124,13 @@ class PlanView:
             a = lin.get("aligned")
             if a and existing in a.get("parallel", []) and new not in a["parallel"]:
                 a["parallel"].append(new)
+
+
+def _tagged(name: str, tag: str) -> str:
+    """`x@r2m0` -> `x~bug1@r2m0`: the tag goes before the rank/micro-batch suffix, so the new
+    tensor or node keeps the naming of the (replica, micro-batch) it belongs to."""
+    head, at, tail = name.rpartition("@")
+    return f"{head}{tag}@{tail}" if at and tail.startswith("r") else f"{name}{tag}"
 
 
 def _node(nid: str, op: str, pass_: str | None, rank: int, mb: int, inputs, outputs,
@@ -465,7 +472,7 @@ def swap_bw_outputs(v: PlanView, rng, where):
 
 
 def _div_node(v: PlanView, base: str, rank: int, mb: int, src: str, dst: str, c: int) -> dict:
-    return _node(v.fresh_node_id(f"{base}:div"), "div", "fw", rank, mb, [src], [dst],
+    return _node(v.fresh_node_id(_tagged(base, ":div")), "div", "fw", rank, mb, [src], [dst],
                  {"rounding_mode": None, "consts": [c]})
 
 

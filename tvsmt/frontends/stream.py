@@ -1,0 +1,293 @@
+"""The generator's parallel plan, unit by unit, for worlds too large to hold in memory.
+
+A Llama3-405B plan (126 layers, dp=64, pp=16, tp=8, 16 micro-batches) has about 108M nodes:
+as JSON, or as Python objects, it does not fit a laptop. `StreamedPlan` produces the same
+plan as `generate_pair` one (replica, micro-batch) unit at a time, as the integer tables the
+folder checks (tvsmt/fold/table.py), and as records for the units the fold keeps.
+
+How: the tracer runs on the *representative world* (at most 2 replicas and 2 micro-batches,
+the rest of the configuration equal, the same rows per micro-batch). Unit (d, m) of the full
+world is then unit (0, 0) of that trace with its ranks moved by d*pp*tp, its micro-batch set
+to m and its batch rows moved to piece d*mb + m; replica unit (d, None) is unit (0, None)
+moved likewise, with its sums over micro-batches (grad_accum) and over replicas (reducer,
+loss all_reduce) widened to the full world; the lineage parts that sum every instance are
+widened the same way. `tests/test_stream.py` checks, on worlds small enough to trace, that
+this is exactly the plan the tracer gives, record for record.
+
+A bug can be injected into one unit (`mutation=(bug, unit, node prefix)`): that unit is then
+taken from a trace in which the bug was applied to unit (0, 0).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import numpy as np
+
+from tvsmt.fold.folder import Checker, FoldRefused, UnitRecords
+from tvsmt.fold.source import split_units, unit_order
+from tvsmt.fold.table import (MAX_DIMS, NO_RANK, Interner, UnitTable, build_table,
+                              group_level, table_records)
+from tvsmt.fold.units import Unit, WorldUnits
+from tvsmt.frontends.generator import ModelConfig, _world_dict, build_pair, default_batch
+from tvsmt.frontends.mutations import apply as apply_mutation
+from tvsmt.frontends.spmd import World
+from tvsmt.plan import plan_from_dict
+from tvsmt.plan.model import Plan
+
+BATCH_ATTRS = ("dp", "mb", "num_dp", "num_mb", "batch_index", "num_batches")
+
+
+class StreamedPlan:
+    """A unit source (tvsmt.fold.source.UnitSource) for a generated plan of any size."""
+
+    def __init__(self, model: str = "llama3", layers: int = 2, hidden: int = 64,
+                 heads: int = 4, ffn: int = 128, vocab: int = 128, seq: int = 8,
+                 dp: int = 1, tp: int = 1, pp: int = 1, mb: int = 1, eps: float = 1e-5,
+                 mutation: tuple[str, Unit, str] | None = None):
+        self.world = World(dp, tp, pp, mb)
+        batch = default_batch(dp, mb)
+        rows = batch // (dp * mb)
+        cfg = ModelConfig(model, layers, hidden, heads, ffn, vocab, seq, batch, eps)
+        rep_world = World(min(dp, 2), tp, pp, min(mb, 2))
+        rep_cfg = replace(cfg, batch=rows * rep_world.dp * rep_world.mb)
+        name = f"{model}_dp{dp}_tp{tp}_pp{pp}_mb{mb}_ly{layers}"
+        single_full, _ = build_pair(cfg, World())  # the single plan is small at any scale
+        self.single = plan_from_dict(single_full, f"{name}_single")
+        rep_single, rep_parallel = build_pair(rep_cfg, rep_world)
+        rep = plan_from_dict(rep_parallel, f"{name}_parallel")
+        world = _world_dict(cfg, self.world)
+        self.header = Plan(f"<generated {name}_parallel>", f"{name}_parallel", "parallel",
+                           world, {}, [], list(rep.outputs), rep.lineages)
+        self.wu = WorldUnits.of(world)
+        self.rep_wu = WorldUnits.of(rep.world)
+        self.intern = Interner()
+        units, glob = split_units(rep, self.rep_wu)
+        if glob.tensors or glob.nodes:
+            raise FoldRefused("the representative trace has records of no unit")
+        self._rep = {u: units[u] for u in ((0, 0), (0, None))}
+        self._tables = {u: build_table(r.tensors, r.nodes, r.parts, self.intern)
+                        for u, r in self._rep.items()}
+        self._global = self._widen_global(glob)
+        self._learn_batch_dims(units)
+        self._levels = _levels(self._tables[(0, None)], self.rep_wu)
+        self.mutated_unit = None
+        if mutation is not None:
+            bug, unit, prefix = mutation
+            self.mutated_unit = unit
+            where = next(n.id for _, n in units[(0, 0)].nodes if n.id.startswith(prefix))
+            broken, self.mutation_record = apply_mutation(rep_parallel, bug, where=where)
+            bunits, _ = split_units(plan_from_dict(broken, "mutated"), self.rep_wu)
+            kind = (0, 0) if unit[1] is not None else (0, None)
+            self._mutated = bunits[kind]
+            self._mutated_table = build_table(self._mutated.tensors, self._mutated.nodes,
+                                              self._mutated.parts, self.intern)
+        del rep, units, rep_parallel, rep_single
+
+    # -- the representative trace
+
+    def _learn_batch_dims(self, units) -> None:
+        """Which dimension of each lineage the micro-batch moves, and by how much: from the
+        representative trace's units (0, 0) and (0, 1) (or (1, 0))."""
+        chk = Checker(self.rep_wu, np.array([], dtype=np.int64), len(self.header.lineages))
+        chk.set_representative((0, 0), self._tables[(0, 0)])
+        for other in ((0, 1), (1, 0)):
+            if other in units:
+                r = units[other]
+                ok, _ = chk.compare(other, build_table(r.tensors, r.nodes, r.parts,
+                                                       self.intern))
+                if not ok:
+                    raise FoldRefused(f"the representative trace's unit {other} is not a copy")
+        self._fold_dim, self._piece_len = chk.fold_dim, chk.piece_len
+
+    def _widen_global(self, glob: UnitRecords) -> UnitRecords:
+        """Lineage parts that sum every instance (or every replica) over the full world."""
+        out = UnitRecords()
+        wu, rep_wu = self.wu, self.rep_wu
+        for lin, pos, p in glob.parts:
+            units = [rep_wu.unit_of(x) for x in p.sum_of]
+            first = p.sum_of[units.index((0, 0))] if (0, 0) in units else \
+                p.sum_of[units.index((0, None))]
+            base, rank, m = _split(first)
+            if m is None:
+                ids = tuple(f"{base}@r{rank + d * wu.per_replica}" for d in range(wu.dp))
+            else:
+                ids = tuple(f"{base}@r{rank + d * wu.per_replica}m{mm}"
+                            for mm in range(wu.mb) for d in range(wu.dp))
+            out.parts.append((lin, pos, replace(p, sum_of=ids)))
+        return out
+
+    # -- the unit source interface
+
+    def global_records(self) -> UnitRecords:
+        return self._global
+
+    def units(self) -> list[Unit]:
+        wu = self.wu
+        return unit_order([(d, m) for d in range(wu.dp) for m in range(wu.mb)]
+                          + [(d, None) for d in range(wu.dp)])
+
+    def worker_view(self) -> "StreamedPlan":
+        return self
+
+    def __getstate__(self):  # worker processes need the tables only
+        state = dict(self.__dict__)
+        for heavy in ("single", "header", "intern", "_rep", "_global", "_mutated"):
+            state[heavy] = None
+        return state
+
+    def _base(self, unit: Unit) -> UnitTable:
+        if unit == self.mutated_unit:
+            return self._mutated_table
+        return self._tables[(0, 0) if unit[1] is not None else (0, None)]
+
+    def table(self, unit: Unit) -> UnitTable:
+        d, m = unit
+        tab = self._base(unit).copy()
+        per = self.wu.per_replica
+        shift = d * per
+        for ids in (tab.t_ids, tab.n_ids, tab.n_in, tab.n_out, tab.p_sum):
+            _shift_ids(ids, shift, m)
+        tab.n_rank += shift
+        tab.n_attr_ranks += shift
+        if m is not None:
+            tab.n_mb[:] = m
+            piece = d * self.wu.mb + m
+            rows = np.flatnonzero(self._fold_dim[tab.p_lin] >= 0)
+            k = self._fold_dim[tab.p_lin[rows]]
+            move = piece * self._piece_len[tab.p_lin[rows]]
+            tab.p_slice[rows, 2 * k] += move
+            tab.p_slice[rows, 2 * k + 1] += move
+            return tab
+        return self._widen_replica(tab, d)
+
+    def _widen_replica(self, tab: UnitTable, d: int) -> UnitTable:
+        """A replica unit: sums over micro-batches and replicas widened to the full world,
+        the last micro-batch of the trace becomes the last one of the world, and parts listed
+        once per micro-batch are listed mb times."""
+        wu, rep_wu = self.wu, self.rep_wu
+        per = wu.per_replica
+        last_rep, last = rep_wu.mb - 1, wu.mb - 1
+        if last_rep > 0:
+            tab.n_mb[tab.n_mb == last_rep] = last
+            tab.n_ids[tab.n_ids[:, 3] == last_rep, 3] = last
+        new_in, new_ptr = [], [0]
+        new_ar, new_aptr = [], [0]
+        for i in range(len(tab.n_op)):
+            seg = tab.n_in[tab.n_in_ptr[i]:tab.n_in_ptr[i + 1]]
+            ranks = tab.n_attr_ranks[tab.n_attr_ptr[i]:tab.n_attr_ptr[i + 1]]
+            level = self._levels[i]
+            if level == 1:  # one per micro-batch of this replica
+                seg = np.repeat(seg[:1], wu.mb, axis=0)
+                seg[:, 3] = np.arange(wu.mb)
+            elif level == 0 or level == 2:  # one per replica (level 2: with one micro-batch)
+                seg = np.repeat(seg[:1], wu.dp, axis=0)
+                seg[:, 1] = seg[0, 1] % per + per * np.arange(wu.dp)
+                if len(ranks) == rep_wu.dp:
+                    ranks = ranks[0] % per + per * np.arange(wu.dp)
+            new_in.append(seg)
+            new_ptr.append(new_ptr[-1] + len(seg))
+            new_ar.append(ranks)
+            new_aptr.append(new_aptr[-1] + len(ranks))
+        tab.n_in = np.concatenate(new_in) if new_in else tab.n_in
+        tab.n_in_ptr = np.array(new_ptr, dtype=np.int64)
+        tab.n_attr_ranks = np.concatenate(new_ar) if new_ar else tab.n_attr_ranks
+        tab.n_attr_ptr = np.array(new_aptr, dtype=np.int64)
+        return _repeat_parts(tab, rep_wu.mb, wu.mb)
+
+    def records(self, unit: Unit) -> UnitRecords:
+        d, m = unit
+        tab = self.table(unit)
+        base = self._mutated if unit == self.mutated_unit else \
+            self._rep[(0, 0) if m is not None else (0, None)]
+        wu, per = self.wu, self.wu.per_replica
+
+        def attrs_of(i: int) -> dict:
+            attrs = dict(base.nodes[i][1].attrs)
+            if "ranks" in attrs:
+                if m is None and self._levels[i] in (0, 2):  # a group over every replica
+                    attrs["ranks"] = [attrs["ranks"][0] % per + per * dd for dd in range(wu.dp)]
+                else:
+                    attrs["ranks"] = [r + d * per for r in attrs["ranks"]]
+            for key in ("src", "dst"):
+                if isinstance(attrs.get(key), int):
+                    attrs[key] += d * per
+            if m is not None and "batch_index" in attrs:
+                attrs.update(dp=d, mb=m, num_dp=wu.dp, num_mb=wu.mb,
+                             batch_index=d * wu.mb + m, num_batches=wu.dp * wu.mb)
+            return attrs
+
+        tensors, nodes, parts = table_records(tab, self.intern, attrs_of)
+        return UnitRecords(tensors, nodes, parts)
+
+
+def _split(tid: str) -> tuple[str, int, int | None]:
+    mt = re.fullmatch(r"(.*)@r(\d+)(?:m(\d+))?", tid)
+    if mt is None:
+        raise FoldRefused(f"{tid}: not a unit id")
+    return mt.group(1), int(mt.group(2)), (int(mt.group(3)) if mt.group(3) else None)
+
+
+def _shift_ids(ids: np.ndarray, shift: int, m: int | None) -> None:
+    has = ids[:, 1] >= 0
+    ids[has, 1] += shift
+    ids[has & (ids[:, 2] >= 0), 2] += shift
+    if m is not None:
+        ids[has & (ids[:, 3] == 0), 3] = m
+
+
+def _levels(tab: UnitTable, wu: WorldUnits) -> list[int | None]:
+    """Per node of a replica unit of the trace: the level of its sum over units (see
+    table.group_level), None for an ordinary node."""
+    out = []
+    for i in range(len(tab.n_op)):
+        seg = tab.n_in[tab.n_in_ptr[i]:tab.n_in_ptr[i + 1]]
+        level = group_level(seg, wu) if len(seg) > 1 and (seg[:, 1] >= 0).all() else None
+        if level == 2 and wu.mb == 1:
+            pass  # one per (replica, micro-batch) with one micro-batch: one per replica
+        elif level is not None and level not in (0, 1):
+            raise FoldRefused(f"the representative trace has a sum of level {level} inside "
+                              "a replica")
+        out.append(level)
+    return out
+
+
+def _repeat_parts(tab: UnitTable, rep_mb: int, mb: int) -> UnitTable:
+    """Parts the trace lists once per micro-batch (rep_mb identical copies) are listed mb
+    times; parts listed once stay once."""
+    if rep_mb == mb or not len(tab.p_lin):
+        return tab
+    keys = {}
+    order = []
+    for i in range(len(tab.p_lin)):
+        a, b = tab.p_sum_ptr[i], tab.p_sum_ptr[i + 1]
+        key = (int(tab.p_lin[i]), int(tab.p_scale[i]), tab.p_slice[i].tobytes(),
+               tab.p_sum[a:b].tobytes())
+        if key not in keys:
+            keys[key] = []
+            order.append(key)
+        keys[key].append(i)
+    pick = []
+    for copy in range(mb):
+        for key in order:
+            rows = keys[key]
+            if len(rows) == rep_mb:
+                pick.append(rows[min(copy, rep_mb - 1)])
+            elif len(rows) == 1:
+                if copy == 0:
+                    pick.append(rows[0])
+            else:
+                raise FoldRefused("the representative trace lists a part neither once nor "
+                                  "once per micro-batch")
+    pick_arr = np.array(pick, dtype=np.int64)
+    lens = tab.p_sum_ptr[1:] - tab.p_sum_ptr[:-1]
+    sums = [tab.p_sum[tab.p_sum_ptr[i]:tab.p_sum_ptr[i + 1]] for i in pick]
+    tab.p_sum = np.concatenate(sums) if sums else tab.p_sum[:0]
+    tab.p_sum_ptr = np.concatenate([[0], np.cumsum(lens[pick_arr])])
+    tab.p_lin, tab.p_pos = tab.p_lin[pick_arr], tab.p_pos[pick_arr]
+    tab.p_scale, tab.p_slice = tab.p_scale[pick_arr], tab.p_slice[pick_arr]
+    return tab
+
+
+__all__ = ["StreamedPlan", "MAX_DIMS", "NO_RANK"]
