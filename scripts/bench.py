@@ -30,29 +30,66 @@ import time
 
 CONFIGS = {
     "32L-dp2pp2tp2mb2": dict(layers=32, dp=2, pp=2, tp=2, mb=2),
-    "4L-dp16pp4tp8mb8 (scaling probe)": dict(layers=4, dp=16, pp=4, tp=8, mb=8),
     "32L-dp16pp4tp8mb8": dict(layers=32, dp=16, pp=4, tp=8, mb=8),
     "80L-dp16pp4tp8mb32 (70B)": dict(layers=80, dp=16, pp=4, tp=8, mb=32),
     "126L-dp64pp16tp8mb16 (405B)": dict(layers=126, dp=64, pp=16, tp=8, mb=16),
+    "405B + bug in replica 37, micro-batch 5, layer 80": dict(
+        layers=126, dp=64, pp=16, tp=8, mb=16,
+        mutation=["grad-scale-wrong", [37, 5], "L80.ffn.up:BW.linear@"]),
 }
-NODES_PER_LAYER_REPLICA = 105  # measured on generated plans: parallel nodes / (layers*dp*tp*mb)
+NODES_PER_LAYER_REPLICA = 108  # measured on generated plans: parallel nodes / (layers*dp*tp*mb)
+DIMS = dict(hidden=64, heads=8, ffn=128, vocab=128, seq=8)
 
+# "file": generate, write .json.gz, read back and verify, as `tvsmt plan generate` and
+# `tvsmt verify` would. "stream": the generator's plan unit by unit (frontends/stream.py),
+# checked and folded as it streams, never written or held whole.
 CHILD = r"""
-import json, resource, sys, time, os
-cfg = json.loads(sys.argv[1]); out = sys.argv[2]
+import json, resource, sys, threading, time, os
+import psutil
+cfg = json.loads(sys.argv[1]); out = sys.argv[2]; mode = sys.argv[3]
+dims = json.loads(sys.argv[4])
+peak = [0]
+def sample():  # peak RSS of this process plus its workers (joblib, solvers), summed
+    me = psutil.Process()
+    while True:
+        total = 0
+        for p in [me] + me.children(recursive=True):
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        peak[0] = max(peak[0], total)
+        time.sleep(0.2)
+threading.Thread(target=sample, daemon=True).start()
+from tvsmt.verify import Options, Timer, verify_pair, verify_source
+opts = Options(jobs=2, progress=None, corpus=None)
 t0 = time.perf_counter()
-from tvsmt.frontends import write_pair
-s, p = write_pair(out, "llama3", hidden=64, heads=8, ffn=128, vocab=128, seq=8, **cfg)
-gen = time.perf_counter() - t0
-from tvsmt.verify import Options, verify_pair
-calls = []
-rep = verify_pair(s, p, Options(jobs=2, progress=None))
+extra = {}
+if mode == "file":
+    from tvsmt.frontends import write_pair
+    s, p = write_pair(out, "llama3", **dims, **cfg)
+    gen = time.perf_counter() - t0
+    rep = verify_pair(s, p, opts)
+    extra["plan_bytes"] = os.path.getsize(p)
+else:
+    from tvsmt.frontends.stream import StreamedPlan
+    mutation = cfg.pop("mutation", None)
+    if mutation:
+        mutation = (mutation[0], tuple(mutation[1]), mutation[2])
+    source = StreamedPlan("llama3", **dims, **cfg, mutation=mutation)
+    gen = time.perf_counter() - t0
+    rep = verify_source(source, opts)
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+tree = peak[0] / 2**20
+fold = rep.fold or {}
 print(json.dumps({"generate": gen, "verdict": rep.verdict, "timings": rep.timings,
                   "stages": rep.stages_total, "templates": rep.stage_templates,
                   "obligations": rep.obligations_total, "unique": rep.obligations_unique,
                   "solver_calls": rep.obligations_unique - rep.cache_hits,
-                  "peak_rss_mb": rss, "plan_bytes": os.path.getsize(p)}))
+                  "checked_nodes": (fold.get("checked") or {}).get("nodes"),
+                  "exceptions": fold.get("exceptions"), "fold_note": rep.fold_note,
+                  "failures": [f.message for f in rep.failures][:3],
+                  "peak_rss_mb": rss, "peak_rss_tree_mb": tree, **extra}))
 """
 
 
@@ -72,12 +109,16 @@ def empty_query_seconds(repeat: int = 20) -> float:
     return best
 
 
-def run(name: str, cfg: dict, limit: float) -> dict:
-    est = NODES_PER_LAYER_REPLICA * cfg["layers"] * cfg["dp"] * cfg["tp"] * cfg["mb"]
-    row = {"config": name, **cfg, "est_parallel_nodes": est}
+def estimate(cfg: dict) -> int:
+    return NODES_PER_LAYER_REPLICA * cfg["layers"] * cfg["dp"] * cfg["tp"] * cfg["mb"]
+
+
+def run(name: str, cfg: dict, limit: float, mode: str) -> dict:
+    row = {"config": name, **cfg, "mode": mode, "est_parallel_nodes": estimate(cfg)}
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg), tmp],
+            proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg), tmp, mode,
+                                   json.dumps(DIMS)],
                                   capture_output=True, text=True, timeout=limit)
         except subprocess.TimeoutExpired:
             row["status"] = f"timeout after {limit:.0f}s"
@@ -95,21 +136,24 @@ def run(name: str, cfg: dict, limit: float) -> dict:
 
 
 def table(rows, floor, markdown=False):
-    phases = ["generate", "load", "stages", "templates", "shapes", "encoding",
-              "encoding (wall)", "solving"]
-    head = ["config", "verdict", *phases, "total s", "stages", "templ.", "unique obl.",
-            "solver calls", "floor s", "peak RSS MB"]
+    phases = ["generate", "load", "fold", "stages", "templates", "shapes", "encoding",
+              "encoding (wall)", "solving", "report"]
+    head = ["config", "mode", "verdict", "nodes checked", *phases, "total s", "stages",
+            "templ.", "unique obl.", "solver calls", "floor s", "peak memory MB"]
     lines = []
     for r in rows:
         if r.get("status") != "ok":
-            lines.append([r["config"], r.get("status", "?")] + [""] * (len(head) - 2))
+            lines.append([r["config"], r.get("mode", ""), r.get("status", "?")]
+                         + [""] * (len(head) - 3))
             continue
         t = r["timings"]
-        lines.append([r["config"], r["verdict"], f"{r['generate']:.1f}"]
+        nodes = r.get("checked_nodes")
+        lines.append([r["config"], r["mode"], r["verdict"],
+                      f"{nodes / 1e6:.1f}M" if nodes else "-", f"{r['generate']:.1f}"]
                      + [f"{t.get(p, 0):.2f}" for p in phases[1:]]
                      + [f"{r['total_s']:.1f}", str(r["stages"]), str(r["templates"]),
                         str(r["unique"]), str(r["solver_calls"]), f"{floor * r['unique']:.2f}",
-                        f"{r['peak_rss_mb']:.0f}"])
+                        f"{max(r['peak_rss_mb'], r.get('peak_rss_tree_mb', 0)):.0f}"])
     if markdown:
         out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         out += ["| " + " | ".join(line) + " |" for line in lines]
@@ -122,8 +166,9 @@ def table(rows, floor, markdown=False):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", nargs="*", default=list(CONFIGS))
-    ap.add_argument("--max-nodes", type=int, default=2_000_000,
-                    help="skip configurations whose parallel plan is estimated larger")
+    ap.add_argument("--max-nodes", type=int, default=1_000_000,
+                    help="larger plans are streamed (never written or held whole) instead of "
+                         "written to a file and read back")
     ap.add_argument("--limit", type=float, default=1800, help="seconds per configuration")
     ap.add_argument("--json", default=None)
     ap.add_argument("--markdown", action="store_true")
@@ -146,13 +191,9 @@ def main() -> int:
     floor = empty_query_seconds()
     rows = []
     for name in args.configs:
-        cfg = CONFIGS[name]
-        est = NODES_PER_LAYER_REPLICA * cfg["layers"] * cfg["dp"] * cfg["tp"] * cfg["mb"]
-        if est > args.max_nodes:
-            rows.append({"config": name, **cfg, "est_parallel_nodes": est,
-                         "status": f"skipped: ~{est / 1e6:.1f}M parallel nodes > --max-nodes"})
-            continue
-        rows.append(run(name, cfg, args.limit))
+        cfg = dict(CONFIGS[name])
+        mode = "stream" if estimate(cfg) > args.max_nodes or "mutation" in cfg else "file"
+        rows.append(run(name, cfg, args.limit, mode))
         print(f"{name}: {rows[-1].get('status')}", file=sys.stderr)
     print(table(rows, floor, args.markdown))
     print(f"\nz3 empty-query floor: {floor * 1000:.1f} ms per call")

@@ -47,7 +47,9 @@ from tvsmt.fold.table import (OTHER, GroupError, Interner, UnitTable, build_tabl
                               rename_ranks)
 from tvsmt.fold.units import (REPRESENTATIVE, REPRESENTATIVE_REPLICA, Renaming, Unit,
                               WorldUnits)
+from tvsmt.errors import PlanError
 from tvsmt.plan.model import Lineage, LineagePart, Node, Plan, TensorInfo
+from tvsmt.plan.reader import check_pair
 
 SUM_OPS = frozenset({"grad_accum", "reducer", "all_reduce"})
 
@@ -381,6 +383,7 @@ class Folder:
         parallel = Plan(self.header.path, self.header.name, self.header.kind,
                         self.header.world, kept_tensors, [n for _, n in nodes],
                         list(self.header.outputs), lineages)
+        _check_folded(single, parallel)
         info = FoldInfo(wu.dp, wu.mb, sorted(replicas), len(instance_kept),
                         [_unit_name(u) for u in self.exceptions], dict(self.checked),
                         str(factor), self.extra)
@@ -406,6 +409,20 @@ class Folder:
                               "tile it")
         old = sorted(self.piece[u] for u in instance_kept)
         return {p: i for i, p in enumerate(old)}
+
+
+def _check_folded(single: Plan, parallel: Plan) -> None:
+    """The reader's cross-plan checks, and every kept part's tensors have its shape."""
+    try:
+        check_pair(single, parallel)
+    except PlanError as e:
+        raise FoldRefused(f"the folded pair is malformed: {e}") from None
+    for lin in parallel.lineages:
+        for p in lin.parts:
+            for t in p.sum_of:
+                if parallel.tensors[t].shape != p.shape:
+                    raise FoldRefused(f"lineage #{lin.index}: {t} does not have the shape of "
+                                      "its folded slice")
 
 
 def _replace_inputs(n: Node, inputs: tuple) -> Node:
