@@ -1,21 +1,26 @@
 #!/usr/bin/env python3
 """Scale benchmark: generate Llama3 plans with the built-in generator and verify them.
 
-For each configuration it prints, per phase (generate, load, stages, templates, shapes,
-encoding, solving, report), the wall time, the number of stages, stage templates, unique
-obligations, solver calls and the peak RSS of the child process that did the work, as a
-table and as JSON ("shapes" and "encoding" are summed over the worker processes when stage
-templates are encoded in parallel; "encoding (wall)" is then the wall time of both). It also
-prints a reference floor: the time z3 takes on an empty query
-times the number of unique obligations.
+For each configuration it prints, per phase (generate, load, fold, stages, templates, shapes,
+encoding, solving, report), the wall time, the number of parallel nodes checked by replica
+folding, stages, stage templates, unique obligations, solver calls and the peak memory of the
+process tree that did the work (the child, its joblib workers and solver processes, sampled
+every 0.2 s), as a table and as JSON. "shapes" and "encoding" are summed over the worker
+processes when stage templates are encoded in parallel; "encoding (wall)" is then the wall
+time of both. It also prints a reference floor: the time z3 takes on an empty query times
+the number of unique obligations.
 
-    python scripts/bench.py                      # the configurations that fit (see --max-nodes)
+Plans up to --max-nodes parallel nodes are generated, written to .json.gz, read back and
+verified, as `tvsmt plan generate` + `tvsmt verify` would ("file"). Larger ones, and the
+mutated 405B plan, are streamed: the generator produces them unit by unit
+(tvsmt/frontends/stream.py), every unit is checked by replica folding and the folded plan is
+verified ("stream"); they are never written or held whole.
+
+    python scripts/bench.py                      # every configuration (about 25 minutes)
     python scripts/bench.py --configs 32L-dp2pp2tp2mb2 --json bench.json
     python scripts/bench.py --markdown           # the README's performance table
 
-Each configuration runs in its own process (so peak RSS is its own) with a time limit.
-Configurations whose parallel plan would exceed --max-nodes nodes are reported as skipped
-with the estimate, rather than left to exhaust memory.
+Each configuration runs in its own process with a time limit.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from tvsmt.fold import LoadedPlan, fold_source
 from tvsmt.frontends import generate_pair
 from tvsmt.frontends.stream import StreamedPlan
 from tvsmt.plan import plan_from_dict
-from tvsmt.verify import Options, verify_plans, verify_source
+from tvsmt.verify import Options, verify_source
 
 DIMS = dict(hidden=16, heads=4, ffn=32, vocab=16, seq=4)
 
@@ -63,8 +63,10 @@ def test_streamed_and_loaded_folds_agree():
         produced.update(n.outputs)
 
 
-@pytest.mark.parametrize("bug,prefix", [("grad-scale-wrong", "L1.ffn.up:BW.linear@"),
-                                        ("drop-allreduce-keep-dataflow", "L1.attn.out~1:all_reduce@")])
+@pytest.mark.parametrize("bug,prefix", [
+    ("grad-scale-wrong", "L1.ffn.up:BW.linear@"),
+    ("drop-allreduce-keep-dataflow", "L1.attn.out~1:all_reduce@"),
+])
 def test_streamed_mutation_in_one_unit_is_caught(bug, prefix):
     world = dict(layers=2, dp=4, tp=2, pp=2, mb=4, **DIMS)
     clean = verify_source(StreamedPlan("llama3", **world), Options(jobs=2))

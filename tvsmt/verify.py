@@ -21,8 +21,13 @@ from tvsmt.lineage import check_output_coverage, check_plan_shapes
 from tvsmt.ops import SymbolicBackend
 from tvsmt.plan import Plan, load_plan
 from tvsmt.plan.reader import check_pair
-from tvsmt.report.counterexample import (confirm, counterexample, first_mismatch_part,
-                                         screen, uses_abstraction)
+from tvsmt.report.counterexample import (
+    confirm,
+    counterexample,
+    first_mismatch_part,
+    screen,
+    uses_abstraction,
+)
 from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, VIOLATION, Failure, Report
 from tvsmt.shapes import reduce_stage
 from tvsmt.solving.types import SAT, UNKNOWN, UNSAT, Obligation, SolverResult

@@ -41,13 +41,20 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from tvsmt.fold.rebatch import rebatch_single
-from tvsmt.fold.table import (OTHER, GroupError, Interner, UnitTable, build_table,
-                              canonical_inputs, encode_id, group_level, rename_ids,
-                              rename_ranks)
-from tvsmt.fold.units import (REPRESENTATIVE, REPRESENTATIVE_REPLICA, Renaming, Unit,
-                              WorldUnits)
 from tvsmt.errors import PlanError
+from tvsmt.fold.rebatch import rebatch_single
+from tvsmt.fold.table import (
+    OTHER,
+    GroupError,
+    Interner,
+    UnitTable,
+    canonical_inputs,
+    encode_id,
+    group_level,
+    rename_ids,
+    rename_ranks,
+)
+from tvsmt.fold.units import REPRESENTATIVE, REPRESENTATIVE_REPLICA, Renaming, Unit, WorldUnits
 from tvsmt.plan.model import Lineage, LineagePart, Node, Plan, TensorInfo
 from tvsmt.plan.reader import check_pair
 
@@ -98,6 +105,7 @@ class Canon:
 
     def __init__(self, wu: WorldUnits):
         self.wu = wu
+        self._intern = Interner()  # only for encoding ids; the bases are not compared
 
     def group(self, ids: Iterable[str | None], where: str) -> tuple | None:
         """("group", level, representative id), or None when the ids all belong to one unit.
@@ -120,8 +128,6 @@ class Canon:
             raise FoldRefused(f"{where}: a sum over units that do not contribute the same "
                               "tensor")
         return ("group", level, reps.pop())
-
-    _intern = Interner()
 
 
 # ----------------------------------------------------------------------------- the folder

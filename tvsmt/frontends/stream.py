@@ -27,8 +27,15 @@ import numpy as np
 
 from tvsmt.fold.folder import Checker, FoldRefused, UnitRecords
 from tvsmt.fold.source import split_units, unit_order
-from tvsmt.fold.table import (MAX_DIMS, NO_RANK, Interner, UnitTable, build_table,
-                              group_level, table_records)
+from tvsmt.fold.table import (
+    MAX_DIMS,
+    NO_RANK,
+    Interner,
+    UnitTable,
+    build_table,
+    group_level,
+    table_records,
+)
 from tvsmt.fold.units import Unit, WorldUnits
 from tvsmt.frontends.generator import ModelConfig, _world_dict, build_pair, default_batch
 from tvsmt.frontends.mutations import apply as apply_mutation
