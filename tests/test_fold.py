@@ -65,9 +65,18 @@ def test_correct_plan_is_folded_and_equivalent(pair, single):
     assert report.verdict == "equivalent" and report.fold is not None
 
 
+_PLACED: dict[str, tuple[dict, dict]] = {}
+
+
 def _dropped_placement(parallel: dict, bug: str) -> tuple[dict, dict]:
     """The bug injected at a node of a unit that folding drops (replica >= 2 or micro-batch
-    >= 2), preferring the last replica and micro-batch."""
+    >= 2), preferring the last replica and micro-batch (computed once per bug)."""
+    if bug not in _PLACED:
+        _PLACED[bug] = _place(parallel, bug)
+    return _PLACED[bug]
+
+
+def _place(parallel: dict, bug: str) -> tuple[dict, dict]:
     found = []
     for seed in range(60):
         try:
