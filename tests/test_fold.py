@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 
 from tvsmt.fold import FoldRefused, fold_plans
-from tvsmt.fold.units import Renaming, WorldUnits, parse_id
+from tvsmt.fold.table import OTHER, Interner, decode_id, encode_id, rename_ids, rename_ranks
+from tvsmt.fold.units import WorldUnits, parse_id
 from tvsmt.frontends import generate_pair
 from tvsmt.frontends.mutations import MUTATIONS, NotApplicable, apply
 from tvsmt.plan import plan_from_dict
@@ -44,12 +46,15 @@ def test_ids_and_renaming():
     wu = WorldUnits(dp=4, mb=4, per_replica=4)
     assert wu.unit_of("x@r13m2") == (3, 2) and wu.unit_of("w@r13") == (3, None)
     assert wu.unit_of("msg@r3>r4m0") is None  # a message between replicas: no unit
-    ren = Renaming((3, 2), 4)
-    assert ren.id("x@r13m2") == "x@r1m0"
-    assert ren.id("w@r13") == "w@r1"  # the replica's weights map with the instance
-    assert ren.id("x@r13m1") == "x@r13m1"  # another micro-batch is another unit
-    assert ren.id("x@r1m2") == "x@r1m2"  # another replica is left alone
-    assert ren.rank(14) == 2 and ren.rank(2) == ("other", 2)
+    intern = Interner()
+    ids = ["x@r13m2", "w@r13", "x@r13m1", "x@r1m2", "msg@r12>r14m2", "plain"]
+    rows = np.array([encode_id(x, intern) for x in ids])
+    out = rename_ids(rows, (3, 2), 4)  # unit (replica 3, micro-batch 2) -> (0, 0)
+    got = [decode_id(r, intern) if r[1] < OTHER else "other" for r in out]
+    # the replica's weights map with the instance; another micro-batch or another replica
+    # is another unit; an id of no unit stays as it is
+    assert got == ["x@r1m0", "w@r1", "other", "other", "msg@r0>r2m0", "plain"]
+    assert list(rename_ranks(np.array([14, 2]), 3, 4)) == [2, 2 + OTHER]
 
 
 def test_correct_plan_is_folded_and_equivalent(pair, single):

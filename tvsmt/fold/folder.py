@@ -5,7 +5,7 @@ Verifying every copy costs time and memory linear in dp*mb, with nothing new to 
 the first few. The folder
 
 1. checks every unit against the representative unit (0, 0) (or (0, None) for replica
-   units): after renaming (units.Renaming), the unit's tensors (id, shape), nodes (id, op,
+   units): after renaming (units.py), the unit's tensors (id, shape), nodes (id, op,
    pass, rank, micro-batch, inputs, outputs, semantic attributes) and lineage parts (sum_of,
    scale, slice) must be exactly the representative's, except that a part's slice may be
    translated along one dimension: the unit's *piece* of the batch. Every unit must hold the
@@ -51,10 +51,11 @@ from tvsmt.fold.table import (
     canonical_inputs,
     encode_id,
     group_level,
+    group_representative,
     rename_ids,
     rename_ranks,
 )
-from tvsmt.fold.units import REPRESENTATIVE, REPRESENTATIVE_REPLICA, Renaming, Unit, WorldUnits
+from tvsmt.fold.units import REPRESENTATIVE, REPRESENTATIVE_REPLICA, Unit, WorldUnits
 from tvsmt.plan.model import Lineage, LineagePart, Node, Plan, TensorInfo
 from tvsmt.plan.reader import check_pair
 
@@ -123,11 +124,11 @@ class Canon:
         if level is None or level < 0:
             raise FoldRefused(f"{where}: a sum over {len(ids)} replicas/micro-batches that "
                               "misses some of them")
-        reps = {Renaming(u, self.wu.per_replica).id(x) for u, x in zip(units, ids)}
-        if len(reps) != 1:
+        rep = group_representative(rows, level, self.wu)
+        if rep is None:
             raise FoldRefused(f"{where}: a sum over units that do not contribute the same "
                               "tensor")
-        return ("group", level, reps.pop())
+        return ("group", level, tuple(rep.tolist()))
 
 
 # ----------------------------------------------------------------------------- the folder

@@ -2,7 +2,7 @@
 comparisons instead of millions of string operations.
 
 Every id `base@r<r1>[>r<r2>][m<m>]` is stored as four integers (interned base, r1, r2, m), so
-the renaming of units.Renaming becomes arithmetic on the rank and micro-batch columns. A table
+the renaming of units.py becomes arithmetic on the rank and micro-batch columns. A table
 holds the unit's tensors (id, shape), nodes (id, op, pass, rank, micro-batch, semantic
 attributes, inputs, outputs) and lineage parts (lineage, scale, slice, sum_of), in the order
 the producer gave them. A unit is a copy of the representative when, after renaming, every
@@ -179,8 +179,9 @@ def table_records(tab: UnitTable, intern: Interner, attrs_of) -> tuple[list, lis
 
 
 def rename_ids(ids: np.ndarray, unit, per: int) -> np.ndarray:
-    """units.Renaming.id on a column block: this unit's ids (and, for an instance unit, its
-    replica's) move to the representative; every other rank-bearing id is marked OTHER."""
+    """The renaming onto the representative (units.py) on a block of encoded ids: this unit's
+    ids (and, for an instance unit, its replica's) move to the representative; every other
+    rank-bearing id is marked OTHER."""
     d, m_u = unit
     out = ids.copy()
     r1, r2, m = ids[:, 1], ids[:, 2], ids[:, 3]
@@ -233,20 +234,26 @@ def canonical_inputs(tab: UnitTable, unit, wu: WorldUnits, sum_ops: np.ndarray
         level = group_level(raw, wu)
         if level is None:
             continue  # within one unit: an ordinary node
-        if level < 0:
+        rep = group_representative(raw, level, wu) if level >= 0 else None
+        if rep is None:
             raise GroupError(i)
-        rel = raw.copy()
-        rel[:, 1] %= per
-        rel[:, 2] = np.where(rel[:, 2] >= 0, rel[:, 2] % per, rel[:, 2])
-        if level != 0:  # instance ids: the micro-batch goes to the representative's
-            rel[:, 3] = np.where(rel[:, 3] >= 0, 0, rel[:, 3])
-        if not (rel == rel[0]).all():
-            raise GroupError(i)
-        ins[a] = rel[0]
+        ins[a] = rep
         ins[a, 3] = -10 - level
         keep[a + 1:b] = False
     new_ptr = np.concatenate([[0], np.cumsum(keep)])[ptr]
     return ins[keep], new_ptr
+
+
+def group_representative(raw: np.ndarray, level: int, wu: WorldUnits) -> np.ndarray | None:
+    """The one tensor every unit of a sum contributes, renamed to the representative's, or
+    None when the units contribute different tensors."""
+    per = wu.per_replica
+    rel = raw.copy()
+    rel[:, 1] %= per
+    rel[:, 2] = np.where(rel[:, 2] >= 0, rel[:, 2] % per, rel[:, 2])
+    if level != 0:  # instance ids: the micro-batch goes to the representative's
+        rel[:, 3] = np.where(rel[:, 3] >= 0, 0, rel[:, 3])
+    return rel[0] if (rel == rel[0]).all() else None
 
 
 class GroupError(Exception):

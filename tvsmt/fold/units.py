@@ -14,8 +14,9 @@ of tvsmt's generator, with rank = d*(pp*tp) + pp_stage*tp + tp_index. Nothing re
 convention for soundness: a record that does not fit it simply fails to match its
 representative, and the unit it belongs to is then verified as it is (see folder.py).
 
-`Renaming` maps unit (d, m) onto the representative (0, 0), and (d, None) onto (0, None): ranks
-r -> r - d*pp*tp, micro-batch m -> 0. Ids of other units and global ids are left alone.
+The renaming that maps unit (d, m) onto the representative (0, 0), and (d, None) onto
+(0, None), is ranks r -> r - d*pp*tp and micro-batch m -> 0; ids of other units and global ids
+are left alone (table.rename_ids does it on integer columns).
 """
 
 from __future__ import annotations
@@ -42,10 +43,6 @@ def parse_id(tid: str) -> tuple[str, tuple[int, ...], int | None] | None:
             return None
         out.append(int(tok[1:]))
     return base, tuple(out), (int(mb) if sep else None)
-
-
-def _suffix(ranks: tuple[int, ...], m: int | None) -> str:
-    return ">".join(f"r{r}" for r in ranks) + ("" if m is None else f"m{m}")
 
 
 @dataclass(frozen=True)
@@ -77,42 +74,3 @@ class WorldUnits:
 
     def instance_units(self) -> list[Unit]:
         return [(d, m) for d in range(self.dp) for m in range(self.mb)]
-
-
-class Renaming:
-    """sigma_u: the ids, ranks and micro-batch of unit u renamed to the representative's."""
-
-    __slots__ = ("d", "m", "shift", "per")
-
-    def __init__(self, unit: Unit, per_replica: int):
-        self.d, self.m = unit
-        self.per = per_replica
-        self.shift = self.d * per_replica
-
-    def rank(self, r: int) -> int | tuple[str, int]:
-        """Ranks of this replica become positions in replica 0; others stay marked as such."""
-        if self.shift <= r < self.shift + self.per:
-            return r - self.shift
-        return ("other", r)
-
-    def mb(self, m: int) -> int | tuple[str, int]:
-        if self.m is None:
-            return m  # a replica unit spans micro-batches: they stay as they are
-        return 0 if m == self.m else ("other", m)
-
-    def id(self, tid: str | None) -> str | None:
-        """Rename an id of this unit (or, for an instance unit, of its replica unit)."""
-        if tid is None or (self.shift == 0 and not self.m):
-            return tid
-        parsed = parse_id(tid)
-        if parsed is None:
-            return tid
-        base, ranks, m = parsed
-        if not all(self.shift <= r < self.shift + self.per for r in ranks):
-            return tid
-        shifted = tuple(r - self.shift for r in ranks)
-        if self.m is not None and m is not None:
-            if m != self.m:
-                return tid  # another micro-batch of the same replica: another unit
-            return f"{base}@{_suffix(shifted, 0)}"
-        return f"{base}@{_suffix(shifted, m)}"
