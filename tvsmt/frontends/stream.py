@@ -83,7 +83,10 @@ class StreamedPlan:
         if mutation is not None:
             bug, unit, prefix = mutation
             self.mutated_unit = unit
-            where = next(n.id for _, n in units[(0, 0)].nodes if n.id.startswith(prefix))
+            where = next((n.id for _, n in units[(0, 0)].nodes if n.id.startswith(prefix)),
+                         None)
+            if where is None:
+                raise ValueError(f"no node of replica 0, micro-batch 0 starts with {prefix!r}")
             broken, self.mutation_record = apply_mutation(rep_parallel, bug, where=where)
             bunits, _ = split_units(plan_from_dict(broken, "mutated"), self.rep_wu)
             kind = (0, 0) if unit[1] is not None else (0, None)
