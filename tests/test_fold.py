@@ -160,3 +160,24 @@ def test_folding_can_be_turned_off(pair, single):
     broken, _ = _dropped_placement(pair[1], "grad-scale-wrong")
     report = _verify(single, broken, fold=False)
     assert report.verdict == "violation" and report.fold is None and report.fold_note is None
+
+
+def test_two_units_claiming_the_same_rows_are_not_folded(pair, single):
+    """Replica 3, micro-batch 3 reads and writes the rows of micro-batch 2 (every one of its
+    lineage parts moved there): each unit alone looks like a translated copy, but the pieces
+    no longer tile the batch, so nothing is folded, and the plan is wrong (the rows of
+    micro-batch 3 are never used)."""
+    broken = copy.deepcopy(pair[1])
+    rows = pair[0]["tensors"]["tokens"]["shape"][0] // (WORLD["dp"] * WORLD["mb"])
+    moved = 0
+    for lin in broken["lineages"]:
+        for part in lin["parts"]:
+            units = {WorldUnits.of(broken["world"]).unit_of(t) for t in part["sum_of"]}
+            if units == {(3, 3)} and part["slice"] and part["slice"][0][0] == 15 * rows:
+                part["slice"][0] = [14 * rows, 15 * rows]
+                moved += 1
+    assert moved > 10
+    with pytest.raises(FoldRefused, match="tile"):
+        fold_plans(single, plan_from_dict(broken, "p"))
+    report = _verify(single, broken)
+    assert report.verdict == "violation" and "tile" in report.fold_note
