@@ -109,26 +109,28 @@ class Canon:
         self._intern = Interner()  # only for encoding ids; the bases are not compared
 
     def group(self, ids: Iterable[str | None], where: str) -> tuple | None:
-        """("group", level, representative id), or None when the ids all belong to one unit.
-        A sum that does not take one copy of the same tensor from every unit of a level
-        cannot be folded."""
-        ids = list(ids)
-        units = [self.wu.unit_of(x) for x in ids]
-        if len(set(units)) <= 1:
+        """("group", level, representative id, units), or None when the ids all belong to
+        one unit (or to none). `units` holds each id's unit as (d, m). A sum that does not
+        take one copy of the same tensor from every unit of a level cannot be folded."""
+        rows = np.array([encode_id(x, self._intern) for x in ids], dtype=np.int64)
+        rows = rows.reshape(-1, 4)
+        has = rows[:, 1] >= 0
+        d, m = rows[:, 1] // self.wu.per_replica, rows[:, 3]
+        if len(set(zip(np.where(has, d, -1).tolist(), m.tolist()))) <= 1:
             return None
-        if None in units:
+        if not has.all():
             raise FoldRefused(f"{where}: a sum over tensors that are not one per replica or "
                               "micro-batch")
-        rows = np.array([encode_id(x, self._intern) for x in ids], dtype=np.int64)
         level = group_level(rows, self.wu)
         if level is None or level < 0:
-            raise FoldRefused(f"{where}: a sum over {len(ids)} replicas/micro-batches that "
+            raise FoldRefused(f"{where}: a sum over {len(rows)} replicas/micro-batches that "
                               "misses some of them")
         rep = group_representative(rows, level, self.wu)
         if rep is None:
             raise FoldRefused(f"{where}: a sum over units that do not contribute the same "
                               "tensor")
-        return ("group", level, tuple(rep.tolist()))
+        units = [(dd, None if mm < 0 else mm) for dd, mm in zip(d.tolist(), m.tolist())]
+        return ("group", level, tuple(rep.tolist()), units)
 
 
 # ----------------------------------------------------------------------------- the folder
@@ -272,6 +274,7 @@ class Folder:
         self.piece: dict[Unit, int] = {}
         self.records: dict[Unit, UnitRecords] = {}  # retained units
         self.global_records = UnitRecords()
+        self.global_part_units: list[list[Unit] | None] = []
         self.exceptions: list[Unit] = []
         self.seen: set[Unit] = set()
         self.checked = Counter()
@@ -290,8 +293,9 @@ class Folder:
         for _, n in recs.nodes:  # validate the sums now (raises FoldRefused)
             if n.op in SUM_OPS:
                 self.canon.group(n.inputs, f"node {n.id}")
-        for lin, _, p in recs.parts:
-            self.canon.group(p.sum_of, f"lineage #{lin}")
+        for lin, _, p in recs.parts:  # and remember each part's units for finish()
+            group = self.canon.group(p.sum_of, f"lineage #{lin}")
+            self.global_part_units.append(None if group is None else group[3])
 
     def add_unit(self, unit: Unit, tab: UnitTable,
                  records: UnitRecords | Callable[[], UnitRecords]) -> bool:
@@ -347,25 +351,28 @@ class Folder:
 
         kept_set = set(kept)
 
-        def keep_sum(ids, where):
-            group = self.canon.group(ids, where)
-            if group is None:
+        def keep_sum(ids, units=None):
+            """A sum over units restricted to the kept ones (sums were checked when added)."""
+            units = units or [wu.unit_of(x) for x in ids]
+            if len(set(units)) <= 1:
                 return tuple(ids)
-            return tuple(x for x in ids if wu.unit_of(x) in kept_set)
+            return tuple(x for x, u in zip(ids, units) if u in kept_set)
 
         nodes: list[tuple[int, Node]] = []
         parts: dict[int, list[tuple[int, LineagePart]]] = defaultdict(list)
         for recs in [self.global_records] + [self.records[u] for u in kept]:
+            glob = recs is self.global_records
             for pos, n in recs.nodes:
                 if n.op in SUM_OPS:
-                    n = _replace_inputs(n, keep_sum(n.inputs, f"node {n.id}"))
+                    n = _replace_inputs(n, keep_sum(n.inputs))
                 for x in n.inputs:
                     if x is not None and x not in kept_tensors:
                         raise FoldRefused(f"node {n.id} of a kept unit reads {x}, which "
                                           "belongs to a folded-away unit")
                 nodes.append((pos, n))
-            for lin, pos, p in recs.parts:
-                sum_of = keep_sum(p.sum_of, f"lineage #{lin}")
+            for j, (lin, pos, p) in enumerate(recs.parts):
+                units = self.global_part_units[j] if glob else None
+                sum_of = p.sum_of if glob and units is None else keep_sum(p.sum_of, units)
                 if not sum_of:
                     continue
                 for x in sum_of:

@@ -57,7 +57,7 @@ def encode_id(tid: str | None, intern: Interner) -> tuple[int, int, int, int]:
 
 
 def decode_id(row, intern: Interner) -> str | None:
-    base, r1, r2, m = (int(x) for x in row)
+    base, r1, r2, m = row
     if base == NULL:
         return None
     if r1 == GLOBAL:
@@ -155,23 +155,24 @@ def build_table(tensors: list[TensorInfo], nodes: list[tuple[int, Node]],
 def table_records(tab: UnitTable, intern: Interner, attrs_of) -> tuple[list, list, list]:
     """Records back from a table (for units the fold keeps). `attrs_of(row)` gives a node's
     attribute dict (tables keep only the semantic text)."""
-    dec = lambda row: decode_id(row, intern)  # noqa: E731
-    tensors = [TensorInfo(dec(r), intern.values[s]) for r, s in zip(tab.t_ids, tab.t_shape)]
+    def ids(block: np.ndarray) -> list:
+        return [decode_id(r, intern) for r in block.tolist()]
+
+    vals = intern.values
+    tensors = [TensorInfo(t, vals[s]) for t, s in zip(ids(tab.t_ids), tab.t_shape.tolist())]
+    ins, outs, sums = ids(tab.n_in), ids(tab.n_out), ids(tab.p_sum)
+    ip, op_, sp = tab.n_in_ptr.tolist(), tab.n_out_ptr.tolist(), tab.p_sum_ptr.tolist()
     nodes = []
-    for i in range(len(tab.n_op)):
-        ins = tuple(dec(r) for r in tab.n_in[tab.n_in_ptr[i]:tab.n_in_ptr[i + 1]])
-        outs = tuple(dec(r) for r in tab.n_out[tab.n_out_ptr[i]:tab.n_out_ptr[i + 1]])
-        nodes.append((int(tab.n_pos[i]), Node(dec(tab.n_ids[i]), intern.values[tab.n_op[i]],
-                                              intern.values[tab.n_pass[i]], int(tab.n_rank[i]),
-                                              int(tab.n_mb[i]), ins, outs, attrs_of(i))))
+    for i, (nid, o, pa, r, mb, pos) in enumerate(zip(
+            ids(tab.n_ids), tab.n_op.tolist(), tab.n_pass.tolist(), tab.n_rank.tolist(),
+            tab.n_mb.tolist(), tab.n_pos.tolist())):
+        nodes.append((pos, Node(nid, vals[o], vals[pa], r, mb, tuple(ins[ip[i]:ip[i + 1]]),
+                                tuple(outs[op_[i]:op_[i + 1]]), attrs_of(i))))
     parts = []
-    for i in range(len(tab.p_lin)):
-        row = tab.p_slice[i]
-        slc = tuple((int(row[2 * k]), int(row[2 * k + 1])) for k in range(MAX_DIMS)
-                    if row[2 * k] >= 0)
-        sum_of = tuple(dec(r) for r in tab.p_sum[tab.p_sum_ptr[i]:tab.p_sum_ptr[i + 1]])
-        parts.append((int(tab.p_lin[i]), int(tab.p_pos[i]),
-                      LineagePart(slc, sum_of, intern.values[tab.p_scale[i]])))
+    for i, (lin, pos, sc, row) in enumerate(zip(tab.p_lin.tolist(), tab.p_pos.tolist(),
+                                                tab.p_scale.tolist(), tab.p_slice.tolist())):
+        slc = tuple((row[2 * k], row[2 * k + 1]) for k in range(MAX_DIMS) if row[2 * k] >= 0)
+        parts.append((lin, pos, LineagePart(slc, tuple(sums[sp[i]:sp[i + 1]]), vals[sc])))
     return tensors, nodes, parts
 
 
