@@ -20,7 +20,6 @@ taken from a trace in which the bug was applied to unit (0, 0).
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 import numpy as np
@@ -28,22 +27,19 @@ import numpy as np
 from tvsmt.fold.folder import Checker, FoldRefused, UnitRecords
 from tvsmt.fold.source import split_units, unit_order
 from tvsmt.fold.table import (
-    MAX_DIMS,
-    NO_RANK,
     Interner,
     UnitTable,
     build_table,
+    encode_id,
     group_level,
     table_records,
 )
-from tvsmt.fold.units import Unit, WorldUnits
+from tvsmt.fold.units import Unit, WorldUnits, parse_id
 from tvsmt.frontends.generator import ModelConfig, _world_dict, build_pair, default_batch
 from tvsmt.frontends.mutations import apply as apply_mutation
 from tvsmt.frontends.spmd import World
 from tvsmt.plan import plan_from_dict
 from tvsmt.plan.model import Plan
-
-BATCH_ATTRS = ("dp", "mb", "num_dp", "num_mb", "batch_index", "num_batches")
 
 
 class StreamedPlan:
@@ -116,11 +112,16 @@ class StreamedPlan:
         out = UnitRecords()
         wu, rep_wu = self.wu, self.rep_wu
         for lin, pos, p in glob.parts:
-            units = [rep_wu.unit_of(x) for x in p.sum_of]
-            first = p.sum_of[units.index((0, 0))] if (0, 0) in units else \
-                p.sum_of[units.index((0, None))]
-            base, rank, m = _split(first)
-            if m is None:
+            rows = np.array([encode_id(x, self.intern) for x in p.sum_of], dtype=np.int64)
+            level = group_level(rows, rep_wu)
+            if level == 1 and rep_wu.dp == 1:
+                level = 2  # every micro-batch of the only replica: every instance
+            if level not in (0, 2):
+                raise FoldRefused(f"lineage #{lin}: the representative trace has a sum of "
+                                  f"level {level} over units")
+            base, ranks, m = parse_id(p.sum_of[0])
+            rank = ranks[0] % wu.per_replica
+            if level == 0:
                 ids = tuple(f"{base}@r{rank + d * wu.per_replica}" for d in range(wu.dp))
             else:
                 ids = tuple(f"{base}@r{rank + d * wu.per_replica}m{mm}"
@@ -232,13 +233,6 @@ class StreamedPlan:
         return UnitRecords(tensors, nodes, parts)
 
 
-def _split(tid: str) -> tuple[str, int, int | None]:
-    mt = re.fullmatch(r"(.*)@r(\d+)(?:m(\d+))?", tid)
-    if mt is None:
-        raise FoldRefused(f"{tid}: not a unit id")
-    return mt.group(1), int(mt.group(2)), (int(mt.group(3)) if mt.group(3) else None)
-
-
 def _shift_ids(ids: np.ndarray, shift: int, m: int | None) -> None:
     has = ids[:, 1] >= 0
     ids[has, 1] += shift
@@ -300,4 +294,4 @@ def _repeat_parts(tab: UnitTable, rep_mb: int, mb: int) -> UnitTable:
     return tab
 
 
-__all__ = ["StreamedPlan", "MAX_DIMS", "NO_RANK"]
+__all__ = ["StreamedPlan"]
