@@ -109,8 +109,9 @@ class Canon:
         self._intern = Interner()  # only for encoding ids; the bases are not compared
 
     def group(self, ids: Iterable[str | None], where: str) -> tuple | None:
-        """("group", level, representative id, units), or None when the ids all belong to
-        one unit (or to none). `units` holds each id's unit as (d, m). A sum that does not
+        """("group", level, representative id, unit keys), or None when the ids all belong
+        to one unit (or to none); the unit keys (see unit_keys) say which unit each id
+        belongs to. A sum that does not
         take one copy of the same tensor from every unit of a level cannot be folded."""
         rows = np.array([encode_id(x, self._intern) for x in ids], dtype=np.int64)
         rows = rows.reshape(-1, 4)
@@ -129,8 +130,11 @@ class Canon:
         if rep is None:
             raise FoldRefused(f"{where}: a sum over units that do not contribute the same "
                               "tensor")
-        units = [(dd, None if mm < 0 else mm) for dd, mm in zip(d.tolist(), m.tolist())]
-        return ("group", level, tuple(rep.tolist()), units)
+        return ("group", level, tuple(rep.tolist()), self.unit_keys(d, m))
+
+    def unit_keys(self, d: np.ndarray, m: np.ndarray) -> np.ndarray:
+        """One small integer per unit (d, m), m = -1 for a replica unit."""
+        return (d * (self.wu.mb + 1) + m + 1).astype(np.int32)
 
 
 # ----------------------------------------------------------------------------- the folder
@@ -274,7 +278,7 @@ class Folder:
         self.piece: dict[Unit, int] = {}
         self.records: dict[Unit, UnitRecords] = {}  # retained units
         self.global_records = UnitRecords()
-        self.global_part_units: list[list[Unit] | None] = []
+        self.global_part_units: list[np.ndarray | None] = []  # unit keys of their ids
         self.exceptions: list[Unit] = []
         self.seen: set[Unit] = set()
         self.checked = Counter()
@@ -351,12 +355,20 @@ class Folder:
 
         kept_set = set(kept)
 
-        def keep_sum(ids, units=None):
+        kept_keys = self.canon.unit_keys(
+            np.array([u[0] for u in kept]), np.array([-1 if u[1] is None else u[1] for u in kept]))
+
+        def keep_sum(ids):
             """A sum over units restricted to the kept ones (sums were checked when added)."""
-            units = units or [wu.unit_of(x) for x in ids]
+            units = [wu.unit_of(x) for x in ids]
             if len(set(units)) <= 1:
                 return tuple(ids)
             return tuple(x for x, u in zip(ids, units) if u in kept_set)
+
+        def keep_global_sum(ids, keys):
+            if keys is None:
+                return tuple(ids)
+            return tuple(x for x, k in zip(ids, np.isin(keys, kept_keys).tolist()) if k)
 
         nodes: list[tuple[int, Node]] = []
         parts: dict[int, list[tuple[int, LineagePart]]] = defaultdict(list)
@@ -371,8 +383,8 @@ class Folder:
                                           "belongs to a folded-away unit")
                 nodes.append((pos, n))
             for j, (lin, pos, p) in enumerate(recs.parts):
-                units = self.global_part_units[j] if glob else None
-                sum_of = p.sum_of if glob and units is None else keep_sum(p.sum_of, units)
+                sum_of = (keep_global_sum(p.sum_of, self.global_part_units[j]) if glob
+                          else keep_sum(p.sum_of))
                 if not sum_of:
                     continue
                 for x in sum_of:
