@@ -7,6 +7,7 @@ import json
 import re
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from tvsmt.fold import LoadedPlan, fold_source
@@ -78,3 +79,25 @@ def test_streamed_mutation_in_one_unit_is_caught(bug, prefix):
     in_unit = re.compile(r"@r1[2-5]m2$")  # replica 3 = ranks 12..15, micro-batch 2
     assert any(in_unit.search(t) for f in broken.failures for t in f.parallel_tensors), \
         [f.message for f in broken.failures]
+
+
+def test_a_streamed_plan_that_cannot_be_folded_is_not_passed():
+    """If one streamed unit does not fit folding (here a reducer on replica 3 that misses a
+    replica), the plan cannot be verified unfolded either, since it is never held whole: the
+    verdict is inconclusive, never equivalent."""
+
+    class Broken(StreamedPlan):
+        def table(self, unit):
+            tab = super().table(unit)
+            if unit == (3, None):
+                i = next(i for i in range(len(tab.n_op))
+                         if self.intern.values[tab.n_op[i]] == "reducer")
+                a = tab.n_in_ptr[i + 1] - 1  # drop the reducer's last input
+                tab.n_in = np.delete(tab.n_in, a, axis=0)
+                tab.n_in_ptr[i + 1:] -= 1
+            return tab
+
+    world = dict(layers=2, dp=4, tp=2, pp=2, mb=4, **DIMS)
+    report = verify_source(Broken("llama3", **world), Options(jobs=1))
+    assert report.verdict == "inconclusive" and "misses" in report.fold_note
+    assert "cannot be verified" in report.failures[0].message
