@@ -13,11 +13,10 @@ from __future__ import annotations
 from dataclasses import replace
 from fractions import Fraction
 
-from tvsmt.ops import ShapeConstraints, ShapeRuleError, TShape
-from tvsmt.ops import get as get_op
-from tvsmt.ops.registry import shape_rule
+from tvsmt.ops import ShapeConstraints, ShapeRuleError
 from tvsmt.plan.model import LineagePart, Plan, TensorInfo
 from tvsmt.shapes.dims import Dim, DivisorSolver
+from tvsmt.shapes.reduce import apply_shape_rule, dim_shape
 
 
 class _Refused(Exception):
@@ -25,16 +24,13 @@ class _Refused(Exception):
 
 
 def _classes(single: Plan) -> tuple[DivisorSolver, dict[str, list], set[int]]:
+    """The single plan's dimensions tied by the shape rules (shape reduction's classes)."""
     solver = DivisorSolver()
-    shapes = {t: TShape([n if n <= 1 else solver.new(n, f"{t}[{i}]")
-                         for i, n in enumerate(info.shape)], info.shape)
-              for t, info in single.tensors.items()}
+    shapes = {t: dim_shape(solver, t, info.shape) for t, info in single.tensors.items()}
     c = ShapeConstraints()
     for node in single.nodes:
-        ins = [shapes[t] if t is not None else None for t in node.inputs]
-        outs = [shapes[t] if t is not None else None for t in node.outputs]
         try:
-            shape_rule(get_op(node.op), node.is_backward)(c, ins, outs, node.attrs)
+            apply_shape_rule(c, node, shapes)
         except ShapeRuleError as e:
             raise _Refused(f"single node {node.id}: {e}") from None
     for con in c.constraints:

@@ -103,9 +103,7 @@ def _check_chunk(view, checker: Checker, units: list[Unit]) -> list[tuple]:
 
 def fold_source(source: UnitSource, extra: int = 0, jobs: int = 1) -> Folded:
     """Fold a unit source (raises FoldRefused when the plan does not fit)."""
-    wu = WorldUnits.of(source.header.world)
-    if wu.dp <= 2 + extra and wu.mb <= 2 + extra:
-        raise FoldRefused("nothing to fold: at most 2 replicas and 2 micro-batches")
+    _check_foldable(source.header, extra)
     folder = Folder(source.single, source.header, source.intern, extra)
     folder.add_global(source.global_records())
     units = source.units()
@@ -134,7 +132,11 @@ def fold_source(source: UnitSource, extra: int = 0, jobs: int = 1) -> Folded:
 
 def fold_plans(single: Plan, parallel: Plan, extra: int = 0) -> Folded:
     """Fold a loaded pair (raises FoldRefused when the plan does not fit)."""
+    _check_foldable(parallel, extra)  # before splitting the plan into units
+    return fold_source(LoadedPlan(single, parallel), extra)
+
+
+def _check_foldable(parallel: Plan, extra: int) -> None:
     wu = WorldUnits.of(parallel.world)
     if wu.dp <= 2 + extra and wu.mb <= 2 + extra:
         raise FoldRefused("nothing to fold: at most 2 replicas and 2 micro-batches")
-    return fold_source(LoadedPlan(single, parallel), extra)

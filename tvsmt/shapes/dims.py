@@ -23,7 +23,6 @@ from fractions import Fraction
 from math import gcd
 
 
-
 class Dim:
     """One reduced dimension: original size `n`; `g` must be divisible by its divisor."""
 

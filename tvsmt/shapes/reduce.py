@@ -63,12 +63,24 @@ def stage_tensors(stage: Stage, single: Plan, parallel: Plan) -> tuple[list[str]
     return list(s), list(p)
 
 
+def dim_shape(solver: DivisorSolver, tensor: str, shape: Shape) -> TShape:
+    """A tensor's dimensions as solver variables (sizes 0 and 1 stay constants)."""
+    return TShape([n if n <= 1 else solver.new(n, f"{tensor}[{i}]")
+                   for i, n in enumerate(shape)], shape)
+
+
+def apply_shape_rule(c: ShapeConstraints, node, shapes: dict[str, TShape]) -> None:
+    """Add a node's shape-rule constraints (ShapeRuleError when its shapes break it)."""
+    ins = [shapes[t] if t is not None else None for t in node.inputs]
+    outs = [shapes[t] if t is not None else None for t in node.outputs]
+    shape_rule(get_op(node.op), node.is_backward)(c, ins, outs, node.attrs)
+
+
 def reduce_stage(stage: Stage, single: Plan, parallel: Plan) -> ReducedShapes:
     solver = DivisorSolver()
 
     def fresh(tensor: str, shape: Shape) -> TShape:
-        return TShape([n if n <= 1 else solver.new(n, f"{tensor}[{i}]")
-                       for i, n in enumerate(shape)], shape)
+        return dim_shape(solver, tensor, shape)
 
     stensors, ptensors = stage_tensors(stage, single, parallel)
     sshape = {t: fresh(t, single.shape(t)) for t in stensors}
@@ -92,10 +104,8 @@ def reduce_stage(stage: Stage, single: Plan, parallel: Plan) -> ReducedShapes:
                                      ("parallel", parallel, stage.parallel_nodes, pshape)):
         for i in idxs:
             node = plan.nodes[i]
-            ins = [shapes[t] if t is not None else None for t in node.inputs]
-            outs = [shapes[t] if t is not None else None for t in node.outputs]
             try:
-                shape_rule(get_op(node.op), node.is_backward)(c, ins, outs, node.attrs)
+                apply_shape_rule(c, node, shapes)
             except ShapeRuleError as e:
                 raise StructuralViolation(f"{side} node {node.id} ({node.op}): {e}",
                                           node=node.id, lineage=stage.target) from None
