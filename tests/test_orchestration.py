@@ -155,7 +155,7 @@ def test_solver_timeout_is_inconclusive_never_a_pass(tmp_path, mlp_pair):
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     r = run("verify", *mlp_pair, "--no-corpus", "--solver", prof, "--timeout", "0.5",
             "--report", tmp_path / "r.json")
-    assert r.exit_code == 2, r.output
+    assert r.exit_code == 3, r.output
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["verdict"] == "inconclusive"
     assert data["stages_inconclusive"] > 0
@@ -199,7 +199,7 @@ def test_without_a_solver_answer_evaluation_still_finds_a_real_bug(tmp_path, mlp
     buggy one is a violation found by evaluating both plans at concrete inputs."""
     prof = fake_solver_profile(tmp_path, "shrug", "unknown")
     good = run("verify", *mlp_pair, "--no-corpus", "--solver", prof)
-    assert good.exit_code == 2, good.output
+    assert good.exit_code == 3, good.output
     report = tmp_path / "bad.json"
     bad = run("verify", *buggy_pair, "--no-corpus", "--solver", prof, "--report", report)
     assert bad.exit_code == 1, bad.output

@@ -1,9 +1,14 @@
-"""Error types shared by all phases.
+"""The one hierarchy of errors tvsmt reports (every phase raises one of these).
 
-`PlanError` is a user-input error (malformed file, unknown operator, inconsistent lineage):
-the CLI prints its one-line message and exits with code 2, never a traceback.
-`StructuralViolation` is a well-formed plan whose claims cannot hold (a lineage that cannot be
-derived, an impossible shape): it is a *violation* (exit 1), reported like a counterexample.
+* `InputError` (alias `PlanError`): the user's input is malformed or unsupported (a plan
+  file, an unknown operator, an inconsistent lineage, a bad option). The CLI prints its
+  one-line message and exits with code 2, never a traceback.
+* `StructuralViolation`: a well-formed plan whose claims cannot hold (a lineage that cannot
+  be derived, an impossible shape): a *violation* (exit 1), reported like a counterexample.
+* `SolverFailure`: a solver could not be run or answered nothing usable. Never a pass: the
+  stages it concerns are inconclusive.
+* `InternalError`: a bug in tvsmt itself (for example an exception inside an operator rule),
+  named with the operator and node it happened at ("while executing <node>"). Exit code 4.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ class TvsmtError(Exception):
     """Base class of every error tvsmt reports to the user."""
 
 
-class PlanError(TvsmtError):
+class InputError(TvsmtError):
     """Malformed or unsupported input. The message names the file and the node/tensor."""
 
     def __init__(self, message: str, *, file: str | None = None, node: str | None = None,
@@ -31,7 +36,10 @@ class PlanError(TvsmtError):
         self.detail = message
 
 
-class UnsupportedOperator(PlanError):
+PlanError = InputError  # the historical name, used throughout the readers
+
+
+class UnsupportedOperator(InputError):
     """An operator name that the registry does not know."""
 
 
@@ -41,4 +49,16 @@ class StructuralViolation(TvsmtError):
     def __init__(self, message: str, *, tensor: str | None = None, lineage: int | None = None,
                  node: str | None = None):
         self.tensor, self.lineage, self.node = tensor, lineage, node
+        super().__init__(message)
+
+
+class SolverFailure(TvsmtError):
+    """A solver could not be started or gave no usable answer (never a pass)."""
+
+
+class InternalError(TvsmtError):
+    """A bug in tvsmt, not in the input: reported with where it happened, exit code 4."""
+
+    def __init__(self, message: str, *, node: str | None = None, op: str | None = None):
+        self.node, self.op = node, op
         super().__init__(message)

@@ -77,8 +77,16 @@ class Timer:
             self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
 
 
-def _nodes(plan: Plan, idxs) -> list[dict[str, str]]:
-    return [{"id": plan.nodes[i].id, "op": plan.nodes[i].op} for i in idxs]
+def _nodes(plan: Plan, idxs) -> list[dict]:
+    """Report entries of plan nodes: id, op, rank, and the producer's source line if known."""
+    out = []
+    for i in idxs:
+        n = plan.nodes[i]
+        entry = {"id": n.id, "op": n.op, "rank": n.rank}
+        if n.source:
+            entry["source"] = n.source
+        out.append(entry)
+    return out
 
 
 def _cone(plan: Plan, node_idxs, tensors) -> list[int]:

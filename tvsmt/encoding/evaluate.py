@@ -14,15 +14,9 @@ from fractions import Fraction
 
 from pysmt.walkers import DagWalker
 
-REAL_FUNCTIONS = {
-    "uf_exp": lambda a: math.exp(a) if a < 700 else math.inf,
-    "uf_rsqrt": lambda a: 1.0 / math.sqrt(a) if a > 0 else math.nan,
-    "uf_sigmoid": lambda a: 1.0 / (1.0 + math.exp(-a)) if a > -700 else 0.0,
-    "uf_cos": math.cos,
-    "uf_sin": math.sin,
-    "uf_div": lambda a, b: a / b if b != 0 else math.nan,
-    "uf_pow": lambda a, b: a ** b if a > 0 else math.nan,
-}
+from tvsmt.ops.backend import UNINTERPRETED
+
+REAL_FUNCTIONS = UNINTERPRETED  # one home: tvsmt/ops/backend.py
 
 
 class FloatEvaluator(DagWalker):

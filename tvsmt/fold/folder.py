@@ -59,7 +59,9 @@ from tvsmt.fold.units import REPRESENTATIVE, REPRESENTATIVE_REPLICA, Unit, World
 from tvsmt.plan.model import Lineage, LineagePart, Node, Plan, TensorInfo
 from tvsmt.plan.reader import check_pair
 
-SUM_OPS = frozenset({"grad_accum", "reducer", "all_reduce"})
+from tvsmt.ops import all_ops
+
+SUM_OPS = frozenset(name for name, spec in all_ops().items() if spec.unit_sum)
 
 
 class FoldRefused(Exception):
@@ -452,7 +454,7 @@ def _check_folded(single: Plan, parallel: Plan) -> None:
 
 
 def _replace_inputs(n: Node, inputs: tuple) -> Node:
-    return Node(n.id, n.op, n.pass_, n.rank, n.mb, inputs, n.outputs, n.attrs)
+    return Node(n.id, n.op, n.pass_, n.rank, n.mb, inputs, n.outputs, n.attrs, n.source)
 
 
 def _unit_name(u: Unit) -> str:

@@ -27,7 +27,6 @@ GLOBAL = -2  # an id that is not of the unit form (its whole text is the "base")
 NULL = -3  # an absent slot (None)
 OTHER = 1 << 40  # added to ranks / micro-batches of other units after renaming
 MAX_DIMS = 8
-RANK_KEYS = ("ranks", "src", "dst")
 
 
 class Interner:
@@ -80,9 +79,10 @@ def semantic_attrs(node: Node) -> tuple[str, list[int]]:
     if not attrs:
         return "", []
     ranks: list[int] = []
-    if isinstance(attrs, dict) and any(k in attrs for k in RANK_KEYS):
+    rank_keys = get_op(node.op).rank_attrs
+    if isinstance(attrs, dict) and any(k in attrs for k in rank_keys):
         attrs = dict(attrs)
-        for k in RANK_KEYS:
+        for k in rank_keys:
             v = attrs.get(k)
             if isinstance(v, int):
                 ranks.append(v)

@@ -25,8 +25,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
-# Backward rules that read the value (not only the shape) of their mirror inputs.
-READS_MIRRORS = ("silu", "softmax", "rsqrt", "pow", "mul", "matmul", "linear")
+from tvsmt.ops import get as get_op
 
 
 class NotApplicable(ValueError):
@@ -425,7 +424,7 @@ def bw_wrong_input(v: PlanView, rng, where):
         if n["pass"] == "fw":
             fw_index.setdefault((n["op"], n["rank"], n["mb"]), []).append(n)
     for bw in v.nodes:
-        if bw["pass"] != "bw" or bw["op"] not in READS_MIRRORS:
+        if bw["pass"] != "bw" or not get_op(bw["op"]).reads_mirrors:
             continue
         fw = None
         for n in fw_index.get((bw["op"], bw["rank"], bw["mb"]), []):

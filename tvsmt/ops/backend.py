@@ -37,6 +37,27 @@ def exact(c: Any) -> Fraction:
     return Fraction(str(c))
 
 
+def _exp(a):
+    return math.exp(a) if a < 700 else math.inf
+
+
+def _sigmoid(a):
+    return 1.0 / (1.0 + math.exp(-a)) if a > -700 else 0.0
+
+
+# Every uninterpreted function of the symbolic backend, with the real function it stands for
+# (used to confirm a counterexample and to evaluate stages with the real functions).
+UNINTERPRETED: dict[str, Any] = {
+    "uf_exp": _exp,
+    "uf_rsqrt": lambda a: 1.0 / math.sqrt(a) if a > 0 else math.nan,
+    "uf_sigmoid": _sigmoid,
+    "uf_cos": math.cos,
+    "uf_sin": math.sin,
+    "uf_div": lambda a, b: a / b if b != 0 else math.nan,
+    "uf_pow": lambda a, b: a ** b if a > 0 else math.nan,
+}
+
+
 class Backend:
     """Interface; see the two implementations below."""
 
@@ -131,6 +152,8 @@ class SymbolicBackend(Backend):
         self._neg_inf = self.mgr.Symbol("neg_inf", REAL)
 
     def _uf(self, name: str, arity: int):
+        if name not in UNINTERPRETED:
+            raise AssertionError(f"{name} has no real function in backend.UNINTERPRETED")
         key = (name, arity)
         if key not in self._uf_cache:
             self._uf_cache[key] = self.mgr.Symbol(name, self._fn1 if arity == 1 else self._fn2)

@@ -120,6 +120,20 @@ class OpSpec:
     # What the semantics and shape rule read from a node's attrs, normalized (e.g. a group's
     # size, not its rank ids). Stage templates key on it; None = all attrs (always safe).
     semantic_attrs: Callable[[dict], Any] | None = None
+    # Attributes that name ranks (a group, a source, a destination): renamed, not compared,
+    # when folding moves a unit onto its representative.
+    rank_attrs: tuple[str, ...] = ()
+    # The op adds up its inputs, which may come from different replicas or micro-batches
+    # (all_reduce, reducer, grad_accum): folding restricts such sums to the kept units.
+    unit_sum: bool = False
+    # Uninterpreted functions of the backend (backend.UNINTERPRETED) its rules may use; a
+    # counterexample through them is re-checked with the real functions.
+    abstracts: tuple[str, ...] = ()
+    # Its backward reads the VALUES of its mirror inputs (not only their shapes): a mirror
+    # fed the wrong tensor changes the gradient (the bug zoo's "wrong mirror" bugs).
+    reads_mirrors: bool = False
+    # Why there is no backward (required when backward is None, for the completeness test).
+    no_backward: str = ""
 
 
 REGISTRY: dict[str, OpSpec] = {}

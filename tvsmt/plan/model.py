@@ -27,6 +27,9 @@ class Node:
     inputs: tuple[str | None, ...]
     outputs: tuple[str | None, ...]
     attrs: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    # Where the node came from in the producer's code ("train.py:42"), for reports only:
+    # never semantic, never compared (optional "source" key of a plan node).
+    source: str | None = field(default=None, hash=False, compare=False)
 
     @property
     def is_backward(self) -> bool:
@@ -63,6 +66,10 @@ class Lineage:
     single: str
     parts: tuple[LineagePart, ...]
     aligned: Aligned | None = None
+    # A hypothesis only serves to cut stages (a frontend inferred it, e.g. the PyTorch
+    # capture): if its stage is not proven it is dropped and the neighbouring stages merge;
+    # only a failing claim that is not a hypothesis can make a violation.
+    hypothesis: bool = False
 
     def parallel_tensors(self) -> list[str]:
         """Every parallel tensor named by a part, first occurrence order, no duplicates."""

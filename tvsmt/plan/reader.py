@@ -120,7 +120,11 @@ def plan_from_dict(data: Any, path: str = "<memory>") -> Plan:
         rank, mb = raw.get("rank", 0), raw.get("mb", 0)
         if not (isinstance(attrs, dict) and type(rank) is int and type(mb) is int):
             raise PlanError("'attrs' must be an object and rank/mb ints", file=path, node=nid)
-        nodes.append(Node(nid, op, pass_, rank, mb, tuple(ins), tuple(outs), attrs))
+        source = raw.get("source")
+        if source is not None and type(source) is not str:
+            raise PlanError("'source' must be a string (file:line) or null", file=path,
+                            node=nid)
+        nodes.append(Node(nid, op, pass_, rank, mb, tuple(ins), tuple(outs), attrs, source))
 
     # Topological order: every input is a graph input or written by an earlier node.
     position = {n.id: i for i, n in enumerate(nodes)}
@@ -204,7 +208,10 @@ def _lineage(raw: Any, index: int, tensors: dict[str, TensorInfo], path: str,
         _require(_int_list(ins) and all(0 <= k < index for k in ins),
                  f"{where}: 'aligned.inputs' must name earlier lineages", path, tensor=single)
         aligned = Aligned(tuple(a.get("single", [])), tuple(a.get("parallel", [])), tuple(ins))
-    return Lineage(index, single, tuple(parts), aligned)
+    hypothesis = raw.get("hypothesis", False)
+    _require(type(hypothesis) is bool, f"{where}: 'hypothesis' must be true or false", path,
+             tensor=single)
+    return Lineage(index, single, tuple(parts), aligned, hypothesis)
 
 
 def check_pair(single: Plan, parallel: Plan) -> None:

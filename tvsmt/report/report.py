@@ -9,7 +9,11 @@ from typing import Any
 from tvsmt.errors import PlanError
 
 EQUIVALENT, VIOLATION, INCONCLUSIVE, ERROR = "equivalent", "violation", "inconclusive", "error"
-EXIT_CODES = {EQUIVALENT: 0, VIOLATION: 1, INCONCLUSIVE: 2, ERROR: 2}
+# The documented exit codes (also in `tvsmt --help`): 0 equivalent, 1 violation, 2 input
+# error (raised before a report exists), 3 inconclusive, 4 internal error.
+EXIT_EQUIVALENT, EXIT_VIOLATION, EXIT_INPUT_ERROR, EXIT_INCONCLUSIVE, EXIT_INTERNAL = 0, 1, 2, 3, 4
+EXIT_CODES = {EQUIVALENT: EXIT_EQUIVALENT, VIOLATION: EXIT_VIOLATION,
+              INCONCLUSIVE: EXIT_INCONCLUSIVE, ERROR: EXIT_INCONCLUSIVE}
 
 
 @dataclass
@@ -23,8 +27,9 @@ class Failure:
     tensor: str | None = None  # the single-plan tensor whose lineage is not established
     slice: list[list[int]] | None = None  # original slice of the failing lineage part
     parallel_tensors: list[str] = field(default_factory=list)
-    single_nodes: list[dict[str, str]] = field(default_factory=list)  # [{"id", "op"}]
-    parallel_nodes: list[dict[str, str]] = field(default_factory=list)
+    # [{"id", "op", "rank", "source"?}]: "source" is the producer's file:line (capture)
+    single_nodes: list[dict[str, Any]] = field(default_factory=list)
+    parallel_nodes: list[dict[str, Any]] = field(default_factory=list)
     node: str | None = None  # a specific node at fault, where known
     counterexample: dict[str, Any] | None = None  # {"inputs": {...}, "mismatches": [...]}
     solver: dict[str, Any] | None = None  # solver answers (name, status, time, message)

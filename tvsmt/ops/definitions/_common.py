@@ -172,8 +172,10 @@ def passthrough(name: str, doc: str, mirrors: bool = True, communication: bool =
 Elementwise = Callable[[Any, np.ndarray, dict], np.ndarray]
 
 
-def unary(name: str, f: Elementwise, df: Elementwise, doc: str) -> OpSpec:
+def unary(name: str, f: Elementwise, df: Elementwise, doc: str, *,
+          abstracts: tuple[str, ...] = ()) -> OpSpec:
     """An elementwise op `y = f(x)` with derivative `df`: bw `[g, x] -> [g * df(x)]`."""
     return register(OpSpec(
         name, lambda be, ins, attrs, ctx: [f(be, ins[0], attrs)], identity_shape,
-        lambda be, ins, attrs, ctx: [ins[0] * df(be, ins[1], attrs)], doc=doc))
+        lambda be, ins, attrs, ctx: [ins[0] * df(be, ins[1], attrs)], doc=doc,
+        abstracts=abstracts, reads_mirrors=True))

@@ -119,9 +119,12 @@ def all_to_all_shape(c, ins, outs, attrs):
     relate(c, xs[0], outs[0], factors)
 
 
-def _comm(name: str, forward, shape, doc: str, reads=None) -> OpSpec:
+def _comm(name: str, forward, shape, doc: str, reads=None, *,
+          rank_attrs: tuple[str, ...] = ("ranks",), unit_sum: bool = False) -> OpSpec:
     return register(OpSpec(name, forward, shape, communication=True, doc=doc,
-                           semantic_attrs=reads))
+                           semantic_attrs=reads, rank_attrs=rank_attrs, unit_sum=unit_sum,
+                           no_backward="communication: its backward is written in the plan as "
+                                       "other communication nodes"))
 
 
 def _reads_nothing(attrs) -> dict:
@@ -135,16 +138,18 @@ def _reads_pieces(attrs) -> dict:
             "idx": attrs.get("idx"), "pieces": len(attrs.get("ranks") or ())}
 
 
-_comm("all_reduce", sum_fw, identity_shape, "sum of the group's inputs", _reads_nothing)
+_comm("all_reduce", sum_fw, identity_shape, "sum of the group's inputs", _reads_nothing,
+      unit_sum=True)
 _comm("reducer", sum_fw, identity_shape,
       "data-parallel gradient sum of one weight: sum of the inputs (no averaging)",
-      _reads_nothing)
+      _reads_nothing, unit_sum=True)
 _comm("grad_accum", sum_fw, identity_shape, "micro-batch gradient accumulation: sum of inputs",
-      _reads_nothing)
-_comm("move", copy_fw, identity_shape, "point-to-point copy: [x] -> [x]", _reads_nothing)
+      _reads_nothing, rank_attrs=(), unit_sum=True)
+_comm("move", copy_fw, identity_shape, "point-to-point copy: [x] -> [x]", _reads_nothing,
+      rank_attrs=("src", "dst"))
 _comm("broadcast", broadcast_fw, identity_shape,
       "[x] -> [x] (one copy per output slot); with several inputs, the one at the position of "
-      "attrs.src in attrs.ranks")
+      "attrs.src in attrs.ranks", rank_attrs=("ranks", "src"))
 _comm("all_gather", all_gather_fw, all_gather_shape,
       "concatenate the inputs along attrs.dim in input order", _reads_pieces)
 _comm("chunk", chunk_fw, chunk_shape,

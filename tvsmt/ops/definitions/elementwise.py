@@ -41,7 +41,7 @@ def binary_shape(c, ins, outs, attrs):
     broadcast_rule(c, present(ins), outs[0])
 
 
-def register_binary(name: str, op: Binary, doc: str) -> OpSpec:
+def register_binary(name: str, op: Binary, doc: str, **facts) -> OpSpec:
     def forward(be, ins, attrs, ctx):
         if _is_const_form(ins):
             return [op.const_fw(be, ins[0], const_attr(attrs), attrs)]
@@ -55,7 +55,7 @@ def register_binary(name: str, op: Binary, doc: str) -> OpSpec:
         gx, gy = op.tensor_bw(be, g, x, y, attrs)
         return [unbroadcast(gx, x.shape), unbroadcast(gy, y.shape)]
 
-    return register(OpSpec(name, forward, binary_shape, backward, doc=doc))
+    return register(OpSpec(name, forward, binary_shape, backward, doc=doc, **facts))
 
 
 register_binary("add", Binary(
@@ -77,7 +77,7 @@ register_binary("mul", Binary(
     const_fw=lambda be, x, c, a: times(be, x, c),
     tensor_bw=lambda be, g, x, y, a: (g * y, g * x),
     const_bw=lambda be, g, x, c, a: times(be, g, c)),
-    doc="x * y or x * c")
+    doc="x * y or x * c", reads_mirrors=True)
 
 
 def _no_rounding(attrs) -> None:
@@ -100,7 +100,8 @@ register_binary("div", Binary(
     const_fw=_div_const_fw,
     tensor_bw=lambda be, g, x, y, a: (be.div(g, y), be.scale(be.div(g * x, y * y), -1)),
     const_bw=lambda be, g, x, c, a: times(be, g, 1 / c)),
-    doc="x / y (be.div) or x / c (exact 1/c); rounding_mode must be null")
+    doc="x / y (be.div) or x / c (exact 1/c); rounding_mode must be null",
+    abstracts=("uf_div",))
 
 
 def power(be, x, p: Fraction):
@@ -119,8 +120,9 @@ def _pow_grad(be, x, attrs):
 
 unary("pow", lambda be, x, a: power(be, x, const_attr(a)), _pow_grad,
       doc="x ** p, p = attrs.consts[0] (ipow for integer p >= 0, else powc); "
-          "bw [g, x] -> [g * p * x**(p-1)]")
+          "bw [g, x] -> [g * p * x**(p-1)]", abstracts=("uf_pow",))
 
 unary("rsqrt", lambda be, x, a: be.rsqrt(x),
       lambda be, x, a: be.scale(be.ipow(be.rsqrt(x), 3), Fraction(-1, 2)),
-      doc="1 / sqrt(x) (be.rsqrt); bw [g, x] -> [g * -1/2 * rsqrt(x)**3]")
+      doc="1 / sqrt(x) (be.rsqrt); bw [g, x] -> [g * -1/2 * rsqrt(x)**3]",
+      abstracts=("uf_rsqrt",))

@@ -57,7 +57,8 @@ def linear_shape(c, ins, outs, attrs):
 
 
 register(OpSpec("linear", linear_fw, linear_shape, linear_bw,
-                doc="y = x @ w.T (+ b); bw in [g, x, w(, b)] out [g_x, g_w(, g_b)]"))
+                doc="y = x @ w.T (+ b); bw in [g, x, w(, b)] out [g_x, g_w(, g_b)]",
+                reads_mirrors=True))
 
 
 def matmul_fw(be, ins, attrs, ctx):
@@ -89,4 +90,4 @@ def matmul_shape(c, ins, outs, attrs):
 register(OpSpec("matmul", matmul_fw, matmul_shape, matmul_bw,
                 doc="y = a @ b (batched, batch dims broadcast like torch; operands >= 2-D); "
                     "bw in [g, a, b] out [g @ b^T, a^T @ g], each reduced to its operand's "
-                    "shape"))
+                    "shape", reads_mirrors=True))

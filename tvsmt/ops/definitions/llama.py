@@ -118,7 +118,8 @@ def create_mask_shape(c, ins, outs, attrs):
 
 register(OpSpec("create_mask", create_mask_fw, create_mask_shape,
                 doc="[tokens, h] -> [mask (1, 1, S, S)], S = tokens.shape[1]: -inf strictly "
-                    "above the diagonal, 0 elsewhere; no backward"))
+                    "above the diagonal, 0 elsewhere; no backward",
+                no_backward="a constant of the token shape: nothing to differentiate"))
 
 
 def apply_mask_fw(be, ins, attrs, ctx):
@@ -179,7 +180,8 @@ register(OpSpec("apply_rotary_emb", rotary_fw, rotary_shape, rotary_bw,
                 n_outputs=lambda attrs, n_in: 2,
                 doc="[xq, xk, f] -> [xq', xk']: the last dim holds pairs (a, b) = (x[..., 0::2], "
                     "x[..., 1::2]) rotated by the angle f[position (dim 1), pair]: (a cos - b "
-                    "sin, a sin + b cos); bw [g_xq', g_xk', xq, xk, f] -> [g_xq, g_xk, null]"))
+                    "sin, a sin + b cos); bw [g_xq', g_xk', xq, xk, f] -> [g_xq, g_xk, null]",
+                abstracts=("uf_cos", "uf_sin")))
 
 
 # ----------------------------------------------------------------------------- softmax, silu
@@ -209,7 +211,8 @@ def softmax_shape(c, ins, outs, attrs):
 
 register(OpSpec("softmax", softmax_fw, softmax_shape, softmax_bw,
                 doc="exp(x) / sum(exp(x), dim) (no max subtraction, division by be.div); bw "
-                    "[g, x] -> [s * (g - sum(g * s, dim))], s recomputed from x"))
+                    "[g, x] -> [s * (g - sum(g * s, dim))], s recomputed from x",
+                abstracts=("uf_exp", "uf_div"), reads_mirrors=True))
 
 
 def _silu_grad(be, x, attrs):
@@ -219,4 +222,5 @@ def _silu_grad(be, x, attrs):
 
 
 unary("silu", lambda be, x, a: x * be.sigmoid(x), _silu_grad,
-      doc="x * sigmoid(x); bw [g, x] -> [g * sig(x) * (1 + x * (1 - sig(x)))]")
+      doc="x * sigmoid(x); bw [g, x] -> [g * sig(x) * (1 + x * (1 - sig(x)))]",
+      abstracts=("uf_sigmoid",))
