@@ -129,20 +129,41 @@ def test_operator_whose_declared_shapes_cannot_hold_is_a_violation():
                for f in report.failures)
 
 
-@pytest.mark.parametrize("scale,verdict", [([1, 2], "equivalent"), ([1, 1], "violation"),
-                                           ([2, 1], "violation")])
-def test_lineage_scale_is_honoured(scale, verdict):
-    """`scale: [num, den]` means single[slice] == num/den * sum(sum_of): a parallel tensor
-    that holds twice the value is the single tensor only with scale 1/2."""
+def _scaled_pair(scale, final: bool):
+    """single y = 3x; the parallel plan computes y@0 = 6x (twice y). With `final`, y is the
+    single plan's output; otherwise z = y is, and the parallel plan halves y@0 into z@0."""
     from handmade import PlanDict
 
     s = PlanDict("single", "s", {"dp": 1, "tp": 1, "pp": 1, "mb": 1, "ranks": 1})
-    s.t("x", [2, 2], "input"), s.t("y", [2, 2])
+    s.t("x", [2, 2], "input"), s.t("y", [2, 2]), s.t("z", [2, 2])
     s.n("n1", "mul", ["x"], ["y"], consts=[3])
-    s.d["outputs"] = ["y"]
     p = PlanDict("parallel", "p", {"dp": 1, "tp": 1, "pp": 1, "mb": 1, "ranks": 1})
-    p.t("x@0", [2, 2], "input"), p.t("y@0", [2, 2])
+    p.t("x@0", [2, 2], "input"), p.t("y@0", [2, 2]), p.t("z@0", [2, 2])
     p.n("m1", "mul", ["x@0"], ["y@0"], consts=[6])
     p.lineage("x", [([(0, 2), (0, 2)], ["x@0"])])
     p.lineage("y", [([(0, 2), (0, 2)], ["y@0"], scale)])
-    assert verify_dicts(s.d, p.d).verdict == verdict
+    if final:
+        s.d["outputs"] = ["y"]
+    else:
+        s.n("n2", "mul", ["y"], ["z"], consts=[1])
+        p.n("m2", "div", ["y@0"], ["z@0"], consts=[2])
+        p.lineage("z", [([(0, 2), (0, 2)], ["z@0"])])
+        s.d["outputs"] = ["z"]
+    return s.d, p.d
+
+
+@pytest.mark.parametrize("scale,verdict", [([1, 2], "equivalent"), ([1, 1], "violation"),
+                                           ([2, 1], "violation")])
+def test_lineage_scale_is_honoured_on_intermediate_lineages(scale, verdict):
+    """`scale: [num, den]` means single[slice] == num/den * sum(sum_of): a parallel tensor
+    that holds twice the value is the single tensor only with scale 1/2."""
+    assert verify_dicts(*_scaled_pair(scale, final=False)).verdict == verdict
+
+
+def test_a_scaled_final_output_is_a_violation():
+    """What the optimizer reads must be the result: a final gradient held at twice its value
+    is wrong even if a lineage with scale 1/2 describes it exactly (issue 9, item 2)."""
+    report = verify_dicts(*_scaled_pair([1, 2], final=True))
+    assert report.verdict == "violation"
+    f = [f for f in report.failures if f.kind == "structural" and "scaled" in f.message]
+    assert f and f[0].tensor == "y" and f[0].lineage == 1

@@ -119,10 +119,11 @@ def test_handmade_bug_with_cvc5_and_crosscheck(buggy_pair, flags):
 
 def test_a_profile_is_all_it_takes_and_crosscheck_catches_a_lying_solver(tmp_path, buggy_pair):
     prof = fake_solver_profile(tmp_path, "liar", "unsat")  # a broken solver: proves anything
-    # the new solver is used as is: it (wrongly) proves the buggy plan...
+    # the new solver is used as is; its (wrong) proof of the buggy plan is contradicted by
+    # the stages' concrete evaluation (belt and braces), so the run is not a pass...
     r = run("verify", *buggy_pair, "--no-corpus", "--solver", str(prof))
-    assert r.exit_code == 0
-    # ...which is why cross-checking exists: z3 disagrees, the stage is not a pass
+    assert r.exit_code == 3 and "SOLVER OR ENCODING FAILURE" in r.output
+    # ...and cross-checking catches it too: z3 disagrees, the stage is not a pass
     from tvsmt.solving.runner import crosscheck
     from tvsmt.verify import prepare, Timer
     from tvsmt.plan import load_plan

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from tvsmt.errors import TvsmtError
+from tvsmt.errors import InternalError, TvsmtError
 
 
 class Cli(click.Group):
@@ -16,6 +16,9 @@ class Cli(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except InternalError as e:
+            click.echo(f"tvsmt: {e}", err=True)
+            sys.exit(4)
         except TvsmtError as e:
             click.echo(f"tvsmt: error: {e}", err=True)
             sys.exit(2)
@@ -99,8 +102,11 @@ def solver_options(f):
 @click.option("--fresh", is_flag=True, help="Ignore verdicts already in the corpus.")
 @click.option("--no-fold", is_flag=True,
               help="Verify every replica and micro-batch instead of folding the copies.")
+@click.option("--strict", is_flag=True,
+              help="Fail (inconclusive, exit 3) when the parallel plan computes results that "
+                   "no lineage claims (they are listed in the report either way).")
 def verify(single, parallel, report_path, jobs, timeout, solver, backend, scheduler,
-           crosscheck, corpus, no_corpus, fresh, no_fold):
+           crosscheck, corpus, no_corpus, fresh, no_fold, strict):
     """Verify that PARALLEL computes what SINGLE computes."""
     if backend == "dask" and not scheduler:
         raise click.UsageError("--backend dask needs --scheduler ADDRESS")
@@ -111,7 +117,8 @@ def verify(single, parallel, report_path, jobs, timeout, solver, backend, schedu
     corpus = None if no_corpus else (corpus or default_corpus(parallel))
     sys.exit(run_verify(single, parallel, report_path, jobs=jobs, timeout=timeout,
                         solver=solver, backend=backend, scheduler=scheduler,
-                        crosscheck=crosscheck, corpus=corpus, fresh=fresh, fold=not no_fold))
+                        crosscheck=crosscheck, corpus=corpus, fresh=fresh, fold=not no_fold,
+                        strict=strict))
 
 
 @main.command()

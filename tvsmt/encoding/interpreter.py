@@ -10,12 +10,20 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from tvsmt.errors import PlanError, StructuralViolation
-from tvsmt.ops import Backend, NodeCtx
+from tvsmt.errors import InternalError, PlanError, StructuralViolation
+from tvsmt.ops import AttrError, Backend, NodeCtx, ShapeRuleError
 from tvsmt.ops import get as get_op
 from tvsmt.plan.model import Node, Plan
 
 Shape = tuple[int, ...]
+
+
+def internal_error(node: Node, e: BaseException) -> InternalError:
+    """torch.fx style: say which node was being executed when the entry failed."""
+    return InternalError(f"internal error while executing node {node.id} ({node.op}"
+                         f"{'/' + node.pass_ if node.pass_ else ''}): {type(e).__name__}: {e} "
+                         "(a bug in the operator's registry entry; please report it)",
+                         node=node.id, op=node.op)
 
 
 def _brief(attrs: dict, limit: int = 120) -> str:
@@ -43,12 +51,21 @@ class Interpreter:
                             node=node.id)
         try:
             outs = rule(self.be, ins, node.attrs, ctx)
-        except (KeyError, IndexError, TypeError, ValueError, ArithmeticError) as e:
+        except (AttrError, ShapeRuleError) as e:
             # the entry refused this node's attributes/operands: a malformed plan
-            what = f"missing attribute {e}" if isinstance(e, KeyError) else str(e)
             raise PlanError(f"operator {node.op} cannot be applied with attrs "
-                            f"{_brief(node.attrs)}: {what}", file=self.plan.path,
+                            f"{_brief(node.attrs)}: {e}", file=self.plan.path,
                             node=node.id) from None
+        except KeyError as e:
+            if e.args and isinstance(e.args[0], str) and e.args[0] not in node.attrs:
+                raise PlanError(f"operator {node.op} needs attribute {e.args[0]!r} (attrs "
+                                f"{_brief(node.attrs)})", file=self.plan.path,
+                                node=node.id) from None
+            raise internal_error(node, e) from e
+        except (StructuralViolation, PlanError):
+            raise
+        except Exception as e:  # a bug in the operator's entry, not in the plan
+            raise internal_error(node, e) from e
         if len(outs) != len(node.outputs):
             raise PlanError(f"operator {node.op} ({'backward' if node.is_backward else 'forward'})"
                             f" has {len(outs)} output slots, the node lists "

@@ -11,7 +11,8 @@ from __future__ import annotations
 import itertools
 
 from tvsmt.errors import PlanError, StructuralViolation
-from tvsmt.ops import ShapeConstraints, ShapeRuleError, TShape
+from tvsmt.encoding.interpreter import _brief, internal_error
+from tvsmt.ops import AttrError, ShapeConstraints, ShapeRuleError, TShape
 from tvsmt.ops import get as get_op
 from tvsmt.ops.registry import shape_rule
 from tvsmt.plan.model import Lineage, Plan
@@ -39,6 +40,17 @@ def check_output_coverage(single: Plan, parallel: Plan) -> list[StructuralViolat
     out = []
     for t in single.outputs:
         lins = by_single.get(t, [])
+        for lin in lins:
+            scaled = [j for j, p in enumerate(lin.parts) if p.scale != 1]
+            if scaled:
+                # What the optimizer reads must BE the result: a lineage that needs a factor
+                # on a final tensor says the rank holds a wrong value (scales are for
+                # intermediate lineages, e.g. a gradient before its averaging).
+                p = lin.parts[scaled[0]]
+                out.append(StructuralViolation(
+                    f"output {t} is held scaled: lineage #{lin.index} part {scaled[0]} says "
+                    f"{t} = {p.scale} * {', '.join(p.sum_of[:3])}, so that rank holds "
+                    f"{1 / p.scale} times the result", tensor=t, lineage=lin.index))
         complete = [lin for lin in lins if all(len(p.sum_of) == 1 for p in lin.parts)]
         if not complete:
             out.append(StructuralViolation(
@@ -49,6 +61,19 @@ def check_output_coverage(single: Plan, parallel: Plan) -> list[StructuralViolat
                 f"output {t} is not fully held: some elements are in no lineage part",
                 tensor=t, lineage=complete[-1].index))
     return out
+
+
+def unclaimed_sinks(parallel: Plan) -> list[str]:
+    """Parallel tensors that some node writes, no node reads and no lineage names: results
+    (a final gradient on some rank, a loss) that nothing relates to the single plan, so
+    nothing about them is proven. Listed in the report; `--strict` makes them a failure."""
+    read: set[str] = set()
+    written: list[str] = []
+    for n in parallel.nodes:
+        read.update(t for t in n.inputs if t is not None)
+        written.extend(t for t in n.outputs if t is not None)
+    named = {t for lin in parallel.lineages for p in lin.parts for t in p.sum_of}
+    return [t for t in written if t not in read and t not in named]
 
 
 def check_plan_shapes(plan: Plan) -> list[StructuralViolation]:
@@ -64,11 +89,21 @@ def check_plan_shapes(plan: Plan) -> list[StructuralViolation]:
             bad = [x for x in c.constraints if x is False]
         except ShapeRuleError as e:
             bad = [e]
-        except (IndexError, KeyError, TypeError, ValueError, ArithmeticError) as e:
-            # not a shape contradiction: the rule cannot read this node's attributes
-            what = f"missing attribute {e}" if isinstance(e, KeyError) else str(e)
+        except AttrError as e:
             raise PlanError(f"operator {node.op} cannot be applied with attrs "
-                            f"{node.attrs}: {what}", file=plan.path, node=node.id) from None
+                            f"{_brief(node.attrs)}: {e}", file=plan.path, node=node.id) from None
+        except KeyError as e:
+            if not (e.args and isinstance(e.args[0], str) and e.args[0] not in node.attrs):
+                raise internal_error(node, e) from e
+            raise PlanError(f"operator {node.op} needs attribute {e.args[0]!r}",
+                            file=plan.path, node=node.id) from None
+        except (IndexError, TypeError):
+            # the rule reached for an input/output slot the node does not have (or null)
+            raise PlanError(f"operator {node.op} does not take these inputs/outputs "
+                            f"({len(node.inputs)} inputs, {len(node.outputs)} outputs, null "
+                            "slots included)", file=plan.path, node=node.id) from None
+        except Exception as e:  # a bug in the entry's shape rule
+            raise internal_error(node, e) from e
         if bad:
             out.append(StructuralViolation(
                 f"{plan.path}: node {node.id} ({node.op}): declared shapes violate the "

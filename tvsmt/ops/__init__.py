@@ -1,7 +1,8 @@
 """The operator registry (see registry.py) and the arithmetic backends (backend.py)."""
 
 from tvsmt.ops.backend import Backend, NumericBackend, SymbolicBackend
-from tvsmt.ops.registry import NodeCtx, OpSpec, ShapeConstraints, ShapeRuleError, TShape, all_ops, get
+from tvsmt.ops.registry import (AttrError, NodeCtx, OpSpec, ShapeConstraints, ShapeRuleError,
+                                TShape, all_ops, get)
 
-__all__ = ["Backend", "NumericBackend", "SymbolicBackend", "NodeCtx", "OpSpec", "ShapeConstraints",
+__all__ = ["AttrError", "Backend", "NumericBackend", "SymbolicBackend", "NodeCtx", "OpSpec", "ShapeConstraints",
            "ShapeRuleError", "TShape", "all_ops", "get"]

@@ -34,7 +34,10 @@ def exact(c: Any) -> Fraction:
         if not math.isfinite(c):
             raise ValueError(f"non-finite constant {c!r}")
         return Fraction(repr(c))
-    return Fraction(str(c))
+    try:
+        return Fraction(str(c))
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"not a number: {str(c)[:40]!r}") from None
 
 
 def _exp(a):
@@ -134,15 +137,27 @@ class NumericBackend(Backend):
 
 
 class SymbolicBackend(Backend):
-    """pysmt terms in numpy object arrays; one instance per formula environment."""
+    """pysmt terms in numpy object arrays, in an explicit pysmt `Environment` of their own.
+
+    numpy code builds terms with infix operators, which pysmt resolves through its *current*
+    environment: run the rules inside `with backend.active():`. `SymbolicBackend.fresh()`
+    (what the pipeline uses) has an environment of its own, so its terms live as long as the
+    backend and the formulas that hold them, not for the life of the process; a plain
+    `SymbolicBackend()` shares pysmt's current environment (convenient in tests)."""
 
     symbolic = True
 
-    def __init__(self):
-        from pysmt.shortcuts import get_env
+    @classmethod
+    def fresh(cls) -> "SymbolicBackend":
+        from pysmt.environment import Environment
+
+        return cls(Environment())
+
+    def __init__(self, env=None):
+        from pysmt.environment import get_env
         from pysmt.typing import REAL, FunctionType
 
-        env = get_env()
+        self.env = env = env if env is not None else get_env()
         env.enable_infix_notation = True
         self.mgr = env.formula_manager
         self.real = REAL  # the pysmt sort of every tensor element
@@ -150,6 +165,22 @@ class SymbolicBackend(Backend):
         self._fn1 = FunctionType(REAL, [REAL])
         self._fn2 = FunctionType(REAL, [REAL, REAL])
         self._neg_inf = self.mgr.Symbol("neg_inf", REAL)
+
+    def active(self):
+        """Make this backend's environment pysmt's current one (a context manager)."""
+        from contextlib import contextmanager
+
+        from pysmt.environment import pop_env, push_env
+
+        @contextmanager
+        def scope():
+            push_env(self.env)
+            try:
+                yield self
+            finally:
+                pop_env()
+
+        return scope()
 
     def _uf(self, name: str, arity: int):
         if name not in UNINTERPRETED:

@@ -102,6 +102,11 @@ class ShapeRuleError(ValueError):
     """A node's tensors cannot have the shapes its operator requires."""
 
 
+class AttrError(ValueError):
+    """A node's attributes are not valid for its operator (a declared input error: the
+    entry checked them). Any other exception inside a rule is a bug of the entry."""
+
+
 ShapeRule = Callable[[ShapeConstraints, list["TShape | None"], list["TShape | None"], dict], None]
 
 

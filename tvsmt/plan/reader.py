@@ -234,6 +234,12 @@ def check_pair(single: Plan, parallel: Plan) -> None:
                 raise PlanError(f"lineage #{lin.index} part {j}: slice "
                                 f"{[list(r) for r in part.slice]} is outside the full shape "
                                 f"{list(full)}", file=parallel.path, tensor=lin.single)
+    if not single.outputs:
+        # Nothing would be claimed, so nothing proven: a pass here would be vacuous (the
+        # reference verifier reports success on such exports).
+        raise PlanError("the single plan lists no outputs: nothing to verify (an execution "
+                        "plan must name the loss and the final weight gradients)",
+                        file=single.path)
     with_lineage = {lin.single for lin in parallel.lineages}
     for out in single.outputs:
         if out not in with_lineage:

@@ -9,6 +9,7 @@ from tvsmt.report.report import Report
 
 _STYLE = {"equivalent": "bold green", "violation": "bold red", "inconclusive": "bold yellow",
           "error": "bold red"}
+_KIND_STYLE = {"solver-failure": "bold red reverse"}
 
 
 def render(report: Report, console: Console | None = None, max_failures: int = 10) -> None:
@@ -31,13 +32,23 @@ def render(report: Report, console: Console | None = None, max_failures: int = 1
                   f"{fo['batch_factor']}, so batch rows in slices are folded rows){exc}")
     elif report.fold_note:
         t.add_row("folding", f"not folded: {report.fold_note}")
+    if report.evaluated:
+        ev = report.evaluated
+        t.add_row("evaluated", f"{ev.get('obligations', 0)} obligations also evaluated at "
+                  f"{ev.get('points', 0)} random concrete points (real functions)")
+    if report.unclaimed:
+        shown = ", ".join(report.unclaimed_tensors[:4])
+        t.add_row("unclaimed", f"{report.unclaimed} parallel results no lineage claims "
+                  f"(not verified; --strict fails on them): {shown}"
+                  + (" ..." if report.unclaimed > 4 else ""))
     t.add_row("time", "  ".join(f"{k} {v:.2f}s" for k, v in report.timings.items()))
     if report.solver_seconds:
         t.add_row("solvers", "  ".join(f"{k} {v:.2f}s" for k, v in
                                        report.solver_seconds.items()))
     console.print(t)
     for f in report.failures[:max_failures]:
-        console.print(f"\n[bold]{f.kind}[/] {('in stage ' + f.stage) if f.stage else ''}: "
+        style = _KIND_STYLE.get(f.kind, "bold")
+        console.print(f"\n[{style}]{f.kind}[/] {('in stage ' + f.stage) if f.stage else ''}: "
                       f"{f.message}")
         if f.tensor:
             sl = f" slice {f.slice}" if f.slice else ""

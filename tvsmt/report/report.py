@@ -57,6 +57,13 @@ class Report:
     # replica folding (tvsmt/fold): what was verified, or why the plan was not folded
     fold: dict[str, Any] | None = None
     fold_note: str | None = None
+    # parallel results (written, never read) that no lineage claims: nothing about them is
+    # proven; with --strict they make the run fail
+    unclaimed: int = 0
+    unclaimed_tensors: list[str] = field(default_factory=list)
+    # belt and braces: obligations also evaluated at random concrete points
+    evaluated: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:

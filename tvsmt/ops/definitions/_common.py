@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from tvsmt.ops.backend import exact
-from tvsmt.ops.registry import OpSpec, ShapeConstraints, ShapeRuleError, TShape, register
+from tvsmt.ops.registry import AttrError, OpSpec, ShapeConstraints, ShapeRuleError, TShape, register
 
 # ----------------------------------------------------------------------------- arrays
 
@@ -29,7 +29,7 @@ def present(items: Iterable) -> list:
 def add_all(xs: Sequence[np.ndarray]) -> np.ndarray:
     """Elementwise sum of a non-empty list of arrays."""
     if not xs:
-        raise ValueError("sum of no tensors")
+        raise AttrError("sum of no tensors")
     return reduce(operator.add, xs)
 
 
@@ -41,7 +41,7 @@ def norm_axes(dims: Any, ndim: int) -> tuple[int, ...]:
         dims = [dims]
     for d in dims:
         if not isinstance(d, int) or not -ndim <= d < ndim:
-            raise ValueError(f"dim={d!r} is not an axis of a {ndim}-d tensor")
+            raise AttrError(f"dim={d!r} is not an axis of a {ndim}-d tensor")
     return tuple(sorted({d % ndim for d in dims}))
 
 
@@ -49,8 +49,11 @@ def const_attr(attrs: dict, i: int = 0) -> Fraction:
     """The i-th non-tensor operand (`attrs.consts`) as an exact rational."""
     consts = attrs.get("consts") or []
     if len(consts) <= i:
-        raise ValueError(f"missing constant operand #{i} in attrs {attrs!r}")
-    return exact(consts[i])
+        raise AttrError(f"missing constant operand #{i} in attrs {attrs!r}")
+    try:
+        return exact(consts[i])
+    except ValueError as e:
+        raise AttrError(f"constant operand #{i}: {e}") from None
 
 
 def times(be, x: np.ndarray, c: Fraction) -> np.ndarray:

@@ -11,7 +11,7 @@ import numpy as np
 
 from tvsmt.ops.definitions._common import (add_all, identity_shape, present, relate, require,
                                            same_shape)
-from tvsmt.ops.registry import OpSpec, register
+from tvsmt.ops.registry import AttrError, OpSpec, register
 
 
 def _axis(attrs, key: str, ndim: int, default: str | None = None) -> int:
@@ -19,20 +19,25 @@ def _axis(attrs, key: str, ndim: int, default: str | None = None) -> int:
     if d is None and default is not None:
         d = attrs.get(default)
     if d is None:
-        raise ValueError(f"missing attrs.{key}")
+        raise AttrError(f"missing attrs.{key}")
     if not isinstance(d, int) or not -ndim <= d < ndim:
-        raise ValueError(f"attrs.{key}={d!r} is not an axis of a {ndim}-d tensor")
+        raise AttrError(f"attrs.{key}={d!r} is not an axis of a {ndim}-d tensor")
     return d % ndim
 
 
 def _parts(attrs, n_in: int) -> int:
     """Number of pieces a split makes: the group size (default: the number of inputs)."""
-    return len(attrs.get("ranks") or ()) or n_in
+    ranks = attrs.get("ranks") or ()
+    if not isinstance(ranks, list):
+        raise AttrError(f"attrs.ranks={ranks!r} is not a list of ranks")
+    return len(ranks) or n_in
 
 
 def _piece(x: np.ndarray, n: int, idx: int, axis: int) -> np.ndarray:
+    if type(idx) is not int or not 0 <= idx < n:
+        raise AttrError(f"attrs.idx={idx!r} is not a piece index of {n} pieces")
     if x.shape[axis] % n:
-        raise ValueError(f"cannot split axis {axis} of size {x.shape[axis]} into {n} pieces")
+        raise AttrError(f"cannot split axis {axis} of size {x.shape[axis]} into {n} pieces")
     size = x.shape[axis] // n
     return np.take(x, range(idx * size, (idx + 1) * size), axis=axis)
 

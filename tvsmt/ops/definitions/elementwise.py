@@ -15,12 +15,15 @@ from typing import Callable
 from tvsmt.ops.backend import exact
 from tvsmt.ops.definitions._common import (broadcast_rule, const_attr, present, times,
                                            unary, unbroadcast)
-from tvsmt.ops.registry import OpSpec, register
+from tvsmt.ops.registry import AttrError, OpSpec, register
 
 
 def _alpha(attrs) -> Fraction:
     alpha = attrs.get("alpha")
-    return Fraction(1) if alpha is None else exact(alpha)
+    try:
+        return Fraction(1) if alpha is None else exact(alpha)
+    except ValueError as e:
+        raise AttrError(f"alpha: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ register_binary("mul", Binary(
 
 def _no_rounding(attrs) -> None:
     if attrs.get("rounding_mode") is not None:
-        raise ValueError(f"div: rounding_mode={attrs['rounding_mode']!r} is not supported")
+        raise AttrError(f"div: rounding_mode={attrs['rounding_mode']!r} is not supported")
 
 
 def _div_tensor_fw(be, x, y, attrs):

@@ -7,7 +7,7 @@ import numpy as np
 
 from tvsmt.ops.definitions._common import (add_all, identity_shape, norm_axes, passthrough,
                                            present, prod, require, same_shape)
-from tvsmt.ops.registry import OpSpec, register
+from tvsmt.ops.registry import AttrError, OpSpec, register
 
 passthrough("contiguous", "identity; bw [g, x] -> [g]")
 passthrough("float", "dtype cast, an identity on reals; bw [g, x] -> [g]")
@@ -75,7 +75,10 @@ register(OpSpec("view", view_fw, view_shape, view_bw,
 
 
 def _dims(attrs) -> tuple[int, int]:
-    return attrs["dim0"], attrs["dim1"]
+    d0, d1 = attrs["dim0"], attrs["dim1"]
+    if type(d0) is not int or type(d1) is not int:
+        raise AttrError(f"transpose: dim0={d0!r}, dim1={d1!r} must be ints")
+    return d0, d1
 
 
 def transpose_fw(be, ins, attrs, ctx):
@@ -111,6 +114,8 @@ def _times(attrs, n_in: int) -> int:
 
 def multiref_fw(be, ins, attrs, ctx):
     n = attrs.get("times") or len(ctx.out_shapes) or 1
+    if type(n) is not int or n < 1:
+        raise AttrError(f"multiref: attrs.times={n!r} is not a positive int")
     return [ins[0].copy() for _ in range(n)]
 
 

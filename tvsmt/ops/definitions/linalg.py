@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tvsmt.ops.definitions._common import (broadcast_rule, nontrivial, require, unbroadcast)
-from tvsmt.ops.registry import OpSpec, TShape, register
+from tvsmt.ops.registry import AttrError, OpSpec, TShape, register
 
 
 def _t(x: np.ndarray) -> np.ndarray:
@@ -15,7 +15,7 @@ def _t(x: np.ndarray) -> np.ndarray:
 
 def _no_bias_attr(attrs) -> None:
     if attrs.get("bias") not in (None, False):
-        raise ValueError("linear: attrs.bias must be null (a bias is the third tensor input)")
+        raise AttrError("linear: attrs.bias must be null (a bias is the third tensor input)")
 
 
 def linear_fw(be, ins, attrs, ctx):

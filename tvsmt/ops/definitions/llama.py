@@ -10,7 +10,7 @@ import numpy as np
 from tvsmt.ops.definitions._common import (broadcast_rule, identity_shape, nontrivial,
                                            norm_axes, require, same_shape, sum_axes, unary,
                                            unbroadcast)
-from tvsmt.ops.registry import OpSpec, register
+from tvsmt.ops.registry import AttrError, OpSpec, register
 
 # ----------------------------------------------------------------------------- embedding
 
@@ -24,7 +24,7 @@ def vocab_offset(attrs, ctx, w: np.ndarray, w_slot: int) -> int:
     `ctx.orig_in[w_slot]`. Absent: the weight starts at 0.
     """
     if attrs.get("padding_idx") is not None:
-        raise ValueError("embedding: padding_idx is not supported (its row gets no gradient "
+        raise AttrError("embedding: padding_idx is not supported (its row gets no gradient "
                          "in torch, which has no meaning under shape reduction)")
     start, stop = attrs.get("start"), attrs.get("stop")
     if start is None or stop is None:
@@ -34,11 +34,11 @@ def vocab_offset(attrs, ctx, w: np.ndarray, w_slot: int) -> int:
         return 0
     rows = orig[0] if orig is not None else w.shape[0]
     if stop - start != rows:
-        raise ValueError(f"embedding: vocabulary range [{start}, {stop}) does not match the "
+        raise AttrError(f"embedding: vocabulary range [{start}, {stop}) does not match the "
                          f"weight's {rows} rows")
     offset = Fraction(start * w.shape[0], rows)
     if offset.denominator != 1:
-        raise ValueError(f"embedding: vocabulary offset {start} is not a multiple of the "
+        raise AttrError(f"embedding: vocabulary offset {start} is not a multiple of the "
                          f"reduction {rows} -> {w.shape[0]}")
     return int(offset)
 

@@ -1,0 +1,138 @@
+"""What a verdict means (tvsmt/policy.py): never a pass that was not proven (issue 9)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from conftest import fake_solver_profile, fixture_pair
+from handmade import PlanDict, parallel_mlp, single_mlp
+
+from tvsmt.cli import main
+from tvsmt.encoding.concrete import evaluate_at_random
+from tvsmt.plan import plan_from_dict
+from tvsmt.plan.reader import check_pair
+from tvsmt.verify import Options, verify_plans
+
+
+def _write(tmp_path, single: dict, parallel: dict) -> tuple[str, str]:
+    s, p = tmp_path / "single.json", tmp_path / "parallel.json"
+    s.write_text(json.dumps(single))
+    p.write_text(json.dumps(parallel))
+    return str(s), str(p)
+
+
+def _verify(single: dict, parallel: dict, **opts):
+    s, p = plan_from_dict(single, "single.json"), plan_from_dict(parallel, "parallel.json")
+    check_pair(s, p)
+    return verify_plans(s, p, Options(jobs=1, **opts))
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_a_pair_with_nothing_to_verify_is_an_input_error():
+    """The real export whose single plan lists no outputs and whose parallel plan has no
+    lineages: the reference reports success; tvsmt refuses it (exit 2, one line)."""
+    single, parallel = fixture_pair("llama3-ly2-dp2pp1tp2mb2-nolineage")
+    r = run("verify", single, parallel, "--no-corpus")
+    assert r.exit_code == 2, r.output
+    assert "nothing to verify" in r.output and "Traceback" not in r.output
+
+
+def test_a_pair_whose_lineages_are_all_assumptions_is_never_equivalent():
+    """Every lineage relates graph inputs: no stage, no claim, so nothing is proven."""
+    s = PlanDict("single", "s", {"dp": 1, "tp": 1, "pp": 1, "mb": 1, "ranks": 1})
+    s.t("x", [2, 2], "input")
+    s.d["outputs"] = ["x"]
+    p = PlanDict("parallel", "p", {"dp": 1, "tp": 1, "pp": 1, "mb": 1, "ranks": 1})
+    p.t("x@0", [2, 2], "input")
+    p.lineage("x", [([(0, 2), (0, 2)], ["x@0"])])
+    report = _verify(s.d, p.d)
+    assert report.stages_total == 0
+    assert report.verdict == "inconclusive" and report.exit_code == 3
+    assert "nothing was claimed" in report.failures[0].message
+
+
+def test_unclaimed_parallel_results_are_listed_and_fail_with_strict(tmp_path):
+    """The parallel MLP computes the input gradient gx on every rank and nothing claims it."""
+    report = _verify(single_mlp(), parallel_mlp())
+    assert report.verdict == "equivalent"
+    assert report.unclaimed == 4 and all(t.startswith("gx@") for t in report.unclaimed_tensors)
+    strict = _verify(single_mlp(), parallel_mlp(), strict=True)
+    assert strict.verdict == "inconclusive"
+    assert [f.kind for f in strict.failures] == ["unclaimed"]
+    pair = _write(tmp_path, single_mlp(), parallel_mlp())
+    assert run("verify", *pair, "--no-corpus", "--strict").exit_code == 3
+    r = run("verify", *pair, "--no-corpus")
+    assert r.exit_code == 0 and "unclaimed" in r.output
+
+
+def test_a_lying_solver_cannot_pass_a_buggy_plan(tmp_path):
+    """Belt and braces: a solver that answers unsat to everything 'proves' the missing
+    all-reduce; the stage's concrete evaluation contradicts it, so the run is inconclusive
+    with a solver failure named prominently, never a pass."""
+    liar = fake_solver_profile(tmp_path, "liar", "unsat")
+    pair = _write(tmp_path, single_mlp(), parallel_mlp(drop_allreduce=True))
+    out = tmp_path / "r.json"
+    r = run("verify", *pair, "--no-corpus", "--solver", liar, "--report", out)
+    assert r.exit_code == 3, r.output
+    data = json.loads(out.read_text())
+    assert data["verdict"] == "inconclusive"
+    failures = [f for f in data["failures"] if f["kind"] == "solver-failure"]
+    assert failures and failures[0]["tensor"] == "y"
+    assert failures[0]["counterexample"]["mismatches"]
+    assert "SOLVER OR ENCODING FAILURE" in r.output
+    # the same liar on the correct plan: every evaluation agrees with its (true) answers
+    good = _write(tmp_path, single_mlp(), parallel_mlp())
+    assert run("verify", *good, "--no-corpus", "--solver", liar).exit_code == 0
+
+
+@pytest.mark.parametrize("bug", [{"drop_allreduce": True}, {"wrong_const_rank": 3},
+                                 {"drop_reducer": True}, {"wrong_chunk": True}])
+def test_evaluation_finds_each_one_line_bug_and_no_difference_on_the_correct_plan(bug):
+    """The evaluator itself (with assumptions solved as linear equalities) sees every bug
+    and never a false difference."""
+    from tvsmt.encoding.obligations import build_obligations
+    from tvsmt.stages import cut_stages
+    from tvsmt.timing import Timer
+
+    def evaluations(parallel):
+        s, p = plan_from_dict(single_mlp(), "s"), plan_from_dict(parallel, "p")
+        built = build_obligations(s, p, cut_stages(s, p).stages, Timer(), jobs=1)
+        return [o for o in built.outcomes if o.obligation is not None]
+
+    clean = evaluations(parallel_mlp())
+    assert clean and all(o.evaluation.points == 2 and o.evaluation.counterexample is None
+                         for o in clean if o.template is None)
+    broken = evaluations(parallel_mlp(**bug))
+    assert any(o.evaluation.counterexample for o in broken if o.evaluation)
+
+
+def test_evaluation_points_satisfy_the_stage_assumptions():
+    """A stage assuming a partial sum (y = yp@0 + yp@1): the random point keeps it exact."""
+    from tvsmt.encoding.concrete import _point
+    from tvsmt.encoding.obligations import encode_one
+    from tvsmt.ops import SymbolicBackend
+    from tvsmt.stages import cut_stages
+    from tvsmt.timing import Timer
+    import random
+
+    s, p = plan_from_dict(single_mlp(), "s"), plan_from_dict(parallel_mlp(), "p")
+    stages = [st for st in cut_stages(s, p).stages]
+    with_constraints = []
+    for st in stages:
+        out = encode_one(st, s, p, SymbolicBackend.fresh(), Timer())
+        if out.formula is not None and out.formula.constraints:
+            with_constraints.append(out.formula)
+    assert with_constraints, "expected a stage with assumption equalities"
+    from tvsmt.encoding.evaluate import FloatEvaluator
+
+    for f in with_constraints:
+        env = _point(f, random.Random(1))
+        assert env is not None
+        ev = FloatEvaluator(env)
+        assert all(ev.walk(c) for c in f.constraints)
+        assert evaluate_at_random(f).points == 2

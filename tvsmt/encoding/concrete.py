@@ -1,0 +1,154 @@
+"""Evaluating a stage at random concrete inputs, with the real functions (no solver).
+
+Used twice, as belt and braces around the solver:
+
+* next to an `unsat`: a proof holds for every interpretation of the uninterpreted functions,
+  so in particular for the real exp, rsqrt, ...; if the two sides differ at a concrete point
+  that satisfies the stage's assumptions, the solver (or the encoding) is wrong and the stage
+  is NOT proven (a solver failure, inconclusive);
+* when the solver gives no usable answer: a mismatch is a concrete counterexample (a plain
+  evaluation of both plans); finding none proves nothing.
+
+The stage's assumptions are linear equalities between input symbols (an element defined by
+two lineages, a partial sum). A random point on them is the closest point to a random positive
+vector inside their null space (numpy least squares): the constraints hold up to rounding, and
+the values stay mostly positive, inside the domains of rsqrt and pow. Elements that evaluate to
+NaN or infinity (outside a real function's domain) tell nothing and are skipped.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+import pysmt.operators as op
+
+from tvsmt.encoding.evaluate import FloatEvaluator, close
+from tvsmt.encoding.stage import StageFormula
+
+REL, ABS = 1e-7, 1e-9  # far above the rounding of a least-squares point, far below a bug
+
+
+@dataclass
+class Evaluation:
+    """What random concrete points said about a stage."""
+
+    points: int = 0  # points evaluated (0: the stage could not be evaluated)
+    compared: int = 0  # element comparisons with finite values on both sides
+    counterexample: dict | None = None  # first mismatch found, in plan terms
+    note: str = ""  # why fewer points than asked were evaluated
+
+    def to_json(self) -> dict:
+        return {"points": self.points, "compared": self.compared, "note": self.note,
+                "mismatch": self.counterexample is not None}
+
+
+class NotLinear(Exception):
+    pass
+
+
+def _linear(term, coef: Fraction, out: dict) -> None:
+    """Add `coef * term` to the linear form `out` (symbol name -> coefficient)."""
+    kind = term.node_type()
+    if kind == op.SYMBOL:
+        name = term.symbol_name()
+        out[name] = out.get(name, Fraction(0)) + coef
+    elif kind == op.PLUS:
+        for a in term.args():
+            _linear(a, coef, out)
+    elif kind == op.MINUS:
+        _linear(term.args()[0], coef, out)
+        _linear(term.args()[1], -coef, out)
+    elif kind == op.TIMES:
+        consts = [a for a in term.args() if a.is_constant()]
+        rest = [a for a in term.args() if not a.is_constant()]
+        if len(rest) != 1:
+            raise NotLinear()
+        c = coef
+        for k in consts:
+            c *= Fraction(k.constant_value())
+        _linear(rest[0], c, out)
+    elif term.is_constant():
+        out[""] = out.get("", Fraction(0)) + coef * Fraction(term.constant_value())
+    else:
+        raise NotLinear()
+
+
+def _point(formula: StageFormula, rng: random.Random) -> dict[str, float] | None:
+    """Random values for the stage's input symbols that satisfy its assumptions."""
+    names = sorted(formula.inputs)
+    env = {n: rng.uniform(0.5, 1.5) for n in names}
+    if not formula.constraints:
+        return env
+    rows = []
+    for c in formula.constraints:
+        if c.node_type() != op.EQUALS:
+            return None
+        form: dict = {}
+        lhs, rhs = c.args()
+        _linear(lhs, Fraction(1), form)
+        _linear(rhs, Fraction(-1), form)
+        rows.append(form)
+    cols = sorted({n for r in rows for n in r if n})
+    index = {n: i for i, n in enumerate(cols)}
+    a = np.zeros((len(rows), len(cols)))
+    b = np.zeros(len(rows))
+    for i, r in enumerate(rows):
+        for n, v in r.items():
+            if n:
+                a[i, index[n]] = float(v)
+            else:
+                b[i] = -float(v)
+    r0 = np.array([env.get(n, rng.uniform(0.5, 1.5)) for n in cols])
+    # closest point to r0 with a @ x == b: x = r0 + a^+ (b - a @ r0)
+    x = r0 + np.linalg.lstsq(a, b - a @ r0, rcond=None)[0]
+    if not np.allclose(a @ x, b, rtol=1e-9, atol=1e-9):
+        return None  # inconsistent assumptions: nothing to evaluate
+    for n, v in zip(cols, x.tolist()):
+        env[n] = v
+    return env
+
+
+def evaluate_at_random(formula: StageFormula, points: int = 2, seed: int = 0) -> Evaluation:
+    """Evaluate every compared element of the stage at `points` random inputs."""
+    ev_out = Evaluation()
+    if not formula.comparisons:
+        return ev_out
+    rng = random.Random(seed)
+    for _ in range(points):
+        try:
+            env = _point(formula, rng)
+        except NotLinear:
+            ev_out.note = "assumptions are not linear"
+            return ev_out
+        if env is None:
+            ev_out.note = "assumptions have no concrete point"
+            return ev_out
+        ev = FloatEvaluator(env)
+        try:
+            values = [(c, ev.walk(c.lhs), ev.walk(c.rhs)) for c in formula.comparisons]
+        except KeyError as e:  # a symbol without a value: not a stage we can evaluate
+            ev_out.note = f"no value for {e}"
+            return ev_out
+        ev_out.points += 1
+        mismatches = []
+        for comp, a, b in values:
+            if not (np.isfinite(a) and np.isfinite(b)):
+                continue
+            ev_out.compared += 1
+            if not close(a, b, rel=REL, abs_=ABS):
+                mismatches.append({"part": comp.part, "index": list(comp.single_index),
+                                   "part_index": list(comp.index), "single": repr(a),
+                                   "parallel": repr(b)})
+        if mismatches and ev_out.counterexample is None:
+            inputs = {}
+            for n in sorted(formula.inputs):
+                side_tensor, idx = formula.inputs[n]
+                inputs[f"{side_tensor}[{','.join(map(str, idx))}]"] = repr(env[n])
+            ev_out.counterexample = {
+                "inputs": inputs, "mismatches": mismatches, "found_by": "evaluation",
+                "reduced_shape": list(formula.target_shape),
+                "note": "element indices refer to the shape-reduced tensors of the stage"}
+    return ev_out

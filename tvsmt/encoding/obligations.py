@@ -1,0 +1,166 @@
+"""From stages to obligations: shape reduction, symbolic execution, printing, evaluation.
+
+One stage becomes a `StageOutcome`: its formula and canonical SMT-LIB obligation, or the
+structural failure found on the way, plus what random concrete points said about it
+(`concrete.Evaluation`, the belt and braces next to the solver's answer, see policy.py).
+
+Stages with the same structural signature (stages/signature.py) are encoded once, as a
+*template*; with many templates and several cores the templates are encoded in forked worker
+processes that inherit the loaded plans. Where `fork` is not available the run is serial, and
+the outcome says so (`ObligationSet.serial_reason`).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from dataclasses import dataclass, field
+
+from tvsmt.encoding.concrete import Evaluation, evaluate_at_random
+from tvsmt.encoding.smtlib import Printed, print_obligation
+from tvsmt.encoding.stage import StageFormula, encode_stage
+from tvsmt.errors import StructuralViolation
+from tvsmt.ops import SymbolicBackend
+from tvsmt.plan import Plan
+from tvsmt.report.failures import stage_failure, underivable
+from tvsmt.report.report import Failure
+from tvsmt.shapes import reduce_stage
+from tvsmt.solving.types import Obligation, SolverResult
+from tvsmt.stages import Stage
+from tvsmt.stages.signature import stage_signature
+from tvsmt.timing import Timer
+
+# Stage templates worth encoding in worker processes (below this, starting workers costs
+# more than it saves).
+PARALLEL_TEMPLATES = 48
+EVALUATION_POINTS = 2  # random concrete points per template (belt and braces)
+
+
+@dataclass
+class StageOutcome:
+    stage: Stage
+    formula: StageFormula | None = None
+    printed: Printed | None = None
+    failure: Failure | None = None
+    obligation: Obligation | None = None
+    evaluation: Evaluation | None = None  # random concrete points, real functions
+    result: SolverResult | None = None
+    template: "StageOutcome | None" = None  # the stage whose encoding this one reuses
+
+
+@dataclass
+class ObligationSet:
+    outcomes: list[StageOutcome]
+    unique: dict[str, Obligation]  # digest -> obligation, identical scripts solved once
+    templates: int
+    serial_reason: str = ""  # why templates were not encoded in parallel, if they were not
+    notes: list[str] = field(default_factory=list)
+
+
+def encode_one(stage: Stage, single: Plan, parallel: Plan, be: SymbolicBackend,
+               timer: Timer) -> StageOutcome:
+    """Shape reduction, symbolic execution, printing and concrete evaluation of one stage."""
+    out = StageOutcome(stage)
+    if stage.free_single or stage.free_parallel:
+        out.failure = underivable(stage, single, parallel)
+        return out
+    try:
+        with be.active():
+            with timer.phase("shapes"):
+                shapes = reduce_stage(stage, single, parallel)
+            with timer.phase("encoding"):
+                out.formula = encode_stage(stage, single, parallel, shapes, be)
+                if out.formula.comparisons:
+                    pairs = [(c.lhs, c.rhs) for c in out.formula.comparisons]
+                    out.printed = p = print_obligation(out.formula.constraints, pairs)
+                    query = tuple(p.symbols) + tuple(n for pair in p.pairs for n in pair)
+                    out.obligation = Obligation(p.digest, p.text, query,
+                                                {"stage": stage.id, "lineage": stage.target})
+            if out.formula.comparisons:
+                with timer.phase("evaluation"):
+                    out.evaluation = evaluate_at_random(out.formula, EVALUATION_POINTS)
+    except StructuralViolation as e:
+        out.failure = stage_failure("structural", str(e), stage, single, parallel,
+                                    node=e.node, tensor=e.tensor)
+    return out
+
+
+_WORK: tuple | None = None  # (single, parallel, stages), inherited by forked workers
+
+
+def _encode_chunk(indices: list[int]):
+    """Worker side: encode some template stages; results travel back as plain data."""
+    single, parallel, stages = _WORK
+    be, timer, out = SymbolicBackend.fresh(), Timer(), []
+    for i in indices:
+        o = encode_one(stages[i], single, parallel, be, timer)
+        out.append((i, o.obligation, o.failure, o.evaluation))
+    return out, timer.timings
+
+
+def _encode_parallel(single: Plan, parallel: Plan, stages: list[Stage], reps: list[int],
+                     jobs: int, timer: Timer) -> dict[int, StageOutcome]:
+    """Encode the template stages in forked worker processes (joblib, multiprocessing):
+    the workers inherit the loaded plans instead of receiving them pickled."""
+    import joblib
+
+    global _WORK
+    _WORK = (single, parallel, stages)
+    chunks = [reps[k::jobs * 4] for k in range(jobs * 4) if reps[k::jobs * 4]]
+    try:
+        with timer.phase("encoding (wall)"):
+            results = joblib.Parallel(n_jobs=jobs, backend="multiprocessing")(
+                joblib.delayed(_encode_chunk)(c) for c in chunks)
+    finally:
+        _WORK = None
+    done: dict[int, StageOutcome] = {}
+    for items, timings in results:
+        for phase, secs in timings.items():  # time spent in each phase, over all workers
+            timer.add(phase, secs)
+        for i, obligation, failure, evaluation in items:
+            done[i] = StageOutcome(stages[i], obligation=obligation, failure=failure,
+                                   evaluation=evaluation)
+    return done
+
+
+def build_obligations(single: Plan, parallel: Plan, stages: list[Stage], timer: Timer,
+                      progress=None, jobs: int | None = 1) -> ObligationSet:
+    """Encode every stage, once per stage *template*: stages with the same structural
+    signature share the representative's obligation (and its evaluation). With several
+    templates and jobs > 1, the templates are encoded in parallel worker processes."""
+    with timer.phase("templates"):
+        sigs = [stage_signature(st, single, parallel) for st in stages]
+    first: dict[str, int] = {}
+    for i, sig in enumerate(sigs):
+        first.setdefault(sig, i)
+    reps = sorted(first.values())
+    jobs = (os.cpu_count() or 1) if jobs is None else jobs
+    done: dict[int, StageOutcome] = {}
+    serial_reason = ""
+    if jobs > 1 and len(reps) >= PARALLEL_TEMPLATES:
+        if "fork" in multiprocessing.get_all_start_methods():
+            done = _encode_parallel(single, parallel, stages, reps, jobs, timer)
+        else:
+            serial_reason = "this platform cannot fork: templates encoded serially"
+    be = SymbolicBackend.fresh()
+    outcomes = []
+    for k, (stage, sig) in enumerate(zip(stages, sigs)):
+        i = first[sig]
+        if i == k and k not in done:
+            done[k] = encode_one(stage, single, parallel, be, timer)
+        rep = done[i]
+        if k == i:
+            outcomes.append(rep)
+        elif rep.failure is None:
+            outcomes.append(StageOutcome(stage, obligation=rep.obligation,
+                                         evaluation=rep.evaluation, template=rep))
+        else:  # a failing template: each copy gets its own encoding and its own names
+            outcomes.append(encode_one(stage, single, parallel, be, timer))
+        if progress and (k % 64 == 0 or k == len(stages) - 1):
+            progress("encoding stages", k + 1, len(stages))
+    unique: dict[str, Obligation] = {}
+    for out in outcomes:
+        if out.obligation is not None:
+            unique.setdefault(out.obligation.digest, out.obligation)
+    templates = len({id(o.template or o) for o in outcomes})
+    return ObligationSet(outcomes, unique, templates, serial_reason)

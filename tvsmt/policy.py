@@ -1,0 +1,120 @@
+"""The verdict policy, in one place: solver answers -> stage verdicts -> the plan's verdict.
+
+A stage is proven only when a solver answers `unsat` (or both sides are literally the same
+term, in which case there is no obligation) AND random concrete points of the stage, evaluated
+with the real functions, do not contradict the proof. Everything else is a failure:
+
+| what happened                                              | failure kind      | verdict      |
+| ---------------------------------------------------------- | ----------------- | ------------ |
+| `sat` with a model that survives the real functions        | counterexample    | violation    |
+| no usable answer, but a concrete point shows a difference  | counterexample    | violation    |
+| a claim the graph cannot support (found before solving)    | structural        | violation    |
+| `unsat`, yet a concrete point shows a difference           | solver-failure    | inconclusive |
+| timeout, `unknown`, error, disagreement, abstract-only sat | inconclusive      | inconclusive |
+| parallel results no lineage claims, with `--strict`        | unclaimed         | inconclusive |
+| nothing claimed at all                                     | error             | inconclusive |
+
+A violation needs evidence of a difference; an inconclusive stage never counts as a pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tvsmt.encoding.concrete import evaluate_at_random
+from tvsmt.encoding.obligations import EVALUATION_POINTS, StageOutcome, encode_one
+from tvsmt.ops import SymbolicBackend
+from tvsmt.plan import Plan
+from tvsmt.report.counterexample import (confirm, counterexample, first_mismatch_part,
+                                         uses_abstraction)
+from tvsmt.report.failures import stage_failure
+from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, VIOLATION, Failure, Report
+from tvsmt.solving.types import SAT, UNKNOWN, UNSAT, SolverResult
+from tvsmt.timing import Timer
+
+VIOLATION_KINDS = ("counterexample", "structural")
+INCONCLUSIVE_KINDS = ("inconclusive", "error", "solver-failure", "unclaimed")
+
+
+def both_must_prove(res: SolverResult) -> SolverResult:
+    """Cross-checking: a pass needs `unsat` from every solver; a `sat` with a model stands on
+    its own (its counterexample is checked against the plan), with the other answers named;
+    `sat` against `unsat` is a disagreement (inconclusive)."""
+    if res.status == UNSAT and any(d.status != UNSAT for d in res.details):
+        others = ", ".join(f"{d.solver} says {d.status}" for d in res.details)
+        return replace(res, status=UNKNOWN, message=f"not proven by every solver: {others}")
+    return res
+
+
+def _solver_info(res: SolverResult) -> dict:
+    return {"name": res.solver, "version": res.version, "status": res.status,
+            "seconds": round(res.seconds, 4), "message": res.message}
+
+
+def _own_encoding(out: StageOutcome, single: Plan, parallel: Plan) -> None:
+    """A template's copy carries only the template's obligation: encode it again to name
+    its own tensors (only done for stages that are not proven)."""
+    if out.printed is None:
+        redo = encode_one(out.stage, single, parallel, SymbolicBackend.fresh(), Timer())
+        out.formula, out.printed = redo.formula, redo.printed
+        if redo.formula is not None and redo.formula.comparisons:
+            out.evaluation = evaluate_at_random(redo.formula, EVALUATION_POINTS)
+
+
+def judge_stage(out: StageOutcome, res: SolverResult, single: Plan,
+                parallel: Plan) -> Failure | None:
+    """None when the stage is proven; else the failure saying why not."""
+    solver = _solver_info(res)
+    lin = parallel.lineages[out.stage.target]
+    if res.status == UNSAT:
+        ev = out.evaluation
+        if ev is None or ev.counterexample is None:
+            return None
+        _own_encoding(out, single, parallel)
+        cex = out.evaluation.counterexample if out.evaluation else ev.counterexample
+        return stage_failure(
+            "solver-failure", f"SOLVER OR ENCODING FAILURE on lineage #{lin.index} of "
+            f"{lin.single}: {res.solver} answered unsat, but both plans evaluated at concrete "
+            "inputs with the real functions give different values; the proof is not "
+            "trusted", out.stage, single, parallel, part=first_mismatch_part(cex),
+            counterexample=cex, solver=solver)
+    _own_encoding(out, single, parallel)
+    found = f"the parallel plan does not compute lineage #{lin.index} of {lin.single}"
+    why = f"solver answered {res.status}" + (f": {res.message}" if res.message else "")
+    cex = None
+    if res.status == SAT and out.printed is not None:
+        cex = counterexample(out.printed, out.formula, res.values)
+        if not uses_abstraction(out.printed) or confirm(out.printed, out.formula,
+                                                        res.values, cex):
+            return stage_failure("counterexample", found + ": counterexample found", out.stage,
+                                 single, parallel, part=first_mismatch_part(cex),
+                                 counterexample=cex, solver=solver)
+        why = ("the solver's counterexample relies on the uninterpreted abstraction of "
+               "exp/rsqrt/... and is not reproduced with the real functions")
+    screened = out.evaluation.counterexample if out.evaluation is not None else None
+    if screened is not None:
+        return stage_failure("counterexample", found + " (counterexample found by evaluating "
+                             f"both plans; {why})", out.stage, single, parallel,
+                             part=first_mismatch_part(screened), counterexample=screened,
+                             solver=solver)
+    return stage_failure("inconclusive", f"lineage #{lin.index} of {lin.single}: {why}",
+                         out.stage, single, parallel, part=first_mismatch_part(cex or {}),
+                         counterexample=cex, solver=solver)
+
+
+def decide(report: Report, failures: list[Failure]) -> None:
+    """The plan's verdict and the stage counts from every failure found."""
+    if report.stages_total == 0 and not failures:
+        failures.append(Failure("error", "nothing was claimed: the parallel plan has no "
+                                "lineage to prove, so nothing is verified"))
+    report.failures = failures
+    report.stages_violated = len({f.stage for f in failures if f.stage and f.kind in
+                                  VIOLATION_KINDS})
+    report.stages_inconclusive = len({f.stage for f in failures if f.stage and f.kind in
+                                      INCONCLUSIVE_KINDS})
+    if any(f.kind in VIOLATION_KINDS for f in failures):
+        report.verdict = VIOLATION
+    elif failures:
+        report.verdict = INCONCLUSIVE
+    else:
+        report.verdict = EQUIVALENT

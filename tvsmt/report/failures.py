@@ -1,0 +1,62 @@
+"""Building a `Failure` in plan terms: the stage, its lineage, and the nodes at fault."""
+
+from __future__ import annotations
+
+from tvsmt.plan import Plan
+from tvsmt.report.report import Failure
+from tvsmt.stages import Stage
+
+
+def node_entries(plan: Plan, idxs) -> list[dict]:
+    """Report entries of plan nodes: id, op, rank, and the producer's source line if known."""
+    out = []
+    for i in idxs:
+        n = plan.nodes[i]
+        entry = {"id": n.id, "op": n.op, "rank": n.rank}
+        if n.source:
+            entry["source"] = n.source
+        out.append(entry)
+    return out
+
+
+def cone(plan: Plan, node_idxs, tensors) -> list[int]:
+    """The stage nodes that the given tensors depend on (to point at the failing part)."""
+    need, out = set(tensors), []
+    for i in reversed(node_idxs):
+        n = plan.nodes[i]
+        if any(t in need for t in n.outputs if t is not None):
+            out.append(i)
+            need.update(t for t in n.inputs if t is not None)
+    return out[::-1]
+
+
+def stage_failure(kind: str, message: str, stage: Stage | None, single: Plan, parallel: Plan,
+                  part: int | None = None, node: str | None = None, tensor: str | None = None,
+                  **extra) -> Failure:
+    if stage is None:
+        return Failure(kind, message, node=node, tensor=tensor, **extra)
+    lin = parallel.lineages[stage.target]
+    parts = lin.parts if part is None else [lin.parts[part]]
+    return Failure(
+        kind, message, stage=stage.id, lineage=stage.target, tensor=tensor or lin.single,
+        slice=[list(r) for r in parts[0].slice] if part is not None else None,
+        parallel_tensors=sorted({t for p in parts for t in p.sum_of}),
+        single_nodes=node_entries(single, stage.single_nodes),
+        parallel_nodes=node_entries(parallel, cone(parallel, stage.parallel_nodes,
+                                                   [t for p in parts for t in p.sum_of])),
+        node=node, **extra)
+
+
+def underivable(stage: Stage, single: Plan, parallel: Plan) -> Failure:
+    """A claim whose computation reaches graph inputs that no input lineage relates."""
+    lin = parallel.lineages[stage.target]
+    why = []
+    if stage.free_single:
+        why.append("the single plan computes it from " + ", ".join(stage.free_single[:4])
+                   + (" ..." if len(stage.free_single) > 4 else ""))
+    if stage.free_parallel:
+        why.append("the parallel plan computes it from " + ", ".join(stage.free_parallel[:4])
+                   + (" ..." if len(stage.free_parallel) > 4 else ""))
+    msg = (f"claimed lineage #{lin.index} of {lin.single} cannot be derived from the graph: "
+           + "; ".join(why) + ", which no earlier lineage relates to the other plan")
+    return stage_failure("structural", msg, stage, single, parallel)
