@@ -168,6 +168,43 @@ def table(rows, floor, markdown=False):
     return "\n".join([fmt.format(*head)] + [fmt.format(*line) for line in lines])
 
 
+# The reference verifier's published figures for the same configurations (TrainVerify,
+# SOSP'25: the Llama3-405B plan took 8 hours on 32 cores and 1 TB of memory).
+REFERENCE = {"126L-dp64pp16tp8mb16 (405B)": {"seconds": 8 * 3600, "memory_mb": 1024 * 1024}}
+
+
+def plot(rows, path: str) -> None:
+    """Time and peak memory against the plan's size (log scales), tvsmt against the
+    reference's figures, one point per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r.get("status") == "ok"]
+    nodes = [r.get("checked_nodes") or r["est_parallel_nodes"] for r in ok]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, label in ((axes[0], "total_s", "total time (s)"),
+                           (axes[1], "memory", "peak memory (MB)")):
+        ys = [r["total_s"] if key == "total_s" else
+              max(r["peak_rss_mb"], r.get("peak_rss_tree_mb", 0)) for r in ok]
+        ax.loglog(nodes, ys, "o-", label="tvsmt (2 cores)")
+        for r, x, y in zip(ok, nodes, ys):
+            ax.annotate(r["config"].split(" ")[0], (x, y), fontsize=7,
+                        textcoords="offset points", xytext=(4, -10))
+        ref = [(n, REFERENCE[r["config"]]["seconds" if key == "total_s" else "memory_mb"])
+               for r, n in zip(ok, nodes) if r["config"] in REFERENCE]
+        if ref:
+            ax.loglog(*zip(*ref), "s", color="tab:red", label="reference (32 cores)")
+        ax.set_xlabel("parallel nodes")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("scripts/bench.py: generated Llama3 plans")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", nargs="*", default=list(CONFIGS))
@@ -179,6 +216,8 @@ def main() -> int:
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--from-json", nargs="*", default=None,
                     help="re-render the table from earlier --json outputs instead of running")
+    ap.add_argument("--plot", default=None, metavar="PNG",
+                    help="also draw time and memory against plan size (matplotlib)")
     args = ap.parse_args()
     if args.from_json:
         by_config, floor = {}, float("nan")
@@ -191,6 +230,8 @@ def main() -> int:
             floor = saved["floor_s"]
         rows = [by_config[c] for c in CONFIGS if c in by_config]
         print(table(rows, floor, args.markdown))
+        if args.plot:
+            plot(rows, args.plot)
         print(f"\nz3 empty-query floor: {floor * 1000:.1f} ms per call")
         return 0
     floor = empty_query_seconds()
@@ -205,6 +246,8 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"floor_s": floor, "rows": rows}, f, indent=2)
+    if args.plot:
+        plot(rows, args.plot)
     return 0
 
 

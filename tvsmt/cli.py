@@ -42,8 +42,8 @@ def _progress_bar():
                     console=__import__("rich.console").console.Console(stderr=True))
 
 
-def run_verify(single: str, parallel: str, report_path: str | None, **opts) -> int:
-    from tvsmt.report.render import render
+def run_verify(single: str, parallel: str, report_path: str | None,
+               html_path: str | None = None, **opts) -> int:
     from tvsmt.verify import Options, verify_pair
 
     with _progress_bar() as bar:
@@ -51,11 +51,28 @@ def run_verify(single: str, parallel: str, report_path: str | None, **opts) -> i
         options = Options(progress=lambda phase, done, total: bar.update(
             task, description=phase, completed=done, total=total), **opts)
         report = verify_pair(single, parallel, options)
+    return show_report(report, report_path, html_path)
+
+
+def show_report(report, report_path: str | None, html_path: str | None) -> int:
+    """Render a report, write the JSON / HTML files asked for; the exit code."""
+    from tvsmt.report.render import render
+
     render(report)
     if report_path:
         report.save(report_path)
         click.echo(f"report written to {report_path}")
+    if html_path:
+        from tvsmt.report.html import write_html
+
+        write_html(report, html_path)
+        click.echo(f"HTML report written to {html_path}")
     return report.exit_code
+
+
+def _check_folder(option: str, path: str | None) -> None:
+    if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise click.UsageError(f"{option}: the folder of {path} does not exist")
 
 
 def default_corpus(parallel: str) -> str:
@@ -92,6 +109,8 @@ def solver_options(f):
 @click.argument("parallel", type=click.Path(dir_okay=False))
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
               help="Write the JSON report to this file.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False),
+              help="Write a self-contained HTML report (failing stages drawn) to this file.")
 @solver_options
 @click.option("--crosscheck", is_flag=True,
               help="Solve with z3 AND cvc5; any disagreement or one-sided answer is "
@@ -105,17 +124,17 @@ def solver_options(f):
 @click.option("--strict", is_flag=True,
               help="Fail (inconclusive, exit 3) when the parallel plan computes results that "
                    "no lineage claims (they are listed in the report either way).")
-def verify(single, parallel, report_path, jobs, timeout, solver, backend, scheduler,
+def verify(single, parallel, report_path, html_path, jobs, timeout, solver, backend, scheduler,
            crosscheck, corpus, no_corpus, fresh, no_fold, strict):
     """Verify that PARALLEL computes what SINGLE computes."""
     if backend == "dask" and not scheduler:
         raise click.UsageError("--backend dask needs --scheduler ADDRESS")
     if crosscheck and solver != "z3":
         raise click.UsageError("--crosscheck runs z3 and cvc5; it takes no --solver")
-    if report_path and not os.path.isdir(os.path.dirname(os.path.abspath(report_path))):
-        raise click.UsageError(f"--report: the folder of {report_path} does not exist")
+    _check_folder("--report", report_path)
+    _check_folder("--html", html_path)
     corpus = None if no_corpus else (corpus or default_corpus(parallel))
-    sys.exit(run_verify(single, parallel, report_path, jobs=jobs, timeout=timeout,
+    sys.exit(run_verify(single, parallel, report_path, html_path, jobs=jobs, timeout=timeout,
                         solver=solver, backend=backend, scheduler=scheduler,
                         crosscheck=crosscheck, corpus=corpus, fresh=fresh, fold=not no_fold,
                         strict=strict))
@@ -171,17 +190,22 @@ def replay(corpus, jobs, timeout, solver, backend, scheduler):
 @main.command("report")
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the summary.")
-def report_cmd(path, as_json):
+@click.option("--html", "html_path", type=click.Path(dir_okay=False),
+              help="Also write the report as a self-contained HTML file.")
+def report_cmd(path, as_json, html_path):
     """Re-render a saved JSON report."""
     from tvsmt.report import load_report
-    from tvsmt.report.render import render
 
+    _check_folder("--html", html_path)
     report = load_report(path)
     if as_json:
         click.echo(report.to_json())
-    else:
-        render(report)
-    sys.exit(report.exit_code)
+        if html_path:
+            from tvsmt.report.html import write_html
+
+            write_html(report, html_path)
+        sys.exit(report.exit_code)
+    sys.exit(show_report(report, None, html_path))
 
 
 @main.command()

@@ -102,6 +102,12 @@ def judge_stage(out: StageOutcome, res: SolverResult, single: Plan,
                          counterexample=cex, solver=solver)
 
 
+def stage_status(failure: Failure | None) -> str:
+    if failure is None:
+        return "proven"
+    return "violated" if failure.kind in VIOLATION_KINDS else "inconclusive"
+
+
 def decide(report: Report, failures: list[Failure]) -> None:
     """The plan's verdict and the stage counts from every failure found."""
     if report.stages_total == 0 and not failures:

@@ -20,7 +20,7 @@ from tvsmt.graph import Graph
 from tvsmt.lineage import check_output_coverage, check_plan_shapes, unclaimed_sinks
 from tvsmt.plan import Plan, load_plan
 from tvsmt.plan.reader import check_pair
-from tvsmt.policy import both_must_prove, decide, judge_stage
+from tvsmt.policy import both_must_prove, decide, judge_stage, stage_status
 from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, Failure, Report
 from tvsmt.solving.types import Obligation, SolverResult
 from tvsmt.stages import Stage, cut_stages
@@ -203,18 +203,20 @@ def verify_unfolded(single: Plan, parallel: Plan, opts: Options, timer: Timer) -
                 seconds[raw.solver] = round(seconds.get(raw.solver, 0.0) + raw.seconds, 4)
         report.solver_seconds = seconds
         for out in outcomes:
-            if out.failure is not None:
-                failures.append(out.failure)
-                continue
-            if out.obligation is None:
-                report.stages_proven += 1
-                continue
-            out.result = results[out.obligation.digest]
-            failure = judge_stage(out, out.result, single, parallel)
+            failure, seconds = out.failure, 0.0
+            if failure is None and out.obligation is not None:
+                out.result = results[out.obligation.digest]
+                seconds = out.result.seconds
+                failure = judge_stage(out, out.result, single, parallel)
             if failure is None:
                 report.stages_proven += 1
             else:
                 failures.append(failure)
+            report.stages.append([out.stage.id, out.stage.target,
+                                  parallel.lineages[out.stage.target].single,
+                                  stage_status(failure),
+                                  out.obligation.digest if out.obligation else "",
+                                  round(seconds, 4)])
         decide(report, failures)
     report.timings = timer.rounded()
     return report

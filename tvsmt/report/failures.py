@@ -7,14 +7,25 @@ from tvsmt.report.report import Failure
 from tvsmt.stages import Stage
 
 
-def node_entries(plan: Plan, idxs) -> list[dict]:
-    """Report entries of plan nodes: id, op, rank, and the producer's source line if known."""
+MAX_DRAWN = 400  # nodes per side whose dataflow a failure records (for the HTML drawing)
+
+
+def node_entries(plan: Plan, idxs, edges: bool = True) -> list[dict]:
+    """Report entries of plan nodes: id, op, rank, the producer's source line if known and,
+    for the first MAX_DRAWN, the dataflow (inputs, outputs, a collective's group) that the
+    HTML report draws."""
     out = []
-    for i in idxs:
+    for k, i in enumerate(idxs):
         n = plan.nodes[i]
         entry = {"id": n.id, "op": n.op, "rank": n.rank}
         if n.source:
             entry["source"] = n.source
+        if edges and k < MAX_DRAWN:
+            entry["inputs"] = [t for t in n.inputs if t is not None]
+            entry["outputs"] = [t for t in n.outputs if t is not None]
+            ranks = n.attrs.get("ranks")
+            if isinstance(ranks, list) and ranks:
+                entry["group"] = ranks[:64]
         out.append(entry)
     return out
 
@@ -59,4 +70,5 @@ def underivable(stage: Stage, single: Plan, parallel: Plan) -> Failure:
                    + (" ..." if len(stage.free_parallel) > 4 else ""))
     msg = (f"claimed lineage #{lin.index} of {lin.single} cannot be derived from the graph: "
            + "; ".join(why) + ", which no earlier lineage relates to the other plan")
-    return stage_failure("structural", msg, stage, single, parallel)
+    return stage_failure("structural", msg, stage, single, parallel,
+                         free_tensors=list(stage.free_single) + list(stage.free_parallel))

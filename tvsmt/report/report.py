@@ -33,6 +33,8 @@ class Failure:
     node: str | None = None  # a specific node at fault, where known
     counterexample: dict[str, Any] | None = None  # {"inputs": {...}, "mismatches": [...]}
     solver: dict[str, Any] | None = None  # solver answers (name, status, time, message)
+    # graph inputs an underivable claim depends on that no lineage relates (structural)
+    free_tensors: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -64,6 +66,9 @@ class Report:
     # belt and braces: obligations also evaluated at random concrete points
     evaluated: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # one record per stage: [id, lineage, single tensor, status, obligation digest or "",
+    # solver seconds]; status is proven / violated / inconclusive (see policy.py)
+    stages: list[list] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
