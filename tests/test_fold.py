@@ -98,8 +98,7 @@ def _place(parallel: dict, bug: str) -> tuple[dict, dict]:
             found.append((broken, record))
     if not found:  # no seed landed there: force the target onto each dropped unit's nodes
         for n in parallel["nodes"]:
-            d, m = n["rank"] // PER_REPLICA, n["mb"]
-            if n["rank"] >= 0 and d >= 2 and m >= 2:
+            if n["rank"] >= 2 * PER_REPLICA and (n.get("mb") or 0) >= 2:
                 try:
                     return apply(parallel, bug, where=n["id"])
                 except NotApplicable:
