@@ -362,3 +362,35 @@ def test_reduced_and_contracted_dimensions_are_still_reduced():
         (stage,) = [st for st in cut.stages if p.lineages[st.target].single == "y"][-1:]
         shapes = reduce_stage(stage, s, p)
         assert 2 <= shapes.single[tensor][axis] < full, (cls_name, shapes.single[tensor])
+
+
+def _window_pair(claim_start: int, input_start: int, width: int = 4):
+    """y = 2 x over [R, C]; rank 0 computes it whole, rank 1 computes a window: it holds
+    x[input_start : +width] and claims y[claim_start : +width]."""
+    single = PlanDict("single", "w_single", {"dp": 1, "tp": 1, "pp": 1, "mb": 1, "ranks": 1})
+    single.t("x", [R, C], "input"), single.t("y", [R, C])
+    single.n("op", "mul", ["x"], ["y"], consts=[2.0])
+    single.d["outputs"] = ["y"]
+    par = PlanDict("parallel", "w_parallel", {"dp": 1, "tp": 2, "pp": 1, "mb": 1, "ranks": 2})
+    par.t("x@0", [R, C], "input"), par.t("y@0", [R, C])
+    par.t("xw@1", [width, C], "input"), par.t("yw@1", [width, C])
+    par.n("op@0", "mul", ["x@0"], ["y@0"], rank=0, consts=[2.0])
+    par.n("op@1", "mul", ["xw@1"], ["yw@1"], rank=1, consts=[2.0])
+    par.lineage("x", [([(0, R), (0, C)], ["x@0"]),
+                      ([(input_start, input_start + width), (0, C)], ["xw@1"])])
+    par.lineage("y", [([(claim_start, claim_start + width), (0, C)], ["yw@1"])])
+    par.lineage("y", [([(0, R), (0, C)], ["y@0"])])
+    return single.d, par.d
+
+
+def test_an_off_by_one_slice_is_a_violation():
+    """Rank 1 holds x[3:7] and claims to hold 2 x[2:6]: every element of its window is its
+    neighbour's. Only the odd boundaries tell the two windows apart (both are 4 wide), so
+    shape reduction must keep them (a reduction by 4 would map both to row 0)."""
+    assert verify(*_window_pair(3, 3)).verdict == "equivalent"
+    report = verify(*_window_pair(2, 3))
+    assert report.verdict == "violation", report.failures
+    (f,) = [f for f in report.failures if f.kind == "counterexample"]
+    assert f.slice == [[2, 6], [0, C]]
+    assert f.counterexample["mismatches"]
+    assert all(2 <= m["index"][0] < 6 for m in f.counterexample["mismatches"])
