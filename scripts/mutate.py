@@ -93,6 +93,18 @@ MUTATIONS: tuple[Mutation, ...] = (
                "            if str(lhs) == str(rhs):\n"),),
         (f"{T_SINGLE}[deep-elementwise-interior]",), fast=True),
     Mutation(
+        "dedup-ignores-constants",
+        "canonical deduplication names an obligation by a digest that ignores its numbers, "
+        "so obligations that differ in a constant are solved once",
+        "canonical dedup",
+        (Patch("tvsmt/encoding/smtlib.py",
+               "return Printed(text, hashlib.sha256(text.encode()).hexdigest(), symbols, "
+               "pair_names)",
+               "return Printed(text, hashlib.sha256(text.translate(str.maketrans('', '', "
+               "'0123456789')).encode()).hexdigest(), symbols, pair_names)"),),
+        ("tests/test_shortcut_guards.py::"
+         "test_obligations_that_differ_in_a_constant_are_solved_apart",), fast=True),
+    Mutation(
         "reduce-to-one",
         "shape reduction lets a dimension shrink to 1",
         "shape reduction",

@@ -44,22 +44,40 @@ def test_swapped_slices_in_one_of_two_identical_layers_are_a_violation():
     assert any(f.tensor == "L1.attn.q" and f.kind == "counterexample" for f in report.failures)
 
 
-def _split_pair(c1: float) -> tuple[dict, dict]:
-    """y = 5 x; the parallel plan sums 2 x (rank 0) and c1 x (rank 1) with an all_reduce:
-    for c1 = 3 a stage that only a solver proves (the two sides are different terms)."""
+def _split_pair(*c1: float) -> tuple[dict, dict]:
+    """y_k = 5 x_k for each k; the parallel plan sums 2 x_k (rank 0) and c1[k] x_k (rank 1)
+    with an all_reduce: for c1[k] = 3 a stage that only a solver proves (the two sides are
+    different terms), the same for every k up to names."""
     single = PlanDict("single", "s", {"dp": 1, "tp": 1, "pp": 1, "mb": 1, "ranks": 1})
-    single.t("x", [4, 2], "input"), single.t("y", [4, 2])
-    single.n("op", "mul", ["x"], ["y"], consts=[5.0])
-    single.d["outputs"] = ["y"]
     par = PlanDict("parallel", "p", {"dp": 1, "tp": 2, "pp": 1, "mb": 1, "ranks": 2})
-    for r, c in ((0, 2.0), (1, c1)):
-        par.t(f"x@{r}", [4, 2], "input"), par.t(f"a@{r}", [4, 2])
-        par.n(f"op@{r}", "mul", [f"x@{r}"], [f"a@{r}"], rank=r, consts=[c])
-    par.t("y@0", [4, 2])
-    par.n("ar@0", "all_reduce", ["a@0", "a@1"], ["y@0"], pass_=None, rank=0, ranks=[0, 1])
-    par.lineage("x", [([(0, 4), (0, 2)], [f"x@{r}"]) for r in (0, 1)])
-    par.lineage("y", [([(0, 4), (0, 2)], ["y@0"])])
+    for k, c in enumerate(c1):
+        x, y = f"x{k}", f"y{k}"
+        single.t(x, [4, 2], "input"), single.t(y, [4, 2])
+        single.n(f"op{k}", "mul", [x], [y], consts=[5.0])
+        for r, cr in ((0, 2.0), (1, c)):
+            par.t(f"{x}@{r}", [4, 2], "input"), par.t(f"a{k}@{r}", [4, 2])
+            par.n(f"op{k}@{r}", "mul", [f"{x}@{r}"], [f"a{k}@{r}"], rank=r, consts=[cr])
+        par.t(f"{y}@0", [4, 2])
+        par.n(f"ar{k}@0", "all_reduce", [f"a{k}@0", f"a{k}@1"], [f"{y}@0"], pass_=None, rank=0,
+              ranks=[0, 1])
+        par.lineage(x, [([(0, 4), (0, 2)], [f"{x}@{r}"]) for r in (0, 1)])
+        par.lineage(y, [([(0, 4), (0, 2)], [f"{y}@0"])])
+    single.d["outputs"] = [f"y{k}" for k in range(len(c1))]
     return single.d, par.d
+
+
+def test_obligations_that_differ_in_a_constant_are_solved_apart():
+    """Two stages that are the same up to names and one constant (3 against 4): canonical
+    deduplication must give them two obligations, and the wrong one is a violation."""
+    s, p = _split_pair(3.0, 3.0)
+    good = verify_plans(plan_from_dict(s, "s"), plan_from_dict(p, "p"), Options(jobs=1))
+    assert good.verdict == "equivalent"
+    assert good.obligations_total == 2 and good.obligations_unique == 1  # dedup is active
+    s, p = _split_pair(3.0, 4.0)
+    bad = verify_plans(plan_from_dict(s, "s"), plan_from_dict(p, "p"), Options(jobs=1))
+    assert bad.obligations_unique == 2
+    assert bad.verdict == "violation"
+    assert [f.tensor for f in bad.failures if f.kind == "counterexample"] == ["y1"]
 
 
 PAIRS = {
