@@ -1,4 +1,6 @@
-"""Shared test helpers: where the third-party fixture plans live, and a skip when absent."""
+"""Shared test helpers: where the third-party fixture plans live. Outside CI a missing fixture
+folder skips with the reason; in CI (CI=true) it fails, because those plans carry the only
+real-bug tests."""
 
 from __future__ import annotations
 
@@ -14,13 +16,25 @@ SHARED_PLANS = Path(os.environ.get("TVSMT_SHARED_PLANS", ROOT.parent / "shared" 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/handmade.py and friends
 
 
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def missing_fixtures(what: str) -> None:
+    """Skip (outside CI) or fail (in CI) because fixture plans are absent."""
+    reason = (f"fixture plans not found at {what} (the third-party nnScaler plans are "
+              "kept beside the checkout in ../shared/plans, never in the project)")
+    if in_ci():
+        pytest.fail(reason + "; CI=true, so this is a failure, not a skip", pytrace=False)
+    pytest.skip(reason)
+
+
 def fixture_pair(name: str) -> tuple[str, str]:
-    """(single, parallel) paths of a fixture pair, or skip with the reason."""
+    """(single, parallel) paths of a fixture pair; skip with the reason, or fail in CI."""
     folder = SHARED_PLANS / name
     single, parallel = folder / "single.json.gz", folder / "parallel.json.gz"
     if not (single.exists() and parallel.exists()):
-        pytest.skip(f"fixture plans not found at {folder} (the third-party nnScaler plans are "
-                    "kept beside the checkout in ../shared/plans, never in the project)")
+        missing_fixtures(str(folder))
     return str(single), str(parallel)
 
 
@@ -40,3 +54,10 @@ def fake_solver_profile(folder: Path, name: str, answer: str) -> str:
         file = ["{{bin}}", {json.dumps(str(script))}, "{{file}}"]
         """))
     return str(prof)
+
+
+@pytest.fixture(autouse=True)
+def _run_in_a_temporary_folder(tmp_path, monkeypatch):
+    """Every test runs in its own folder, so a `tvsmt verify` without --corpus writes its
+    default smt_corpus/ there, never into the checkout, and no later run reuses its verdicts."""
+    monkeypatch.chdir(tmp_path)

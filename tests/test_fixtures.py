@@ -9,25 +9,39 @@ from click.testing import CliRunner
 from conftest import fixture_pair
 
 from tvsmt.cli import main
-from tvsmt.verify import Options, verify_pair
+from tvsmt.graph import Graph
+from tvsmt.plan import load_plan
+from tvsmt.plan.reader import check_pair
+from tvsmt.stages import cut_stages
+from tvsmt.verify import Options, verify_plans
 
 
 @pytest.mark.parametrize("name", ["mlp-ly2-dp2pp2tp2mb2", "llama3-ly2-dp2pp2tp2mb2"])
-def test_fixture_pairs_are_equivalent(name):
-    single, parallel = fixture_pair(name)
-    report = verify_pair(single, parallel, Options(jobs=2))
+def test_fixture_pairs_are_equivalent(name, tmp_path):
+    single_path, parallel_path = fixture_pair(name)
+    single, parallel = load_plan(single_path), load_plan(parallel_path)
+    check_pair(single, parallel)
+    report = verify_plans(single, parallel, Options(jobs=2, corpus=str(tmp_path / "corpus")))
     assert report.verdict == "equivalent", report.failures[:3]
     assert report.failures == []
+    assert report.cache_hits == 0  # a fresh corpus: every verdict comes from a solver now
     assert report.stages_total > 0
     assert report.stages_proven == report.stages_total
-    # The final weight gradients are all established (nothing skipped).
-    assert report.assumptions > 0
+    # The final weight gradients are all established: every single-plan output is the
+    # target of a claimed stage (not an assumption), and every stage was proven above.
+    assert report.fold is None  # dp2 mb2: not folded, so the stages below are the ones proven
+    cut = cut_stages(single, parallel, Graph(single), Graph(parallel))
+    assert len(cut.stages) == report.stages_total
+    established = {parallel.lineages[st.target].single for st in cut.stages}
+    assert single.outputs and set(single.outputs) <= established, (
+        sorted(set(single.outputs) - established))
 
 
 def test_br0_is_a_violation_naming_the_underivable_tensor(tmp_path):
     single, parallel = fixture_pair("br0-llama3-ly1-dp2pp2tp2mb2")
     out = tmp_path / "br0.json"
-    result = CliRunner().invoke(main, ["verify", single, parallel, "--report", str(out)])
+    result = CliRunner().invoke(main, ["verify", single, parallel, "--report", str(out),
+                                       "--corpus", str(tmp_path / "corpus")])
     assert result.exit_code == 1, result.output
     data = json.loads(out.read_text())
     assert data["verdict"] == "violation"
@@ -48,10 +62,10 @@ def test_cli_verify_equivalent_exit_code_and_report(tmp_path):
     single, parallel = fixture_pair("mlp-ly2-dp2pp2tp2mb2")
     out = tmp_path / "r.json"
     result = CliRunner().invoke(main, ["verify", single, parallel, "--report", str(out),
-                                       "--jobs", "1"])
+                                       "--jobs", "1", "--corpus", str(tmp_path / "corpus")])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    assert data["verdict"] == "equivalent"
+    assert data["verdict"] == "equivalent" and data["cache_hits"] == 0
     for key in ("stages_total", "obligations_total", "obligations_unique", "timings",
                 "failures"):
         assert key in data

@@ -15,6 +15,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 
 from numeric_eval import UndefinedTensor, check_pair_numeric, graph_inputs, random_inputs, run
@@ -102,7 +103,6 @@ def test_single_llama_matches_fixture_structure():
 
 
 def _torch_llama(vals, cfg, layers):
-    torch = pytest.importorskip("torch")
     t = {k: torch.tensor(v, dtype=torch.float64) for k, v in vals.items()}
     params = {k: v.clone().requires_grad_(True) for k, v in t.items()
               if k.endswith("weight") or ".w" in k}
@@ -143,7 +143,6 @@ def _torch_llama(vals, cfg, layers):
 
 
 def _torch_mlp(vals, layers):
-    torch = pytest.importorskip("torch")
     params = {f"L{i}.weight": torch.tensor(vals[f"L{i}.weight"], requires_grad=True)
               for i in range(layers)}
     x = torch.tensor(vals["x"])

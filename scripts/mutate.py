@@ -1,0 +1,397 @@
+#!/usr/bin/env python3
+"""Mutation testing of tvsmt's soundness: does the suite notice when the verifier lies?
+
+Each mutation below is a plausible soundness bug in tvsmt's own code, written as text
+patches (old -> new) on files of the package. For each one the script copies the project to
+a temporary folder, applies the patches there (the checkout is never touched), runs the
+tests that should notice, and reports:
+
+    mutation | killed | by which test | seconds
+
+A mutation is *killed* when one of its tests fails. One that provably cannot change
+behaviour says why (`equivalent`) and is expected to survive. A patch whose old text is no longer
+found exactly once is *stale* (the code it targets has changed: rewrite the patch), never
+skipped. The unmutated copy must pass the same tests first (a test that fails anyway kills
+nothing). The exit code is 0 only when every selected mutation is killed.
+
+    python scripts/mutate.py            # every mutation (a few minutes)
+    python scripts/mutate.py --fast     # the CI subset (tests/test_mutation_fast.py)
+    python scripts/mutate.py --only reduce-to-one --only drop-last-comparison
+    python scripts/mutate.py --list     # the mutations, their files and tests
+    python scripts/mutate.py --markdown # the table as markdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COPIED = ("tvsmt", "tests", "solvers", "pyproject.toml")
+
+
+@dataclass(frozen=True)
+class Patch:
+    file: str  # relative to the project root
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    what: str
+    shortcut: str  # what it attacks (the README's table "Shortcuts and their guards")
+    patches: tuple[Patch, ...]
+    tests: tuple[str, ...]  # pytest node ids or files; one must fail
+    fast: bool = False  # part of the CI subset
+    # A mutation that cannot change behaviour, with the reason; it is run, and surviving is
+    # then its expected outcome ("equivalent"), never a silent pass of a real one.
+    equivalent: str = ""
+
+
+T_SINGLE = "tests/test_single_element.py::test_one_wrong_element_is_a_violation_naming_it"
+T_E2E = "tests/test_shape_reduction_e2e.py"
+T_ORCH = "tests/test_orchestration.py"
+T_FOLD = "tests/test_fold.py::test_bug_in_a_folded_away_unit_is_caught"
+
+MUTATIONS: tuple[Mutation, ...] = (
+    Mutation(
+        "drop-last-comparison",
+        'the "some element differs" disjunction drops its last comparison',
+        "encoding",
+        (Patch("tvsmt/encoding/smtlib.py",
+               '        diffs.append(f"(not (= l{i} r{i}))")\n',
+               '        if i < len(pairs) - 1:\n'
+               '            diffs.append(f"(not (= l{i} r{i}))")\n'),),
+        (f"{T_SINGLE}[elementwise-last]", f"{T_SINGLE}[contraction-last]"), fast=True),
+    Mutation(
+        "skip-last-element",
+        "the element loop skips the last element of every target part (off by one)",
+        "encoding",
+        (Patch("tvsmt/encoding/stage.py",
+               "        for idx in itertools.product(*(range(n) for n in view.shape)):\n"
+               "            terms = [a[idx] for a in parrs]\n",
+               "        for idx in list(itertools.product(*(range(n) for n in view.shape)))[:-1]:\n"
+               "            terms = [a[idx] for a in parrs]\n"),),
+        (f"{T_SINGLE}[elementwise-interior]",), fast=True),
+    Mutation(
+        "term-identity-printed",
+        "the term-identity fast path compares printed terms (pysmt's str truncates deep "
+        "terms) instead of the hash-consed terms",
+        "term identity",
+        (Patch("tvsmt/encoding/stage.py", "            if lhs is rhs:\n",
+               "            if str(lhs) == str(rhs):\n"),),
+        (f"{T_SINGLE}[deep-elementwise-interior]",), fast=True),
+    Mutation(
+        "dedup-ignores-constants",
+        "canonical deduplication names an obligation by a digest that ignores its numbers, "
+        "so obligations that differ in a constant are solved once",
+        "canonical dedup",
+        (Patch("tvsmt/encoding/smtlib.py",
+               "return Printed(text, hashlib.sha256(text.encode()).hexdigest(), symbols, "
+               "pair_names)",
+               "return Printed(text, hashlib.sha256(text.translate(str.maketrans('', '', "
+               "'0123456789')).encode()).hexdigest(), symbols, pair_names)"),),
+        ("tests/test_shortcut_guards.py::"
+         "test_obligations_that_differ_in_a_constant_are_solved_apart",), fast=True),
+    Mutation(
+        "reduce-to-one",
+        "shape reduction lets a dimension shrink to 1",
+        "shape reduction",
+        (Patch("tvsmt/shapes/dims.py",
+               "lo = max(self.min_size.get(m, 1), min(2, dim.n))",
+               "lo = max(self.min_size.get(m, 1), 1)"),),
+        (T_E2E,), fast=True),
+    Mutation(
+        "forget-slice-starts",
+        "shape reduction forgets the start boundaries of lineage slices",
+        "shape reduction",
+        (Patch("tvsmt/shapes/reduce.py",
+               "                solver.keep_divisible(sdims[i], s)\n", ""),),
+        ("tests/test_single_element.py", T_E2E, "tests/test_encoding.py"),
+        equivalent="a part's width (e - s) is kept divisible by the part's size constraint "
+                   "(p * n == S * (e - s)) and its end e by keep_divisible, so its start "
+                   "s = e - (e - s) is divisible too"),
+    Mutation(
+        "forget-slice-boundaries",
+        "shape reduction forgets every lineage slice boundary (start and end)",
+        "shape reduction",
+        (Patch("tvsmt/shapes/reduce.py",
+               "                solver.keep_divisible(sdims[i], s)\n"
+               "                solver.keep_divisible(sdims[i], e)\n", ""),),
+        ("tests/test_single_element.py::test_an_off_by_one_slice_is_a_violation",), fast=True),
+    Mutation(
+        "signature-ignores-attrs",
+        "the stage-template signature ignores node attributes",
+        "stage templates",
+        (Patch("tvsmt/stages/signature.py",
+               "parts.append((side, n.op, n.pass_, json.dumps(attrs, sort_keys=True, "
+               "default=str),",
+               'parts.append((side, n.op, n.pass_, "",'),),
+        ("tests/test_shortcuts.py",), fast=True),
+    Mutation(
+        "signature-ignores-slices",
+        "the stage-template signature ignores lineage slices",
+        "stage templates",
+        (Patch("tvsmt/stages/signature.py",
+               "            (p.slice, tuple(tid(\"p\", t) for t in p.sum_of), str(p.scale))",
+               "            (tuple(tid(\"p\", t) for t in p.sum_of), str(p.scale))"),),
+        ("tests/test_shortcut_guards.py::"
+         "test_swapped_slices_in_one_of_two_identical_layers_are_a_violation",), fast=True),
+    Mutation(
+        "non-sat-is-proven",
+        "any answer but sat counts as proven (timeout, unknown, error)",
+        "solving",
+        (Patch("tvsmt/verify.py", "            if res.status == UNSAT:\n",
+               "            if res.status != SAT:\n"),),
+        (f"{T_ORCH}::test_solver_timeout_is_inconclusive_never_a_pass",
+         f"{T_ORCH}::test_without_a_solver_answer_evaluation_still_finds_a_real_bug"),
+        fast=True),
+    Mutation(
+        "inconclusive-ignored",
+        "inconclusive failures do not change the verdict",
+        "solving",
+        (Patch("tvsmt/verify.py",
+               "        elif failures:\n            report.verdict = INCONCLUSIVE\n", ""),),
+        (f"{T_ORCH}::test_solver_timeout_is_inconclusive_never_a_pass",), fast=True),
+    Mutation(
+        "crosscheck-one-sided",
+        "crosscheck accepts one solver's unsat when the other timed out or gave up",
+        "solving",
+        (Patch("tvsmt/verify.py",
+               "if res.status == UNSAT and any(d.status != UNSAT for d in res.details):",
+               "if res.status == UNSAT and any(d.status == SAT for d in res.details):"),),
+        (f"{T_ORCH}::test_crosscheck_never_passes_on_one_solver_alone",
+         f"{T_ORCH}::test_crosscheck_policy_pass_needs_every_solver_counterexample_stands_alone"),
+        fast=True),
+    Mutation(
+        "cache-previous-hash",
+        "a cached verdict is looked up under the stage's previous obligation hash",
+        "caching",
+        (Patch("tvsmt/verify.py",
+               "    if corpus is not None:\n"
+               "        store_in_corpus(corpus, unique, outcomes, parallel)\n",
+               "    previous = dict(corpus.stages) if corpus is not None else {}\n"
+               "    if corpus is not None:\n"
+               "        store_in_corpus(corpus, unique, outcomes, parallel)\n"),
+         Patch("tvsmt/verify.py",
+               "cached = [corpus.lookup(dg, name) for name in solvers]",
+               "cached = [corpus.lookup(previous.get(ob.meta['stage'], dg), name) "
+               "for name in solvers]")),
+        ("tests/test_shortcut_guards.py::test_a_corpus_never_answers_for_another_obligation",),
+        fast=True),
+    Mutation(
+        "corpus-trusts-edited-file",
+        "the corpus trusts an obligation file whose content no longer matches its hash",
+        "caching",
+        (Patch("tvsmt/solving/corpus.py", "            if actual != name:\n",
+               "            if False:\n"),
+         Patch("tvsmt/solving/corpus.py",
+               "        if check and digest_of(body) != digest:\n",
+               "        if False:\n")),
+        (f"{T_ORCH}::test_corpus_incremental_fresh_and_replay",), fast=True),
+    # Folding: tvsmt/fold is being rewritten (helper "fold"); these patches may go stale.
+    Mutation(
+        "fold-ignores-attrs",
+        "the fold's copy check ignores node attributes",
+        "folding",
+        (Patch("tvsmt/fold/folder.py", '"n_mb": mb, "n_attrs": tab.n_attrs,', '"n_mb": mb,'),),
+        (f"{T_FOLD}[wrong-constant-one-rank]",)),
+    Mutation(
+        "fold-ignores-inputs",
+        "the fold's copy check ignores node inputs",
+        "folding",
+        (Patch("tvsmt/fold/folder.py", '"n_in": ins, "n_in_ptr": in_ptr, ', ""),),
+        (f"{T_FOLD}[bw-wrong-input]",)),
+    Mutation(
+        "fold-drops-exception",
+        "the fold drops the last unit that is not a copy (an exception)",
+        "folding",
+        (Patch("tvsmt/fold/folder.py",
+               "replicas = set(self.kept_d) | {u[0] for u in self.exceptions}",
+               "replicas = set(self.kept_d) | {u[0] for u in self.exceptions[:-1]}"),
+         Patch("tvsmt/fold/folder.py", "units |= set(self.exceptions)",
+               "units |= set(self.exceptions[:-1])")),
+        (f"{T_FOLD}[grad-scale-wrong]",), fast=True),
+)
+
+
+@dataclass
+class Outcome:
+    mutation: Mutation
+    status: str  # killed | SURVIVED | stale | error | timeout
+    by: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("killed", "equivalent")
+
+
+def copy_project(dest: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "smt_corpus")
+    for name in COPIED:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=ignore)
+        else:
+            shutil.copy2(src, dest / name)
+
+
+def child_env(copy: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(copy) + (os.pathsep + env["PYTHONPATH"]
+                                     if env.get("PYTHONPATH") else "")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # a restored file is never read from a stale .pyc
+    env.setdefault("TVSMT_SHARED_PLANS", str(ROOT.parent / "shared" / "plans"))
+    return env
+
+
+def run_tests(copy: Path, tests: tuple[str, ...], timeout: float) -> tuple[int | None, str]:
+    """pytest on the copy: (exit code or None on timeout, output). The child gets its own
+    process group, killed whole on timeout."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-rf",
+           "--no-header", *tests]
+    proc = subprocess.Popen(cmd, cwd=copy, env=child_env(copy), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return None, out
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+
+
+def first_failure(output: str) -> str:
+    m = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.M)
+    return m.group(1) if m else ""
+
+
+def patched_texts(copy: Path, m: Mutation) -> dict[Path, tuple[str, str]] | str:
+    """{file: (original, patched)} for the copy, or why a patch is stale (nothing written)."""
+    texts: dict[Path, tuple[str, str]] = {}
+    for k, p in enumerate(m.patches):
+        path = copy / p.file
+        if not path.exists():
+            return f"patch {k + 1}: {p.file} does not exist"
+        original, current = texts.get(path, (path.read_text(),) * 2)
+        count = current.count(p.old)
+        if count != 1:
+            return f"patch {k + 1}: old text found {count} times in {p.file}"
+        texts[path] = (original, current.replace(p.old, p.new))
+    return texts
+
+
+def check_imports_the_copy(copy: Path) -> None:
+    out = subprocess.run([sys.executable, "-c", "import tvsmt; print(tvsmt.__file__)"],
+                         cwd=copy, env=child_env(copy), capture_output=True, text=True)
+    where = Path(out.stdout.strip()).resolve()
+    if copy.resolve() not in where.parents:
+        sys.exit(f"mutate.py: the copy's tests would import tvsmt from {where}, not from "
+                 f"{copy}: mutations would not be tested")
+
+
+def run(mutations: list[Mutation], timeout: float, progress) -> list[Outcome]:
+    with tempfile.TemporaryDirectory(prefix="tvsmt-mutate-") as tmp:
+        copy = Path(tmp) / "project"
+        copy.mkdir()
+        copy_project(copy)
+        check_imports_the_copy(copy)
+        tests = tuple(dict.fromkeys(t for m in mutations for t in m.tests))
+        progress(f"baseline: {len(tests)} test selections on the unmutated copy")
+        rc, out = run_tests(copy, tests, timeout * 2)
+        if rc != 0:
+            why = first_failure(out) or out[-2000:]
+            sys.exit(f"mutate.py: the unmutated project fails its own tests ({why}); a failing "
+                     "test kills nothing")
+        outcomes = []
+        for m in mutations:
+            t0 = time.monotonic()
+            texts = patched_texts(copy, m)
+            if isinstance(texts, str):
+                outcomes.append(Outcome(m, "stale", texts))
+                progress(f"{m.name}: stale ({texts})")
+                continue
+            try:
+                for path, (_, patched) in texts.items():
+                    path.write_text(patched)
+                rc, out = run_tests(copy, m.tests, timeout)
+            finally:
+                for path, (original, _) in texts.items():
+                    path.write_text(original)
+            secs = time.monotonic() - t0
+            if rc is None:
+                o = Outcome(m, "timeout", f"no answer in {timeout:.0f} s", secs)
+            elif rc == 1:
+                o = Outcome(m, "killed", first_failure(out) or "(a test failed)", secs)
+            elif rc == 0 and m.equivalent:
+                o = Outcome(m, "equivalent", m.equivalent, secs)
+            elif rc == 0:
+                o = Outcome(m, "SURVIVED", "", secs)
+            else:
+                o = Outcome(m, "error", f"pytest exit {rc}: {first_failure(out)}", secs)
+            outcomes.append(o)
+            progress(f"{m.name}: {o.status} {o.by} ({secs:.1f} s)")
+        return outcomes
+
+
+def table(outcomes: list[Outcome], markdown: bool) -> str:
+    rows = [(o.mutation.name, o.status, o.by, f"{o.seconds:.1f}") for o in outcomes]
+    head = ("mutation", "killed", "by which test", "s")
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += [f"| `{r[0]}` | " + " | ".join(r[1:]) + " |" for r in rows]
+        return "\n".join(lines)
+    widths = [max(len(str(r[k])) for r in rows + [head]) for k in range(len(head))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join(fmt.format(*r) for r in [head] + rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fast", action="store_true", help="only the CI subset")
+    ap.add_argument("--only", action="append", default=[], metavar="NAME",
+                    help="run only this mutation (repeatable)")
+    ap.add_argument("--list", action="store_true", help="list the mutations and exit")
+    ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    ap.add_argument("--timeout", type=float, default=300.0,
+                    help="seconds per mutation's test run (default 300)")
+    args = ap.parse_args(argv)
+    chosen = [m for m in MUTATIONS if (not args.fast or m.fast)
+              and (not args.only or m.name in args.only)]
+    unknown = set(args.only) - {m.name for m in MUTATIONS}
+    if unknown:
+        ap.error(f"unknown mutation(s): {', '.join(sorted(unknown))}")
+    if args.list:
+        for m in chosen:
+            files = ", ".join(sorted({p.file for p in m.patches}))
+            print(f"{m.name}{' (fast)' if m.fast else ''}: {m.what}\n    files: {files}\n"
+                  f"    tests: {' '.join(m.tests)}")
+        return 0
+    t0 = time.monotonic()
+    outcomes = run(chosen, args.timeout, lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(table(outcomes, args.markdown))
+    bad = [o for o in outcomes if not o.ok]
+    print(f"\n{len(outcomes) - len(bad)} of {len(outcomes)} mutations killed in "
+          f"{time.monotonic() - t0:.0f} s" + (f"; not killed: {', '.join(o.mutation.name for o in bad)}"
+                                              if bad else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
