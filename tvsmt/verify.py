@@ -30,6 +30,7 @@ from tvsmt.report.counterexample import (
 )
 from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, VIOLATION, Failure, Report
 from tvsmt.shapes import reduce_stage
+from tvsmt.shapes.reduce import ReducedShapeTooLarge
 from tvsmt.solving.types import SAT, UNKNOWN, UNSAT, Obligation, SolverResult
 from tvsmt.stages import Stage, cut_stages
 from tvsmt.stages.signature import stage_signature
@@ -153,6 +154,8 @@ def encode_one(stage: Stage, single: Plan, parallel: Plan, be: SymbolicBackend,
     except StructuralViolation as e:
         out.failure = _stage_failure("structural", str(e), stage, single, parallel,
                                      node=e.node, tensor=e.tensor)
+    except ReducedShapeTooLarge as e:  # cannot be encoded: inconclusive, never a pass
+        out.failure = _stage_failure("inconclusive", str(e), stage, single, parallel)
     return out
 
 
