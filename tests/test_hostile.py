@@ -353,3 +353,8 @@ def test_damaged_report_is_an_input_error(tmp_path, damage):
     out.write_text(json.dumps({**json.loads(out.read_text()), **damage}))
     line = one_line_error(run("report", out), code=2)
     assert str(out) in line
+
+
+def test_replay_of_something_that_is_not_a_folder_is_an_input_error():
+    line = one_line_error(run("replay", "/dev/null"))
+    assert "/dev/null" in line and "not a folder" in line

@@ -188,6 +188,8 @@ def replay(corpus, jobs, timeout, solver, backend, scheduler):
     from tvsmt.solving.replay import replay as run_replay
 
     check_backend(backend, scheduler)
+    if not os.path.isdir(corpus):
+        raise PlanError("not a folder (a corpus is a folder of .smt2 files)", file=corpus)
     if not (os.path.exists(os.path.join(corpus, "manifest.json"))
             or any(name.endswith(".smt2") for name in os.listdir(corpus))):
         raise PlanError("not a tvsmt corpus (no manifest.json and no .smt2 files)", file=corpus)
