@@ -7,27 +7,64 @@ import sys
 
 import click
 
-from tvsmt.errors import InternalError, TvsmtError
+from tvsmt.cli_checks import Seconds, check_backend
+from tvsmt.errors import InputError, InternalError, SolverFailure, StructuralViolation
+from tvsmt.report.report import (
+    EXIT_INCONCLUSIVE,
+    EXIT_INPUT_ERROR,
+    EXIT_INTERNAL,
+    EXIT_VIOLATION,
+)
+from tvsmt.textsafe import plain
+
+
+EXIT_CODES_HELP = """\b
+Exit codes (every command):
+  0  equivalent (verify, report), or the command succeeded
+  1  violation: a counterexample, or a claim the plans cannot support
+     (replay: a recorded verdict was not reproduced, or a corpus file is damaged)
+  2  input error: a malformed plan, report or corpus, or a bad option
+     (one line on stderr naming the file, node or tensor)
+  3  inconclusive: a solver timeout, `unknown`, or solvers that disagree (never a pass)
+  4  internal error: a bug in tvsmt (one line on stderr; TVSMT_DEBUG=1 shows the traceback)
+"""
 
 
 class Cli(click.Group):
-    """Turns user errors into one line on stderr and exit code 2, never a traceback."""
+    """Turns every error into one line on stderr and its exit code (see EXIT_CODES_HELP),
+    never a traceback. Ids and file names in messages are escaped (tvsmt/textsafe.py)."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except InputError as e:
+            _fail(f"error: {e}", EXIT_INPUT_ERROR)
+        except StructuralViolation as e:
+            _fail(f"violation: {e}", EXIT_VIOLATION)
+        except SolverFailure as e:
+            _fail(f"inconclusive: {e}", EXIT_INCONCLUSIVE)
         except InternalError as e:
-            click.echo(f"tvsmt: {e}", err=True)
-            sys.exit(4)
-        except TvsmtError as e:
-            click.echo(f"tvsmt: error: {e}", err=True)
-            sys.exit(2)
+            _fail(f"internal error: {e}", EXIT_INTERNAL)
         except KeyboardInterrupt:
             click.echo("tvsmt: interrupted", err=True)
             sys.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as e:  # a bug in tvsmt: one line and exit 4, never a pass
+            if os.environ.get("TVSMT_DEBUG"):
+                raise
+            what = type(e).__name__ if type(e).__module__ == "builtins" else \
+                f"{type(e).__module__}.{type(e).__name__}"
+            _fail(f"internal error ({what}: {e}); this is a bug in tvsmt, please report it "
+                  "(TVSMT_DEBUG=1 shows where)", EXIT_INTERNAL)
 
 
-@click.group(cls=Cli)
+def _fail(message: str, code: int) -> None:
+    click.echo(f"tvsmt: {plain(message)}", err=True)
+    sys.exit(code)
+
+
+@click.group(cls=Cli, epilog=EXIT_CODES_HELP)
 @click.version_option(package_name="tvsmt")
 def main():
     """Prove that a parallel training plan computes what the single-device plan computes."""
@@ -55,24 +92,27 @@ def run_verify(single: str, parallel: str, report_path: str | None,
 
 
 def show_report(report, report_path: str | None, html_path: str | None) -> int:
-    """Render a report, write the JSON / HTML files asked for; the exit code."""
+    """Write the JSON / HTML files asked for, then render; the exit code. Files are written
+    before rendering: a saved report never depends on the terminal."""
     from tvsmt.report.render import render
 
-    render(report)
     if report_path:
         report.save(report_path)
-        click.echo(f"report written to {report_path}")
     if html_path:
         from tvsmt.report.html import write_html
 
         write_html(report, html_path)
-        click.echo(f"HTML report written to {html_path}")
+    render(report)
+    if report_path:
+        click.echo(f"report written to {plain(report_path)}")
+    if html_path:
+        click.echo(f"HTML report written to {plain(html_path)}")
     return report.exit_code
 
 
 def _check_folder(option: str, path: str | None) -> None:
     if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise click.UsageError(f"{option}: the folder of {path} does not exist")
+        raise click.UsageError(f"{option}: the folder of {plain(path)} does not exist")
 
 
 def default_corpus(parallel: str) -> str:
@@ -88,23 +128,24 @@ def default_corpus(parallel: str) -> str:
 def solver_options(f):
     """Options shared by `verify` and `replay`."""
     for opt in reversed([
-        click.option("--jobs", "-j", type=int, default=None,
+        click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
                      help="Parallel solver workers (default: all cores)."),
-        click.option("--timeout", type=float, default=60.0, show_default=True,
-                     help="Seconds per obligation; the solver is killed after it. A timeout "
-                          "is inconclusive, never a pass."),
+        click.option("--timeout", type=Seconds(), default=60.0, show_default=True,
+                     help="Seconds per obligation, 0 for no limit; the solver is killed "
+                          "after it. A timeout is inconclusive, never a pass."),
         click.option("--solver", default="z3", show_default=True,
                      help="Solver profile (solvers/*.toml): z3, cvc5, ..."),
         click.option("--backend", type=click.Choice(["loky", "threading", "dask"]),
                      default="loky", show_default=True, help="joblib backend for solving."),
-        click.option("--scheduler", default=None,
-                     help="Dask scheduler address (with --backend dask)."),
+        click.option("--scheduler", default=None, metavar="ADDRESS",
+                     help="Dask scheduler address, tcp://HOST:PORT (with --backend dask; "
+                          "checked to answer within a few seconds)."),
     ]):
         f = opt(f)
     return f
 
 
-@main.command()
+@main.command(epilog=EXIT_CODES_HELP)
 @click.argument("single", type=click.Path(dir_okay=False))
 @click.argument("parallel", type=click.Path(dir_okay=False))
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
@@ -127,8 +168,7 @@ def solver_options(f):
 def verify(single, parallel, report_path, html_path, jobs, timeout, solver, backend, scheduler,
            crosscheck, corpus, no_corpus, fresh, no_fold, strict):
     """Verify that PARALLEL computes what SINGLE computes."""
-    if backend == "dask" and not scheduler:
-        raise click.UsageError("--backend dask needs --scheduler ADDRESS")
+    check_backend(backend, scheduler)
     if crosscheck and solver != "z3":
         raise click.UsageError("--crosscheck runs z3 and cvc5; it takes no --solver")
     _check_folder("--report", report_path)
@@ -140,7 +180,7 @@ def verify(single, parallel, report_path, html_path, jobs, timeout, solver, back
                         strict=strict))
 
 
-@main.command()
+@main.command(epilog=EXIT_CODES_HELP)
 @click.argument("single", type=click.Path(dir_okay=False))
 @click.argument("parallel", type=click.Path(dir_okay=False))
 @click.option("--corpus", "corpus", type=click.Path(file_okay=False), default=None,
@@ -157,13 +197,14 @@ def export(single, parallel, corpus):
     report = export_obligations(s, p, corpus)
     click.echo(f"{report.obligations_unique} unique obligations ({report.obligations_total} "
                f"stages need a solver, {report.proven_without_solver} proven by term "
-               f"identity) written to {corpus}")
+               f"identity) written to {plain(corpus)}")
     for f in report.failures[:5]:
-        click.echo(f"not exported: {f.kind}: {f.message}", err=True)
-    sys.exit(1 if report.failures else 0)
+        click.echo(f"not exported: {f.kind}: {plain(f.message)}", err=True)
+    violated = any(f.kind in ("counterexample", "structural") for f in report.failures)
+    sys.exit(EXIT_VIOLATION if violated else EXIT_INCONCLUSIVE if report.failures else 0)
 
 
-@main.command()
+@main.command(epilog=EXIT_CODES_HELP)
 @click.argument("corpus", type=click.Path(file_okay=False, exists=True))
 @solver_options
 def replay(corpus, jobs, timeout, solver, backend, scheduler):
@@ -171,6 +212,9 @@ def replay(corpus, jobs, timeout, solver, backend, scheduler):
     from tvsmt.errors import PlanError
     from tvsmt.solving.replay import replay as run_replay
 
+    check_backend(backend, scheduler)
+    if not os.path.isdir(corpus):
+        raise PlanError("not a folder (a corpus is a folder of .smt2 files)", file=corpus)
     if not (os.path.exists(os.path.join(corpus, "manifest.json"))
             or any(name.endswith(".smt2") for name in os.listdir(corpus))):
         raise PlanError("not a tvsmt corpus (no manifest.json and no .smt2 files)", file=corpus)
@@ -181,13 +225,13 @@ def replay(corpus, jobs, timeout, solver, backend, scheduler):
                f"had no recorded verdict, {len(rep.file_problems)} damaged files "
                f"({rep.seconds:.2f}s)")
     for d in rep.differences:
-        click.echo(f"DIFFERENT {d}")
+        click.echo(f"DIFFERENT {plain(d)}")
     for fp in rep.file_problems:
-        click.echo(f"DAMAGED {fp}")
+        click.echo(f"DAMAGED {plain(fp)}")
     sys.exit(0 if rep.ok else 1)
 
 
-@main.command("report")
+@main.command("report", epilog=EXIT_CODES_HELP)
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the summary.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False),

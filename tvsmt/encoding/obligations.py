@@ -25,6 +25,7 @@ from tvsmt.plan import Plan
 from tvsmt.report.failures import stage_failure, underivable
 from tvsmt.report.report import Failure
 from tvsmt.shapes import reduce_stage
+from tvsmt.shapes.reduce import ReducedShapeTooLarge
 from tvsmt.solving.types import Obligation, SolverResult
 from tvsmt.stages import Stage
 from tvsmt.stages.signature import stage_signature
@@ -82,6 +83,8 @@ def encode_one(stage: Stage, single: Plan, parallel: Plan, be: SymbolicBackend,
     except StructuralViolation as e:
         out.failure = stage_failure("structural", str(e), stage, single, parallel,
                                     node=e.node, tensor=e.tensor)
+    except ReducedShapeTooLarge as e:  # cannot be encoded: inconclusive, never a pass
+        out.failure = stage_failure("inconclusive", str(e), stage, single, parallel)
     return out
 
 

@@ -1,78 +1,95 @@
-"""Human-readable rendering of a Report with rich: a summary table and each failure."""
+"""Human-readable rendering of a Report with rich: a summary table and each failure.
+
+Every value that comes from a plan (ids, tensors, file names, messages, counterexample
+values) goes through `m` (tvsmt/textsafe.py): shown literally, on one line, never read as
+rich markup, emoji codes or terminal escapes.
+"""
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from tvsmt.report.report import Report
+from tvsmt.textsafe import markup as m
 
 _STYLE = {"equivalent": "bold green", "violation": "bold red", "inconclusive": "bold yellow",
           "error": "bold red"}
 _KIND_STYLE = {"solver-failure": "bold red reverse"}
 
 
+def _text(markup_text: str) -> Text:
+    """Our own markup (with every plan value already escaped by `m`), emoji codes off."""
+    return Text.from_markup(markup_text, emoji=False)
+
+
 def render(report: Report, console: Console | None = None, max_failures: int = 10) -> None:
     console = console or Console()
-    console.print(f"verdict: [{_STYLE[report.verdict]}]{report.verdict}[/]")
+
+    def say(markup_text: str) -> None:
+        console.print(_text(markup_text))
+
+    style = _STYLE.get(report.verdict, "bold red")
+    say(f"verdict: [{style}]{m(report.verdict)}[/]")
     t = Table(show_header=False, box=None, pad_edge=False)
-    t.add_row("stages", f"{report.stages_total} ({report.stages_proven} proven, "
-              f"{report.stages_violated} violated, {report.stages_inconclusive} inconclusive; "
-              f"{report.assumptions} assumed input lineages)")
-    t.add_row("templates", f"{report.stage_templates} distinct stage structures encoded")
-    t.add_row("obligations", f"{report.obligations_total} total, {report.obligations_unique} "
-              f"unique, {report.proven_without_solver} proven by term identity, "
-              f"{report.cache_hits} cache hits")
+    row = lambda label, value: t.add_row(label, _text(value))  # noqa: E731
+    row("stages", f"{report.stages_total} ({report.stages_proven} proven, "
+        f"{report.stages_violated} violated, {report.stages_inconclusive} inconclusive; "
+        f"{report.assumptions} assumed input lineages)")
+    row("templates", f"{report.stage_templates} distinct stage structures encoded")
+    row("obligations", f"{report.obligations_total} total, {report.obligations_unique} "
+        f"unique, {report.proven_without_solver} proven by term identity, "
+        f"{report.cache_hits} cache hits")
     if report.fold:
         fo = report.fold
-        exc = f"; not copies: {', '.join(fo['exceptions'][:4])}" if fo["exceptions"] else ""
-        t.add_row("folding", f"{fo['replicas']} replicas x {fo['micro_batches']} micro-batches "
-                  f"checked to be copies; verified replicas {fo['kept_replicas']} "
-                  f"({fo['kept_units']} (replica, micro-batch) units, batch x "
-                  f"{fo['batch_factor']}, so batch rows in slices are folded rows){exc}")
+        exc = (f"; not copies: {', '.join(m(e) for e in fo['exceptions'][:4])}"
+               if fo["exceptions"] else "")
+        row("folding", f"{fo['replicas']} replicas x {fo['micro_batches']} micro-batches "
+            f"checked to be copies; verified replicas {m(fo['kept_replicas'])} "
+            f"({fo['kept_units']} (replica, micro-batch) units, batch x "
+            f"{fo['batch_factor']}, so batch rows in slices are folded rows){exc}")
     elif report.fold_note:
-        t.add_row("folding", f"not folded: {report.fold_note}")
+        row("folding", f"not folded: {m(report.fold_note)}")
     if report.evaluated:
         ev = report.evaluated
-        t.add_row("evaluated", f"{ev.get('obligations', 0)} obligations also evaluated at "
-                  f"{ev.get('points', 0)} random concrete points (real functions)")
+        row("evaluated", f"{ev.get('obligations', 0)} obligations also evaluated at "
+            f"{ev.get('points', 0)} random concrete points (real functions)")
     if report.unclaimed:
-        shown = ", ".join(report.unclaimed_tensors[:4])
-        t.add_row("unclaimed", f"{report.unclaimed} parallel results no lineage claims "
-                  f"(not verified; --strict fails on them): {shown}"
-                  + (" ..." if report.unclaimed > 4 else ""))
-    t.add_row("time", "  ".join(f"{k} {v:.2f}s" for k, v in report.timings.items()))
+        shown = ", ".join(m(t) for t in report.unclaimed_tensors[:4])
+        row("unclaimed", f"{report.unclaimed} parallel results no lineage claims "
+            f"(not verified; --strict fails on them): {shown}"
+            + (" ..." if report.unclaimed > 4 else ""))
+    row("time", "  ".join(f"{m(k)} {v:.2f}s" for k, v in report.timings.items()))
     if report.solver_seconds:
-        t.add_row("solvers", "  ".join(f"{k} {v:.2f}s" for k, v in
-                                       report.solver_seconds.items()))
+        row("solvers", "  ".join(f"{m(k)} {v:.2f}s" for k, v in report.solver_seconds.items()))
     console.print(t)
     for f in report.failures[:max_failures]:
+        stage = f"in stage {m(f.stage)}" if f.stage else ""
         style = _KIND_STYLE.get(f.kind, "bold")
-        console.print(f"\n[{style}]{f.kind}[/] {('in stage ' + f.stage) if f.stage else ''}: "
-                      f"{f.message}")
+        say(f"\n[{style}]{m(f.kind)}[/] {stage}: {m(f.message)}")
         if f.tensor:
-            sl = f" slice {f.slice}" if f.slice else ""
-            console.print(f"  tensor {f.tensor}{sl}")
+            sl = f" slice {m(f.slice)}" if f.slice else ""
+            say(f"  tensor {m(f.tensor)}{sl}")
         if f.parallel_tensors:
-            console.print(f"  parallel tensors {', '.join(f.parallel_tensors[:8])}"
-                          + (" ..." if len(f.parallel_tensors) > 8 else ""))
+            say(f"  parallel tensors {', '.join(m(t) for t in f.parallel_tensors[:8])}"
+                + (" ..." if len(f.parallel_tensors) > 8 else ""))
         for side in ("single_nodes", "parallel_nodes"):
             nodes = getattr(f, side)
             if nodes:
-                shown = ", ".join(f"{n['id']} ({n['op']})" for n in nodes[:6])
+                shown = ", ".join(f"{m(n['id'])} ({m(n['op'])})" for n in nodes[:6])
                 more = f" and {len(nodes) - 6} more" if len(nodes) > 6 else ""
-                console.print(f"  {side.replace('_', ' ')}: {shown}{more}")
+                say(f"  {side.replace('_', ' ')}: {shown}{more}")
         cex = f.counterexample
         if cex:
             if cex.get("reduced_shape"):
-                console.print(f"  counterexample at reduced shape {cex['reduced_shape']}")
-            for m in cex.get("mismatches", [])[:4]:
-                console.print(f"  at {m['index']} (lineage part {m['part']}): single = "
-                              f"{m['single']}  parallel = {m['parallel']}")
+                say(f"  counterexample at reduced shape {m(cex['reduced_shape'])}")
+            for mm in cex.get("mismatches", [])[:4]:
+                say(f"  at {m(mm['index'])} (lineage part {m(mm['part'])}): single = "
+                    f"{m(mm['single'])}  parallel = {m(mm['parallel'])}")
             inputs = cex.get("inputs", {})
             if inputs:
-                shown = ", ".join(f"{k}={v}" for k, v in list(inputs.items())[:6])
-                console.print(f"  inputs: {shown}" + (" ..." if len(inputs) > 6 else ""))
+                shown = ", ".join(f"{m(k)}={m(v)}" for k, v in list(inputs.items())[:6])
+                say(f"  inputs: {shown}" + (" ..." if len(inputs) > 6 else ""))
     if len(report.failures) > max_failures:
-        console.print(f"\n... {len(report.failures) - max_failures} more failures in the JSON "
-                      "report")
+        say(f"\n... {len(report.failures) - max_failures} more failures in the JSON report")

@@ -98,17 +98,96 @@ class Report:
 
 
 def load_report(path: str) -> Report:
-    """Read a JSON report written by `Report.save` (for `tvsmt report`)."""
+    """Read a JSON report written by `Report.save` (for `tvsmt report`); a report that is
+    not one (hand-edited, damaged) is an input error naming what is wrong in it."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError included
-        raise PlanError(f"cannot read report: {e}", file=path) from None
+    except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError
+        why = e.strerror if isinstance(e, OSError) and e.strerror else \
+            "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise PlanError(f"cannot read report: {why}", file=path) from None
     if not isinstance(data, dict) or data.get("format") != "tvsmt.report":
         raise PlanError("not a tvsmt report", file=path)
     fields = {k: v for k, v in data.items() if k in Report.__dataclass_fields__}
-    try:
-        fields["failures"] = [Failure(**f) for f in data.get("failures", [])]
-        return Report(**fields)
-    except TypeError as e:
-        raise PlanError(f"malformed report: {e}", file=path) from None
+    problem = _malformed(fields, Report, "report")
+    if problem is None and fields.get("verdict") not in EXIT_CODES:
+        problem = f"unknown verdict {fields.get('verdict')!r}"
+    failures = fields.get("failures", [])
+    for i, f in enumerate(failures if problem is None else []):
+        problem = (f"failure #{i} is not an object" if not isinstance(f, dict) else
+                   _malformed(f, Failure, f"failure #{i}"))
+        if problem:
+            break
+        for side in ("single_nodes", "parallel_nodes"):
+            if not all(isinstance(n, dict) and isinstance(n.get("id"), str)
+                       and isinstance(n.get("op"), str) for n in f.get(side, [])):
+                problem = f"failure #{i}: {side} entries need string 'id' and 'op'"
+    if problem is None and fields.get("fold") is not None:
+        missing = [k for k in _FOLD_KEYS if k not in fields["fold"]]
+        if missing or not isinstance(fields["fold"].get("exceptions"), list):
+            problem = f"'fold' lacks {', '.join(missing) or 'an exceptions list'}"
+    if problem:
+        raise PlanError(f"malformed report: {problem}", file=path)
+    fields["failures"] = [Failure(**{k: v for k, v in f.items()
+                                     if k in Failure.__dataclass_fields__}) for f in failures]
+    return Report(**fields)
+
+
+_FOLD_KEYS = ("replicas", "micro_batches", "kept_replicas", "kept_units", "batch_factor",
+              "exceptions")
+
+
+def _malformed(values: dict, cls, what: str) -> str | None:
+    """The first field of `values` whose JSON type does not fit `cls`'s annotation, or a
+    missing required field; None when all fit (unknown keys are ignored)."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name not in values:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                return f"{what} lacks '{f.name}'"
+            continue
+        if not _fits(values[f.name], hints[f.name]):
+            return f"{what}: '{f.name}' is not {_describe(hints[f.name])}"
+    return None
+
+
+def _fits(value, hint) -> bool:
+    import types
+    import typing
+
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is Any:
+        return True
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is list:
+        # lists of Failure are checked one by one by load_report, with their index
+        return isinstance(value, list) and (not args or args[0] is Failure or
+                                            all(_fits(v, args[0]) for v in value))
+    if origin is dict:
+        return isinstance(value, dict) and all(_fits(v, args[1]) for v in value.values())
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _describe(hint) -> str:
+    import typing
+
+    origin = typing.get_origin(hint)
+    names = {int: "an integer", float: "a number", str: "a string", list: "a list",
+             dict: "an object"}
+    if origin in (list, dict):
+        return names[origin]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if args:
+        return _describe(args[0]) + " or null"
+    return names.get(hint, getattr(hint, "__name__", str(hint)))

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from math import gcd
+from functools import lru_cache
+from math import gcd, isqrt, prod
 
 
 class Dim:
@@ -184,11 +185,54 @@ class DivisorSolver:
         return [d.n // choice[self._find(d.id)] for d in self.dims]
 
 
-def _divisors(n: int) -> list[int]:
+# Below TRIAL_DIVISION_BELOW, trial division up to the square root takes well under a
+# millisecond. Up to FACTOR_BITS bits, sympy factors the dimension (trial division, Pollard
+# rho, p-1) with a bounded effort; beyond (no real tensor is that large), only primes below
+# SMALL_PRIMES_BELOW are divided out, each a few microseconds even at thousands of digits.
+TRIAL_DIVISION_BELOW = 2**24
+FACTOR_BITS = 128
+FACTOR_EFFORT = 2**16  # sympy's `limit`; what stays unfactored is kept as one factor
+SMALL_PRIMES_BELOW = 2**10
+MAX_DIVISORS = 4096  # candidates per class; beyond, factors of the smallest primes are dropped
+
+
+@lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    """Divisors of n, ascending (a subset when n is huge or has very many divisors).
+
+    Any subset is sound: a divisor that is not offered only means a smaller reduction. So a
+    hostile dimension (2**70, a product of two large primes, a primorial) costs a bounded
+    factoring effort instead of a search up to its square root."""
     if n <= 0:
-        return [1]
-    small = [k for k in range(1, int(n ** 0.5) + 1) if n % k == 0]
-    return sorted(set(small + [n // k for k in small]))
+        return (1,)
+    if n < TRIAL_DIVISION_BELOW:
+        small = [k for k in range(1, isqrt(n) + 1) if n % k == 0]
+        return tuple(sorted(set(small + [n // k for k in small])))
+    factors = [[p, e] for p, e in sorted(_factor(n).items())]
+    while prod(e + 1 for _, e in factors) > MAX_DIVISORS:
+        smallest = next(f for f in factors if f[1] > 0)
+        smallest[1] -= 1  # one factor of the smallest prime: the least reduction lost
+    divs = [1]
+    for p, e in factors:
+        divs = [d * p**k for d in divs for k in range(e + 1)]
+    return tuple(sorted(set(divs)))
+
+
+def _factor(n: int) -> dict[int, int]:
+    """{factor: exponent} whose product is n; factors are primes except perhaps one
+    cofactor left unfactored (still a divisor of n, which is all `_divisors` needs)."""
+    from sympy import factorint, primerange
+
+    if n.bit_length() <= FACTOR_BITS:
+        return factorint(n, limit=FACTOR_EFFORT)
+    factors: dict[int, int] = {}
+    for p in primerange(2, SMALL_PRIMES_BELOW):
+        while n % p == 0:
+            factors[p] = factors.get(p, 0) + 1
+            n //= p
+    if n > 1:
+        factors[n] = factors.get(n, 0) + 1
+    return factors
 
 
 def _prod(xs, choice) -> int | None:

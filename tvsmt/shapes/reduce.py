@@ -17,14 +17,18 @@ original sizes as long as the small instance keeps every *distinction* the stage
 * among all solutions the largest reduction is taken (see dims.py: in "divisor space" the
   rules become union-find classes plus a few product relations, solved in microseconds).
 
-Shapes that contradict a rule are a structural violation.
+Shapes that contradict a rule are a structural violation. A stage whose reduced shapes are
+still too large to execute symbolically (a dimension that is prime, or whose divisors the
+partitions forbid, near 2**54) is `ReducedShapeTooLarge`: inconclusive, never a pass.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvsmt.errors import StructuralViolation
+from math import prod
+
+from tvsmt.errors import StructuralViolation, TvsmtError
 from tvsmt.ops import ShapeConstraints, ShapeRuleError, TShape
 from tvsmt.ops import get as get_op
 from tvsmt.ops.registry import shape_rule
@@ -33,6 +37,19 @@ from tvsmt.shapes.dims import DivisorSolver
 from tvsmt.stages import Stage
 
 Shape = tuple[int, ...]
+
+# Reduced tensors of real plans hold at most a few hundred elements (256 over the nnScaler
+# fixtures that tvsmt supports, measured by scripts/measure_reduced.py); a symbolic tensor of a
+# million terms cannot be encoded in useful time or memory.
+MAX_REDUCED_ELEMENTS = 2**20
+
+
+class ReducedShapeTooLarge(TvsmtError):
+    """A stage that shape reduction cannot make small enough to encode (inconclusive)."""
+
+    def __init__(self, message: str, *, tensor: str):
+        self.tensor = tensor
+        super().__init__(message)
 
 
 @dataclass
@@ -123,5 +140,13 @@ def reduce_stage(stage: Stage, single: Plan, parallel: Plan) -> ReducedShapes:
     def value(ts: TShape) -> Shape:
         return tuple(d if isinstance(d, int) else sizes[d.id] for d in ts.dims)
 
-    return ReducedShapes({t: value(v) for t, v in sshape.items()},
-                         {t: value(v) for t, v in pshape.items()})
+    reduced = ReducedShapes({t: value(v) for t, v in sshape.items()},
+                            {t: value(v) for t, v in pshape.items()})
+    for side, shapes in (("single", reduced.single), ("parallel", reduced.parallel)):
+        for t, shape in shapes.items():
+            if prod(shape) > MAX_REDUCED_ELEMENTS:
+                raise ReducedShapeTooLarge(
+                    f"{side} tensor {t} still has shape {list(shape)} after "
+                    f"shape reduction (more than {MAX_REDUCED_ELEMENTS} elements, too large to "
+                    "encode): its sizes have no divisor that keeps every partition", tensor=t)
+    return reduced
