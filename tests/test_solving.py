@@ -421,7 +421,8 @@ def test_atomic_writes_leave_no_temp_files(tmp_path, monkeypatch):
     o = ob(SAT_NONLINEAR, ("x", "y"))
     c.add(o, stage_ids=["a"])
     c.save()
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{o.digest}.smt2", "manifest.json"])
+    kept = sorted([f"{o.digest}.smt2", "manifest.json", ".lock", ".tvsmt-key"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == kept
     before = (tmp_path / "manifest.json").read_bytes()
 
     def boom(src, dst):
@@ -435,7 +436,7 @@ def test_atomic_writes_leave_no_temp_files(tmp_path, monkeypatch):
         c.add(ob(UNSAT_UF))
     monkeypatch.undo()
     assert (tmp_path / "manifest.json").read_bytes() == before  # old manifest intact
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{o.digest}.smt2", "manifest.json"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == kept
 
 
 # --------------------------------------------------------------------------------------------

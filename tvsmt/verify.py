@@ -30,6 +30,14 @@ from tvsmt.report.counterexample import (
 )
 from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, VIOLATION, Failure, Report
 from tvsmt.shapes import reduce_stage
+from tvsmt.solving.dispatch import (  # noqa: F401 - re-exported for callers and tests
+    SMALL_RUN,
+    _both_must_prove,
+    _solver_names,
+    check_solver_choice,
+    solve_obligations,
+    store_in_corpus,
+)
 from tvsmt.solving.types import SAT, UNKNOWN, UNSAT, Obligation, SolverResult
 from tvsmt.stages import Stage, cut_stages
 from tvsmt.stages.signature import stage_signature
@@ -40,7 +48,8 @@ class Options:
     jobs: int | None = None
     solver: str = "z3"
     timeout: float = 60.0
-    crosscheck: bool = False
+    # True: z3 and cvc5; or the profiles (names or paths) that must all prove each stage
+    crosscheck: bool | str | tuple[str, ...] = False
     corpus: str | None = None
     fresh: bool = False
     backend: str = "loky"
@@ -49,8 +58,7 @@ class Options:
     progress: Callable[[str, int, int | None], None] | None = None  # (phase, done, total)
 
     def __post_init__(self):
-        if self.crosscheck and self.solver not in ("z3", "cvc5"):
-            raise ValueError("--crosscheck runs z3 and cvc5; do not combine it with --solver")
+        check_solver_choice(self.solver, self.crosscheck)
 
 
 @dataclass
@@ -231,93 +239,6 @@ def build_obligations(single: Plan, parallel: Plan, stages: list[Stage], timer: 
         if progress and (k % 64 == 0 or k == len(stages) - 1):
             progress("encoding stages", k + 1, len(stages))
     return outcomes
-
-
-SMALL_RUN = 24  # obligations below which solving stays in this process (kept-alive solver)
-
-
-def _solver_names(opts: Options) -> tuple[str, ...]:
-    return ("z3", "cvc5") if opts.crosscheck else (opts.solver,)
-
-
-def store_in_corpus(corpus, unique: dict[str, Obligation], outcomes: list[StageOutcome],
-                    parallel: Plan) -> None:
-    """Write each unique obligation with a header naming the stages and tensors it stands for
-    (outside the hashed body) and map every stage to its digest."""
-    by_digest: dict[str, list[Stage]] = {}
-    for o in outcomes:
-        if o.obligation is not None:
-            by_digest.setdefault(o.obligation.digest, []).append(o.stage)
-    for dg, ob in unique.items():
-        stages = by_digest[dg]
-        header = {"plan": parallel.name, "stages": [st.id for st in stages[:50]],
-                  "tensors": sorted({parallel.lineages[st.target].single
-                                     for st in stages})[:50],
-                  "stage_count": len(stages), "query": list(ob.query)}
-        corpus.add(ob, [st.id for st in stages], header=header)
-
-
-def _both_must_prove(res: SolverResult) -> SolverResult:
-    """Cross-checking policy. A pass needs `unsat` from every solver; a `sat` with a model
-    stands on its own (its counterexample is checked against the plan, see
-    report/counterexample.py), with the other answers named; sat against unsat is a
-    disagreement (inconclusive)."""
-    from dataclasses import replace
-
-    if res.status == UNSAT and any(d.status != UNSAT for d in res.details):
-        others = ", ".join(f"{d.solver} says {d.status}" for d in res.details)
-        return replace(res, status=UNKNOWN, message=f"not proven by every solver: {others}")
-    return res
-
-
-def solve_obligations(unique: dict[str, Obligation], outcomes: list[StageOutcome],
-                      parallel: Plan, opts: Options, report: Report) -> dict[str, SolverResult]:
-    """Solve each unique obligation once: corpus verdicts first (unless --fresh), then the
-    external solver(s) in parallel; new verdicts are recorded in the corpus."""
-    from tvsmt.solving.corpus import Corpus
-    from tvsmt.solving.runner import crosscheck, reconcile, solve_all
-
-    solvers = _solver_names(opts)
-    corpus = Corpus(opts.corpus) if opts.corpus else None
-    results: dict[str, SolverResult] = {}
-    todo: list[Obligation] = []
-    if corpus is not None:
-        store_in_corpus(corpus, unique, outcomes, parallel)
-    for dg, ob in unique.items():
-        if corpus is not None:
-            if not opts.fresh:
-                cached = [corpus.lookup(dg, name) for name in solvers]
-                if all(c is not None for c in cached):
-                    results[dg] = _both_must_prove(reconcile(cached)) if len(cached) > 1 \
-                        else cached[0]
-                    report.cache_hits += 1
-                    continue
-        todo.append(ob)
-    done = [len(results)]
-
-    def progress(_index, _result):
-        done[0] += 1
-        if opts.progress:
-            opts.progress("solving", done[0], len(unique))
-
-    jobs = opts.jobs
-    if opts.backend == "loky" and len(todo) * len(solvers) <= SMALL_RUN:
-        jobs = 1  # starting worker processes (~0.5 s) costs more than solving in this one
-    common = dict(jobs=jobs, timeout_s=opts.timeout, backend=opts.backend,
-                  scheduler=opts.scheduler, progress=progress)
-    if todo:
-        if opts.crosscheck:
-            solved = [_both_must_prove(r) for r in crosscheck(todo, solvers=solvers, **common)]
-        else:
-            solved = solve_all(todo, solver=opts.solver, **common)
-        for ob, res in zip(todo, solved):
-            results[ob.digest] = res
-            if corpus is not None:
-                for raw in (res.details or [res]):
-                    corpus.record(ob.digest, raw)
-    if corpus is not None:
-        corpus.save()
-    return results
 
 
 def prepare(single: Plan, parallel: Plan, opts: Options, timer: Timer

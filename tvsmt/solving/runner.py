@@ -326,7 +326,8 @@ class _Batch:
 
     def result(self, status: str, seconds: float, message: str = "", values=None) -> SolverResult:
         return SolverResult(status=status, solver=self.profile.name, version=self.version,
-                            seconds=round(seconds, 6), values=values or {}, message=message)
+                            seconds=round(seconds, 6), values=values or {}, message=message,
+                            profile=self.profile.digest)
 
     def _drop(self) -> None:
         if self.proc is not None:
