@@ -36,6 +36,7 @@ from dataclasses import replace
 
 import psutil
 
+from tvsmt.solving import lifeline
 from tvsmt.solving.profiles import (Profile, build_command, child_env, get_profile,
                                     require_binary, solver_version)
 from tvsmt.solving.sexpr import SExprError, parse_get_value
@@ -157,7 +158,7 @@ class _SolverProcess:
         try:
             self.popen = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=self.stderr, env=env, start_new_session=True,
-                                          bufsize=0)
+                                          bufsize=0, preexec_fn=lifeline.preexec())
         except BaseException:
             self.stderr.close()
             self.sel.close()
@@ -405,7 +406,8 @@ class _Batch:
         t0 = time.monotonic()
         with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
             popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out_f, stderr=err_f,
-                                     env=self.env, start_new_session=True)
+                                     env=self.env, start_new_session=True,
+                                     preexec_fn=lifeline.preexec())
             reaped = False
             try:
                 self.registry.register(popen.pid)  # register first, then look at the flag
@@ -495,8 +497,11 @@ def run_file(path: str | os.PathLike, profile: "Profile | str", timeout_s: float
     return batch.run_file(os.fspath(path))
 
 
-def _task(profile: Profile, items: list[tuple[int, Obligation]], timeout_s, registry):
-    """One joblib task: a chunk of obligations for one solver."""
+def _task(profile: Profile, items: list[tuple[int, Obligation]], timeout_s, registry,
+          parent: int | None = None):
+    """One joblib task: a chunk of obligations for one solver. In a worker process of the
+    tvsmt process `parent`, the worker first arranges to die with it (lifeline)."""
+    lifeline.arm_worker(parent)
     results = solve_batch([ob for _, ob in items], profile, timeout_s, registry=registry)
     return profile.name, [(i, r) for (i, _), r in zip(items, results)]
 
@@ -594,7 +599,8 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
                 for p, chunks in zip(profiles, per_profile):
                     if k < len(chunks):
                         items = [(i, obligations[i]) for i in chunks[k]]
-                        tasks.append(joblib.delayed(_task)(p, items, timeout_s, token))
+                        tasks.append(joblib.delayed(_task)(p, items, timeout_s, token,
+                                                           os.getpid()))
             gen = joblib.Parallel(n_jobs=n_jobs, batch_size=1, pre_dispatch="all",
                                   return_as="generator_unordered")(tasks)
             try:

@@ -1,0 +1,158 @@
+"""Children die with tvsmt, however it dies (Ctrl-C, SIGTERM, SIGKILL, a crash).
+
+Three pieces, each cheap:
+
+* `preexec()`: a `preexec_fn` for solver processes. In the child, before exec, it asks the
+  kernel (Linux `prctl(PR_SET_PDEATHSIG, SIGKILL)`) to kill the solver when the process that
+  started it dies, and exits at once if that process is already gone. Solvers run in their own
+  session (so a terminal's Ctrl-C does not reach them), which is why they need this.
+* `arm_worker(parent)`: called at the start of every solving task in a worker process (loky,
+  or the process pool that encodes stages); a worker whose parent is the tvsmt process gets
+  the same parent-death signal and ignores SIGINT (its parent handles Ctrl-C and stops it).
+  Forked workers are armed by an `os.register_at_fork` hook while `activate()` is in force.
+* `activate()`: used by the command line. SIGTERM is handled like SIGINT (an `Interrupted`,
+  a KeyboardInterrupt, is raised in the main thread, so every `finally` that stops solvers
+  runs); a second signal, or a signal once the command has finished, ends the process at once
+  with 128 + signal number (the children then die with it), never with a traceback.
+
+On systems without prctl (not Linux) only the run's own kill-on-exit bookkeeping remains
+(tvsmt/solving/runner.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import threading
+
+PR_SET_PDEATHSIG = 1
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM received: the run stops, its children are killed."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def _load_prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                   ctypes.c_ulong]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_PRCTL = _load_prctl()  # loaded once, in the parent: the child after fork only calls it
+
+
+def die_with_parent(parent: int) -> bool:
+    """Have the kernel SIGKILL this process when `parent` (its parent now) dies; if the parent
+    is already gone, exit now. False where the platform cannot do it."""
+    if _PRCTL is None:
+        return False
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+    return True
+
+
+def preexec():
+    """A `preexec_fn` for subprocess.Popen: the child dies with the process starting it.
+
+    Only async-signal-safe work happens in the child (one prctl, one getppid)."""
+    if _PRCTL is None:
+        return None
+    parent = os.getpid()
+
+    def child() -> None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return child
+
+
+def arm_worker(parent: int | None) -> None:
+    """In a worker process started by the tvsmt process `parent`: die with it, leave Ctrl-C
+    to it. Does nothing in `parent` itself or in a process whose parent is someone else
+    (a Dask worker, whose life is its nanny's business)."""
+    if parent is None or os.getpid() == parent or os.getppid() != parent:
+        return
+    die_with_parent(parent)
+    if threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+# --------------------------------------------------------------------------------------------
+# The command line's side.
+
+_state = {"active": 0, "received": 0, "finished": False, "forking": 0}
+_hooked = False
+
+
+def _before_fork() -> None:
+    _state["forking"] = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    if _state["active"] and _PRCTL is not None:
+        arm_worker(_state["forking"])
+
+
+def _flush_and_exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _on_signal(signum, _frame) -> None:
+    if _state["received"] or _state["finished"]:
+        _flush_and_exit(128 + (_state["received"] or signum))
+    _state["received"] = signum
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def activate(program: bool):
+    """Signal handling and the fork hook for one command.
+
+    program=True (tvsmt run as a program): the handlers stay installed after the command,
+    so a signal during interpreter shutdown ends the process at once. program=False (the
+    command called from Python, e.g. click's CliRunner): the previous handlers come back.
+    """
+    global _hooked
+    main = threading.current_thread() is threading.main_thread()
+    old = {}
+    if main:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old[sig] = signal.signal(sig, _on_signal)
+    if not _hooked and hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+        _hooked = True
+    _state.update(active=_state["active"] + 1, received=0, finished=False)
+    try:
+        yield
+    finally:
+        if program:
+            _state["finished"] = True
+        else:
+            _state["active"] -= 1
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
