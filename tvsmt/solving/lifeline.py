@@ -6,10 +6,14 @@ Three pieces, each cheap:
   kernel (Linux `prctl(PR_SET_PDEATHSIG, SIGKILL)`) to kill the solver when the process that
   started it dies, and exits at once if that process is already gone. Solvers run in their own
   session (so a terminal's Ctrl-C does not reach them), which is why they need this.
-* `arm_worker(parent)`: called at the start of every solving task in a worker process (loky,
-  or the process pool that encodes stages); a worker whose parent is the tvsmt process gets
-  the same parent-death signal and ignores SIGINT (its parent handles Ctrl-C and stops it).
-  Forked workers are armed by an `os.register_at_fork` hook while `activate()` is in force.
+* `arm_worker(parent)`: called at the start of every solving task in a worker process (loky);
+  a worker whose parent is the tvsmt process starts a lifeline thread that waits for the
+  parent to end (a pidfd, else polling getppid) and then ends the worker, whose solvers die
+  with it; the worker ignores SIGINT (its parent handles Ctrl-C and stops it). Workers forked
+  by tvsmt (the process pool that encodes stages) are armed by an `os.register_at_fork` hook
+  while `activate()` is in force. Workers do not use the parent-death signal: it fires when
+  the *thread* that started them ends, and joblib starts loky workers from a short-lived
+  dispatching thread.
 * `activate()`: used by the command line. SIGTERM is handled like SIGINT (an `Interrupted`,
   a KeyboardInterrupt, is raised in the main thread, so every `finally` that stops solvers
   runs); a second signal, or a signal once the command has finished, ends the process at once
@@ -24,9 +28,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import signal
 import sys
 import threading
+import time
 
 PR_SET_PDEATHSIG = 1
 
@@ -88,15 +94,40 @@ def preexec():
 
 
 def arm_worker(parent: int | None) -> None:
-    """In a worker process started by the tvsmt process `parent`: die with it, leave Ctrl-C
-    to it. Does nothing in `parent` itself or in a process whose parent is someone else
-    (a Dask worker, whose life is its nanny's business)."""
+    """In a worker process started by the tvsmt process `parent`: end with it, leave Ctrl-C
+    to it. Does nothing in `parent` itself, in a process whose parent is someone else (a
+    Dask worker, whose life is its nanny's business), or when already armed."""
     if parent is None or os.getpid() == parent or os.getppid() != parent:
         return
-    die_with_parent(parent)
+    if _watching.get(os.getpid()) == parent:
+        return
+    _watching.clear()
+    _watching[os.getpid()] = parent
     if threading.current_thread() is threading.main_thread():
         with contextlib.suppress(ValueError, OSError):
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        pidfd = os.pidfd_open(parent)
+    except (AttributeError, OSError):
+        pidfd = None
+    if os.getppid() != parent:  # it ended before we could watch it
+        os._exit(1)
+    threading.Thread(target=_watch, args=(parent, pidfd), name="tvsmt-lifeline",
+                     daemon=True).start()
+
+
+_watching: dict[int, int] = {}  # this process's pid -> the parent it watches
+
+
+def _watch(parent: int, pidfd: int | None) -> None:
+    """Block until `parent` ends, then end this process at once (its solvers get their
+    parent-death signal)."""
+    if pidfd is not None:
+        with contextlib.suppress(OSError, ValueError):
+            select.select([pidfd], [], [])
+    while os.getppid() == parent:  # fallback, and a guard against a spurious wake-up
+        time.sleep(0.2)
+    os._exit(1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,8 +142,13 @@ def _before_fork() -> None:
 
 
 def _after_fork_in_child() -> None:
-    if _state["active"] and _PRCTL is not None:
-        arm_worker(_state["forking"])
+    if not _state["active"]:
+        return
+    _state["active"] = 0  # the child is a worker, not the command
+    if threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(ValueError, OSError):  # the pool stops it with SIGTERM
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    arm_worker(_state["forking"])
 
 
 def _flush_and_exit(code: int) -> None:
@@ -122,10 +158,16 @@ def _flush_and_exit(code: int) -> None:
     os._exit(code)
 
 
+def _quiet_thread_error(_args) -> None:
+    """After an interrupt, helper threads (loky's executor manager) may trip over the pool
+    being torn down under them: a consequence of stopping, not news for the user."""
+
+
 def _on_signal(signum, _frame) -> None:
     if _state["received"] or _state["finished"]:
         _flush_and_exit(128 + (_state["received"] or signum))
     _state["received"] = signum
+    threading.excepthook = _quiet_thread_error
     raise Interrupted(signum)
 
 
@@ -147,6 +189,7 @@ def activate(program: bool):
         os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
         _hooked = True
     _state.update(active=_state["active"] + 1, received=0, finished=False)
+    excepthook = threading.excepthook
     try:
         yield
     finally:
@@ -154,5 +197,6 @@ def activate(program: bool):
             _state["finished"] = True
         else:
             _state["active"] -= 1
+            threading.excepthook = excepthook
             for sig, handler in old.items():
                 signal.signal(sig, handler)
