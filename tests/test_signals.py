@@ -102,8 +102,9 @@ def _reached(moment: str, proc: subprocess.Popen, tag: str, plans: dict) -> bool
         main = _cmd(psutil.Process(proc.pid))
         return any(p.pid != proc.pid and _cmd(p) == main for p in procs)
     solvers = [p for p in procs if "sleepy_solver" in _cmd(p)]
-    if moment == "workers":
-        return any(p.ppid() != proc.pid for p in solvers)
+    if moment == "workers":  # both workers busy (a worker still importing joblib when a
+        # terminal's Ctrl-C reaches it prints the import's traceback: see the README)
+        return len({p.ppid() for p in solvers} - {proc.pid}) >= 2
     return bool(solvers)
 
 
@@ -148,8 +149,8 @@ def test_no_child_survives_and_the_pipe_closes(plans, moment, how, tmp_path):
         else:
             expected = 143 if how == "SIGTERM" else 130
             assert proc.returncode == expected, text
-            assert "Traceback" not in text and "Error" not in text, text
-            assert text.strip().splitlines()[-1].startswith("tvsmt: interrupted")
+            assert "Traceback" not in text and "Warning" not in text, text
+            assert text.strip().splitlines()[-1].startswith("tvsmt: interrupted"), text
     finally:
         fd = plans.pop("fifo_fd", None)
         if fd is not None:

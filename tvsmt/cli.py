@@ -29,6 +29,9 @@ class Cli(click.Group):
             click.echo(f"tvsmt: error: {e}", err=True)
             sys.exit(2)
         except KeyboardInterrupt as e:
+            from tvsmt.solving.lifeline import acknowledge
+
+            acknowledge()
             code = getattr(e, "exit_code", 130)
             click.echo("tvsmt: interrupted" + (" (SIGTERM)" if code == 143 else ""), err=True)
             sys.exit(code)

@@ -16,8 +16,10 @@ Three pieces, each cheap:
   dispatching thread.
 * `activate()`: used by the command line. SIGTERM is handled like SIGINT (an `Interrupted`,
   a KeyboardInterrupt, is raised in the main thread, so every `finally` that stops solvers
-  runs); a second signal, or a signal once the command has finished, ends the process at once
-  with 128 + signal number (the children then die with it), never with a traceback.
+  runs); an interrupt that Python swallowed (raised inside an at-fork hook or a destructor)
+  is raised again until the command acknowledges it, and the cleanup gets 30 s at most. A
+  second signal, or a signal once the command has finished, ends the process at once with
+  128 + signal number (the children then die with it), never with a traceback.
 
 On systems without prctl (not Linux) only the run's own kill-on-exit bookkeeping remains
 (tvsmt/solving/runner.py).
@@ -94,11 +96,15 @@ def preexec():
 
 
 def arm_worker(parent: int | None) -> None:
-    """In a worker process started by the tvsmt process `parent`: end with it, leave Ctrl-C
-    to it. Does nothing in `parent` itself, in a process whose parent is someone else (a
-    Dask worker, whose life is its nanny's business), or when already armed."""
-    if parent is None or os.getpid() == parent or os.getppid() != parent:
+    """In a worker process started by the tvsmt process `parent` (a local process pool,
+    whose workers are its children): end with it, leave Ctrl-C to it. A worker whose parent
+    is no longer `parent` was orphaned while its task was on the way: it ends at once. Does
+    nothing in `parent` itself (threads) or with parent None (Dask: a worker's life is its
+    nanny's business)."""
+    if parent is None or os.getpid() == parent:
         return
+    if os.getppid() != parent:
+        os._exit(1)
     if _watching.get(os.getpid()) == parent:
         return
     _watching.clear()
@@ -133,8 +139,13 @@ def _watch(parent: int, pidfd: int | None) -> None:
 # --------------------------------------------------------------------------------------------
 # The command line's side.
 
-_state = {"active": 0, "received": 0, "finished": False, "forking": 0}
+_state = {"active": 0, "received": 0, "finished": False, "forking": 0, "acknowledged": False,
+          "redeliver": False, "stop": False}
 _hooked = False
+REDELIVER_SECONDS = 0.5  # an interrupt nobody has acted on yet is raised again this often
+CLEANUP_SECONDS = 30.0   # after an interrupt, the most the cleanup may take before a hard exit
+# "leaked semlock/folder objects to clean up": the tracker cleans them; not news for the user
+QUIET_TRACKER = "ignore::UserWarning:joblib.externals.loky.backend.resource_tracker"
 
 
 def _before_fork() -> None:
@@ -163,11 +174,40 @@ def _quiet_thread_error(_args) -> None:
     being torn down under them: a consequence of stopping, not news for the user."""
 
 
+def acknowledge() -> None:
+    """The command has caught the interrupt and is cleaning up (called by the CLI)."""
+    _state["acknowledged"] = True
+
+
+def _grace(signum: int) -> None:
+    """Python drops an exception raised where it cannot propagate (an at-fork hook, a
+    destructor): raise the interrupt again until the command acts on it, then bound the
+    cleanup."""
+    import _thread
+
+    while not _state["acknowledged"] and not _state["stop"]:
+        time.sleep(REDELIVER_SECONDS)
+        if not _state["acknowledged"] and not _state["stop"]:
+            _state["redeliver"] = True
+            _thread.interrupt_main(signum)
+    deadline = time.monotonic() + CLEANUP_SECONDS
+    while not _state["stop"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not _state["stop"]:
+        _flush_and_exit(128 + signum)
+
+
 def _on_signal(signum, _frame) -> None:
+    if _state["redeliver"]:
+        _state["redeliver"] = False
+        if not _state["acknowledged"]:
+            raise Interrupted(_state["received"] or signum)
+        return
     if _state["received"] or _state["finished"]:
         _flush_and_exit(128 + (_state["received"] or signum))
     _state["received"] = signum
     threading.excepthook = _quiet_thread_error
+    threading.Thread(target=_grace, args=(signum,), name="tvsmt-interrupt", daemon=True).start()
     raise Interrupted(signum)
 
 
@@ -180,6 +220,9 @@ def activate(program: bool):
     command called from Python, e.g. click's CliRunner): the previous handlers come back.
     """
     global _hooked
+    if program:  # loky's resource tracker (a child) warns about what an interrupt left it
+        os.environ["PYTHONWARNINGS"] = ",".join(
+            w for w in (os.environ.get("PYTHONWARNINGS"), QUIET_TRACKER) if w)
     main = threading.current_thread() is threading.main_thread()
     old = {}
     if main:
@@ -188,8 +231,15 @@ def activate(program: bool):
     if not _hooked and hasattr(os, "register_at_fork"):
         os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
         _hooked = True
-    _state.update(active=_state["active"] + 1, received=0, finished=False)
-    excepthook = threading.excepthook
+    _state.update(active=_state["active"] + 1, received=0, finished=False, acknowledged=False,
+                  redeliver=False, stop=False)
+    excepthook, unraisablehook = threading.excepthook, sys.unraisablehook
+
+    def quiet_unraisable(info) -> None:  # the interrupt is raised again (see `_grace`)
+        if not isinstance(info.exc_value, KeyboardInterrupt):
+            unraisablehook(info)
+
+    sys.unraisablehook = quiet_unraisable
     try:
         yield
     finally:
@@ -197,6 +247,7 @@ def activate(program: bool):
             _state["finished"] = True
         else:
             _state["active"] -= 1
-            threading.excepthook = excepthook
+            _state["stop"] = True
+            threading.excepthook, sys.unraisablehook = excepthook, unraisablehook
             for sig, handler in old.items():
                 signal.signal(sig, handler)

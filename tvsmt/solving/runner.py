@@ -582,6 +582,8 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
         return
     import joblib
 
+    # workers of a local pool are our children and die with us (not Dask's, or others')
+    parent = os.getpid() if backend in ("loky", "multiprocessing", "threading") else None
     try:
         ctx, n_jobs, own_client = _parallel_setup(backend, scheduler, jobs)
     except BaseException:
@@ -600,7 +602,7 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
                     if k < len(chunks):
                         items = [(i, obligations[i]) for i in chunks[k]]
                         tasks.append(joblib.delayed(_task)(p, items, timeout_s, token,
-                                                           os.getpid()))
+                                                           parent))
             gen = joblib.Parallel(n_jobs=n_jobs, batch_size=1, pre_dispatch="all",
                                   return_as="generator_unordered")(tasks)
             try:
