@@ -156,9 +156,10 @@ class _SolverProcess:
         self.served = 0
         self.count = 0
         try:
+            argv, preexec = lifeline.spawn_args(argv)
             self.popen = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=self.stderr, env=env, start_new_session=True,
-                                          bufsize=0, preexec_fn=lifeline.preexec())
+                                          bufsize=0, preexec_fn=preexec)
         except BaseException:
             self.stderr.close()
             self.sel.close()
@@ -405,9 +406,9 @@ class _Batch:
                              timeout_s=self.timeout_s)
         t0 = time.monotonic()
         with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
+            argv, preexec = lifeline.spawn_args(argv)
             popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out_f, stderr=err_f,
-                                     env=self.env, start_new_session=True,
-                                     preexec_fn=lifeline.preexec())
+                                     env=self.env, start_new_session=True, preexec_fn=preexec)
             reaped = False
             try:
                 self.registry.register(popen.pid)  # register first, then look at the flag
