@@ -7,7 +7,7 @@ RMSNorm with an uninterpreted rsqrt, softmax with uninterpreted exp and division
 accumulation over micro-batches), each in an equivalent (unsat) and a buggy (sat) version, and
 solves them (a) one `file` process per obligation, (b) one fresh stdin process per obligation,
 (c) one kept-alive stdin process with (reset) in between, (d) solve_all on all cores.
-Numbers of the last run are in solvers/README.md.
+Numbers of the last run are in tvsmt/solvers/README.md.
 """
 
 from __future__ import annotations

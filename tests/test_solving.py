@@ -1,6 +1,7 @@
 """Solving phase: profiles, runner (z3 + cvc5 as external processes), crosscheck, corpus, replay.
 
-Real solvers, small hand-made QF_UFNRA scripts. Only tvsmt.solving.* and tvsmt.errors are used.
+Real solvers, small hand-made QF_UFNRA scripts; only tvsmt.solving.* and tvsmt.errors are used,
+except in the last section (the command line's solver choice, and an installed package).
 """
 
 from __future__ import annotations
@@ -418,7 +419,8 @@ def test_atomic_writes_leave_no_temp_files(tmp_path, monkeypatch):
     o = ob(SAT_NONLINEAR, ("x", "y"))
     c.add(o, stage_ids=["a"])
     c.save()
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{o.digest}.smt2", "manifest.json"])
+    kept = sorted([f"{o.digest}.smt2", "manifest.json", ".lock", ".tvsmt-key"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == kept
     before = (tmp_path / "manifest.json").read_bytes()
 
     def boom(src, dst):
@@ -432,7 +434,7 @@ def test_atomic_writes_leave_no_temp_files(tmp_path, monkeypatch):
         c.add(ob(UNSAT_UF))
     monkeypatch.undo()
     assert (tmp_path / "manifest.json").read_bytes() == before  # old manifest intact
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{o.digest}.smt2", "manifest.json"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == kept
 
 
 # --------------------------------------------------------------------------------------------
@@ -461,3 +463,135 @@ def test_replay_reports_differences_and_mismatches(tmp_path):
     report = replay(tmp_path, "z3", jobs=1, timeout=20)
     assert [m.path for m in report.hash_mismatches] == [str(p)]
     assert report.total == 2 and obs[0].digest not in report.results
+
+
+# --------------------------------------------------------------------------------------------
+# the command line's solver choice (--crosscheck LIST, repeated --solver) and an installed
+# package (these use the CLI and the handmade plans)
+
+
+@pytest.fixture
+def mlp_pairs(tmp_path):
+    from handmade import parallel_mlp, single_mlp
+
+    from tvsmt.frontends import write_pair_dicts
+
+    return {"good": write_pair_dicts(tmp_path / "good", single_mlp(), parallel_mlp()),
+            "bug": write_pair_dicts(tmp_path / "bug", single_mlp(),
+                                    parallel_mlp(wrong_const_rank=2))}
+
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from tvsmt.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_crosscheck_takes_any_list_of_profiles(tmp_path, mlp_pairs):
+    from conftest import fake_solver_profile
+
+    liar = fake_solver_profile(tmp_path, "liar", "unsat")
+    r = _cli("verify", *mlp_pairs["good"], "--no-corpus", "--crosscheck", "z3,cvc5",
+             "--report", tmp_path / "good.json")
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "good.json").read_text())["solver"] == "z3+cvc5"
+    # a lying third solver cannot make the buggy plan pass; it is named in the report
+    for flags in (["--crosscheck=z3,cvc5," + liar], ["--solver", "z3", "--solver", liar]):
+        report = tmp_path / "bug.json"
+        r = _cli("verify", *mlp_pairs["bug"], "--no-corpus", *flags, "--report", report)
+        assert r.exit_code == 1, (flags, r.output)
+        failures = json.loads(report.read_text())["failures"]
+        assert any("disagree" in f["message"] and "liar says unsat" in f["message"]
+                   for f in failures), failures
+    # the liar alone "proves" it: the reason a pass needs every solver
+    assert _cli("verify", *mlp_pairs["bug"], "--no-corpus", "--solver", liar).exit_code == 0
+
+
+def test_crosscheck_usage_errors_are_one_line(mlp_pairs):
+    single, parallel = mlp_pairs["good"]
+    cases = [(["--crosscheck", single, parallel], "put --crosscheck after the plan files"),
+             ([single, parallel, "--crosscheck", "z3"], "two or more distinct"),
+             ([single, parallel, "--crosscheck", "z3,z3"], "two or more distinct"),
+             ([single, parallel, "--crosscheck", "z3,nosuch"], "unknown solver 'nosuch'"),
+             ([single, parallel, "--crosscheck", "--solver", "cvc5"], "takes no --solver")]
+    for args, message in cases:
+        r = _cli("verify", *args, "--no-corpus")
+        assert r.exit_code == 2, (args, r.output)
+        assert message in r.output and "Traceback" not in r.output, (args, r.output)
+
+
+def test_help_says_how_profiles_are_found():
+    for args in ([ "--help"], ["verify", "--help"]):
+        text = " ".join(_cli(*args).output.split())
+        assert "TVSMT_SOLVERS_DIR" in text and ".toml" in text, args
+    assert "path to a .toml" in " ".join(_cli("verify", "--help").output.split())
+
+
+@pytest.mark.slow
+def test_a_non_editable_install_finds_its_profiles_from_any_directory(tmp_path, mlp_pairs):
+    """`pip install .` (not editable) into a fresh venv; run from another directory, the
+    built-in profiles are found as package data and give the verdicts. The venv reuses this
+    environment's dependencies through a .pth line (no download) and gets the z3 binary as
+    the z3-solver wheel would install it."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import sysconfig
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    src = tmp_path / "src"  # a copy: the build must not write into the checkout
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, src / name)
+    shutil.copytree(root / "tvsmt", src / "tvsmt",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    py = venv / "bin" / "python"
+    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    z3 = shutil.which("z3", path=os.path.dirname(sys.executable))
+    assert z3, "the z3-solver wheel's binary next to this interpreter"
+    os.symlink(z3, venv / "bin" / "z3")
+    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q",
+                        "--no-deps", "--no-build-isolation", "--no-index", str(src)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TVSMT_SOLVERS_DIR",
+                                                             "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}/usr/bin{os.pathsep}/bin"
+
+    def tvsmt(*args):
+        return subprocess.run([str(venv / "bin" / "tvsmt"), *map(str, args)], cwd=elsewhere,
+                              env=env, capture_output=True, text=True, timeout=300)
+
+    where = subprocess.run([py, "-c", "import tvsmt.solving.profiles as p; "
+                            "print(p.__file__); print(p.BUILTIN_DIR)"], cwd=elsewhere, env=env,
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert all(w.startswith(site) for w in where), where  # the installed copy, not the checkout
+    good, bug = mlp_pairs["good"], mlp_pairs["bug"]
+    assert tvsmt("verify", *good, "--no-corpus").returncode == 0
+    assert tvsmt("verify", *bug, "--no-corpus", "--crosscheck").returncode == 1
+    r = tvsmt("verify", *good, "--no-corpus", "--solver", "cvc5")
+    assert r.returncode == 0, r.stdout + r.stderr
+    from conftest import SHARED_PLANS, fake_solver_profile
+
+    for name, code in (("mlp-ly2-dp2pp2tp2mb2", 0), ("br0-llama3-ly1-dp2pp2tp2mb2", 1)):
+        folder = SHARED_PLANS / name  # the real nnScaler fixtures, where they are
+        if (folder / "parallel.json.gz").exists():
+            r = tvsmt("verify", folder / "single.json.gz", folder / "parallel.json.gz",
+                      "--no-corpus")
+            assert r.returncode == code, (name, r.stdout[-2000:], r.stderr[-2000:])
+    # a user profile directory is still searched first
+
+    (tmp_path / "mine").mkdir()
+    fake_solver_profile(tmp_path / "mine", "shrug", "unknown")
+    env["TVSMT_SOLVERS_DIR"] = str(tmp_path / "mine")
+    assert tvsmt("verify", *good, "--no-corpus", "--solver", "shrug").returncode == 3

@@ -32,7 +32,16 @@ Exit codes (every command):
 
 class Cli(click.Group):
     """Turns every error into one line on stderr and its exit code (see EXIT_CODES_HELP),
-    never a traceback. Ids and file names in messages are escaped (tvsmt/textsafe.py)."""
+    never a traceback. Ids and file names in messages are escaped (tvsmt/textsafe.py).
+
+    SIGTERM is handled like Ctrl-C (tvsmt/solving/lifeline.py): the run stops, its solver
+    and worker processes are killed, and the exit code is 128 + the signal number."""
+
+    def main(self, args=None, *a, **kw):
+        from tvsmt.solving.lifeline import activate
+
+        with activate(program=args is None):
+            return super().main(args, *a, **kw)
 
     def invoke(self, ctx):
         try:
@@ -45,9 +54,13 @@ class Cli(click.Group):
             _fail(f"inconclusive: {e}", EXIT_INCONCLUSIVE)
         except InternalError as e:
             _fail(f"internal error: {e}", EXIT_INTERNAL)
-        except KeyboardInterrupt:
-            click.echo("tvsmt: interrupted", err=True)
-            sys.exit(130)
+        except KeyboardInterrupt as e:
+            from tvsmt.solving.lifeline import acknowledge
+
+            acknowledge()
+            code = getattr(e, "exit_code", 130)
+            click.echo("tvsmt: interrupted" + (" (SIGTERM)" if code == 143 else ""), err=True)
+            sys.exit(code)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as e:  # a bug in tvsmt: one line and exit 4, never a pass
@@ -67,7 +80,14 @@ def _fail(message: str, code: int) -> None:
 @click.group(cls=Cli, epilog=EXIT_CODES_HELP)
 @click.version_option(package_name="tvsmt")
 def main():
-    """Prove that a parallel training plan computes what the single-device plan computes."""
+    """Prove that a parallel training plan computes what the single-device plan computes.
+
+    \b
+    Solvers: --solver takes a profile name or a path to a .toml profile. A name is looked up
+    in $TVSMT_SOLVERS_DIR (os.pathsep-separated folders of NAME.toml), then among the
+    built-in profiles z3, cvc5 and cvc5-bin (installed with tvsmt). --crosscheck A,B,...
+    (or --solver given twice or more) needs unsat from every solver for a pass.
+    """
 
 
 def _progress_bar():
@@ -125,24 +145,38 @@ def default_corpus(parallel: str) -> str:
     return os.path.join("smt_corpus", safe)
 
 
-def solver_options(f):
-    """Options shared by `verify` and `replay`."""
-    for opt in reversed([
-        click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
-                     help="Parallel solver workers (default: all cores)."),
-        click.option("--timeout", type=Seconds(), default=60.0, show_default=True,
-                     help="Seconds per obligation, 0 for no limit; the solver is killed "
-                          "after it. A timeout is inconclusive, never a pass."),
-        click.option("--solver", default="z3", show_default=True,
-                     help="Solver profile (solvers/*.toml): z3, cvc5, ..."),
-        click.option("--backend", type=click.Choice(["loky", "threading", "dask"]),
-                     default="loky", show_default=True, help="joblib backend for solving."),
-        click.option("--scheduler", default=None, metavar="ADDRESS",
-                     help="Dask scheduler address, tcp://HOST:PORT (with --backend dask; "
-                          "checked to answer within a few seconds)."),
-    ]):
-        f = opt(f)
-    return f
+def _solver_options(several: bool):
+    """Options shared by `verify` and `replay` (`verify` takes --solver more than once)."""
+    solver_help = ("Solver profile: a name (built-in z3, cvc5, cvc5-bin, or NAME.toml in a "
+                   "folder of $TVSMT_SOLVERS_DIR, searched first) or a path to a .toml "
+                   "profile." + (" Give it twice or more to cross-check (see --crosscheck)."
+                                 if several else ""))
+    solver = (click.option("--solver", multiple=True, default=(), metavar="PROFILE",
+                           help=solver_help + "  [default: z3]") if several else
+              click.option("--solver", default="z3", show_default=True, metavar="PROFILE",
+                           help=solver_help))
+
+    def decorate(f):
+        for opt in reversed([
+            click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+                         help="Parallel solver workers (default: all cores)."),
+            click.option("--timeout", type=Seconds(), default=60.0, show_default=True,
+                         help="Seconds per obligation, 0 for no limit; the solver is killed "
+                              "after it. A timeout is inconclusive, never a pass."),
+            solver,
+            click.option("--backend", type=click.Choice(["loky", "threading", "dask"]),
+                         default="loky", show_default=True, help="joblib backend for solving."),
+            click.option("--scheduler", default=None, metavar="ADDRESS",
+                         help="Dask scheduler address, tcp://HOST:PORT (with --backend dask; "
+                              "checked to answer within a few seconds)."),
+        ]):
+            f = opt(f)
+        return f
+
+    return decorate
+
+
+solver_options = _solver_options(several=False)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -152,14 +186,19 @@ def solver_options(f):
               help="Write the JSON report to this file.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False),
               help="Write a self-contained HTML report (failing stages drawn) to this file.")
-@solver_options
-@click.option("--crosscheck", is_flag=True,
-              help="Solve with z3 AND cvc5; any disagreement or one-sided answer is "
-                   "inconclusive.")
+@_solver_options(several=True)
+@click.option("--crosscheck", is_flag=False, flag_value="z3,cvc5", default=None,
+              metavar="[A,B,...]", callback=lambda ctx, param, value: _crosscheck_value(value),
+              help="Solve with every listed solver profile (names or .toml paths; alone: "
+                   "z3,cvc5, and then after the plan files or as --crosscheck=A,B). A pass "
+                   "needs unsat from every solver; sat against unsat, or a one-sided answer, "
+                   "is inconclusive. Giving --solver twice or more does the same.")
 @click.option("--corpus", "corpus", type=click.Path(file_okay=False), default=None,
               help="SMT-LIB corpus folder (default: smt_corpus/<plan pair name>).")
 @click.option("--no-corpus", is_flag=True, help="Do not write or read a corpus.")
-@click.option("--fresh", is_flag=True, help="Ignore verdicts already in the corpus.")
+@click.option("--fresh", is_flag=True,
+              help="Ignore verdicts already in the corpus (and start over from a damaged "
+                   "manifest).")
 @click.option("--no-fold", is_flag=True,
               help="Verify every replica and micro-batch instead of folding the copies.")
 @click.option("--strict", is_flag=True,
@@ -169,8 +208,7 @@ def verify(single, parallel, report_path, html_path, jobs, timeout, solver, back
            crosscheck, corpus, no_corpus, fresh, no_fold, strict):
     """Verify that PARALLEL computes what SINGLE computes."""
     check_backend(backend, scheduler)
-    if crosscheck and solver != "z3":
-        raise click.UsageError("--crosscheck runs z3 and cvc5; it takes no --solver")
+    solver, crosscheck = _solver_choice(solver, crosscheck)
     _check_folder("--report", report_path)
     _check_folder("--html", html_path)
     corpus = None if no_corpus else (corpus or default_corpus(parallel))
@@ -178,6 +216,43 @@ def verify(single, parallel, report_path, html_path, jobs, timeout, solver, back
                         solver=solver, backend=backend, scheduler=scheduler,
                         crosscheck=crosscheck, corpus=corpus, fresh=fresh, fold=not no_fold,
                         strict=strict))
+
+
+def _crosscheck_value(value: str | None) -> tuple[str, ...] | None:
+    """The --crosscheck list, checked at once: a bare --crosscheck before the plan files
+    swallows the first one as its value, which deserves a clear message."""
+    from tvsmt.solving.dispatch import crosscheck_list
+    from tvsmt.solving.profiles import ProfileError, get_profile
+
+    if value is None:
+        return None
+    names = crosscheck_list(value)
+    for name in names:
+        try:
+            get_profile(name)
+        except ProfileError as e:
+            hint = (" (to cross-check z3 and cvc5 put --crosscheck after the plan files, or "
+                    "write --crosscheck=z3,cvc5)" if ".json" in name else "")
+            raise click.BadParameter(f"{e}{hint}", param_hint="--crosscheck") from None
+    return names
+
+
+def _solver_choice(solvers: tuple[str, ...], crosscheck: tuple[str, ...] | None
+                   ) -> tuple[str, tuple[str, ...] | bool]:
+    """(solver, crosscheck) for Options from --solver (repeatable) and --crosscheck."""
+    from tvsmt.solving.dispatch import check_solver_choice
+
+    if crosscheck is not None and solvers:
+        raise click.UsageError("--crosscheck takes its solvers as a list (--crosscheck z3,cvc5);"
+                               " it takes no --solver")
+    if crosscheck is None and len(solvers) > 1:
+        crosscheck = solvers
+    solver = solvers[0] if len(solvers) == 1 else "z3"
+    try:
+        check_solver_choice(solver, crosscheck or False)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    return solver, crosscheck or False
 
 
 @main.command(epilog=EXIT_CODES_HELP)

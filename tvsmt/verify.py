@@ -20,9 +20,17 @@ from tvsmt.graph import Graph
 from tvsmt.lineage import check_output_coverage, check_plan_shapes, unclaimed_sinks
 from tvsmt.plan import Plan, load_plan
 from tvsmt.plan.reader import check_pair
-from tvsmt.policy import both_must_prove, decide, judge_stage, stage_status
+from tvsmt.policy import decide, judge_stage, stage_status
 from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, Failure, Report
-from tvsmt.solving.types import Obligation, SolverResult
+from tvsmt.solving.dispatch import (  # noqa: F401 - re-exported for callers and tests
+    SMALL_RUN,
+    _both_must_prove,
+    _solver_names,
+    check_solver_choice,
+    solve_obligations,
+    store_in_corpus,
+)
+from tvsmt.solving.types import Obligation
 from tvsmt.stages import Stage, cut_stages
 from tvsmt.timing import Timer  # noqa: F401  (re-exported: scripts and tests time phases)
 
@@ -32,7 +40,8 @@ class Options:
     jobs: int | None = None
     solver: str = "z3"
     timeout: float = 60.0
-    crosscheck: bool = False
+    # True: z3 and cvc5; or the profiles (names or paths) that must all prove each stage
+    crosscheck: bool | str | tuple[str, ...] = False
     corpus: str | None = None
     fresh: bool = False
     backend: str = "loky"
@@ -42,8 +51,7 @@ class Options:
     progress: Callable[[str, int, int | None], None] | None = None  # (phase, done, total)
 
     def __post_init__(self):
-        if self.crosscheck and self.solver not in ("z3", "cvc5"):
-            raise ValueError("--crosscheck runs z3 and cvc5; do not combine it with --solver")
+        check_solver_choice(self.solver, self.crosscheck)
 
 
 @dataclass(frozen=True)
@@ -69,83 +77,6 @@ class Prepared(NamedTuple):
     failures: list[Failure]
     outcomes: list[StageOutcome]
     unique: dict[str, Obligation]  # digest -> obligation (identical scripts solved once)
-
-
-SMALL_RUN = 24  # obligations below which solving stays in this process (kept-alive solver)
-
-
-def _solver_names(opts: Options) -> tuple[str, ...]:
-    return ("z3", "cvc5") if opts.crosscheck else (opts.solver,)
-
-
-def store_in_corpus(corpus, unique: dict[str, Obligation], outcomes: list[StageOutcome],
-                    parallel: Plan) -> None:
-    """Write each unique obligation with a header naming the stages and tensors it stands for
-    (outside the hashed body) and map every stage to its digest."""
-    by_digest: dict[str, list[Stage]] = {}
-    for o in outcomes:
-        if o.obligation is not None:
-            by_digest.setdefault(o.obligation.digest, []).append(o.stage)
-    for dg, ob in unique.items():
-        stages = by_digest[dg]
-        header = {"plan": parallel.name, "stages": [st.id for st in stages[:50]],
-                  "tensors": sorted({parallel.lineages[st.target].single
-                                     for st in stages})[:50],
-                  "stage_count": len(stages), "query": list(ob.query)}
-        corpus.add(ob, [st.id for st in stages], header=header)
-
-
-_both_must_prove = both_must_prove  # the policy's rule (tvsmt/policy.py)
-
-
-def solve_obligations(unique: dict[str, Obligation], outcomes: list[StageOutcome],
-                      parallel: Plan, opts: Options, report: Report) -> dict[str, SolverResult]:
-    """Solve each unique obligation once: corpus verdicts first (unless --fresh), then the
-    external solver(s) in parallel; new verdicts are recorded in the corpus."""
-    from tvsmt.solving.corpus import Corpus
-    from tvsmt.solving.runner import crosscheck, reconcile, solve_all
-
-    solvers = _solver_names(opts)
-    corpus = Corpus(opts.corpus) if opts.corpus else None
-    results: dict[str, SolverResult] = {}
-    todo: list[Obligation] = []
-    if corpus is not None:
-        store_in_corpus(corpus, unique, outcomes, parallel)
-    for dg, ob in unique.items():
-        if corpus is not None:
-            if not opts.fresh:
-                cached = [corpus.lookup(dg, name) for name in solvers]
-                if all(c is not None for c in cached):
-                    results[dg] = _both_must_prove(reconcile(cached)) if len(cached) > 1 \
-                        else cached[0]
-                    report.cache_hits += 1
-                    continue
-        todo.append(ob)
-    done = [len(results)]
-
-    def progress(_index, _result):
-        done[0] += 1
-        if opts.progress:
-            opts.progress("solving", done[0], len(unique))
-
-    jobs = opts.jobs
-    if opts.backend == "loky" and len(todo) * len(solvers) <= SMALL_RUN:
-        jobs = 1  # starting worker processes (~0.5 s) costs more than solving in this one
-    common = dict(jobs=jobs, timeout_s=opts.timeout, backend=opts.backend,
-                  scheduler=opts.scheduler, progress=progress)
-    if todo:
-        if opts.crosscheck:
-            solved = [_both_must_prove(r) for r in crosscheck(todo, solvers=solvers, **common)]
-        else:
-            solved = solve_all(todo, solver=opts.solver, **common)
-        for ob, res in zip(todo, solved):
-            results[ob.digest] = res
-            if corpus is not None:
-                for raw in (res.details or [res]):
-                    corpus.record(ob.digest, raw)
-    if corpus is not None:
-        corpus.save()
-    return results
 
 
 def prepare(single: Plan, parallel: Plan, opts: Options, timer: Timer) -> Prepared:

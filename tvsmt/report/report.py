@@ -51,7 +51,10 @@ class Report:
     obligations_total: int = 0
     obligations_unique: int = 0
     proven_without_solver: int = 0
-    cache_hits: int = 0
+    cache_hits: int = 0  # obligations answered wholly by verdicts reused from the corpus
+    cache: dict[str, int] = field(default_factory=dict)  # solver -> verdicts reused
+    # recorded verdicts not reused, by reason ("changed outside tvsmt", "other profile", ...)
+    cache_refused: dict[str, int] = field(default_factory=dict)
     solver: str = "z3"
     solver_seconds: dict[str, float] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds

@@ -5,10 +5,21 @@ Layout of a corpus directory:
     <digest>.smt2     one obligation; `digest` = sha256 (hex) of the script body. An optional
                       header of `; tvsmt: <key>: <json>` comment lines (stage ids, plan
                       tensors, ...) comes first and is NOT hashed (see `split_header`).
-    manifest.json     {"format": "tvsmt-corpus/1",
-                       "stages":   {stage id: digest},
+    manifest.json     {"format": "tvsmt-corpus/2",
+                       "pairs":    {plan pair: {stage id: digest}},
                        "verdicts": {digest: {solver: {"status", "seconds", "version",
+                                                      "profile", "seal",
                                                       ["values"], ["message"]}}}}
+    .tvsmt-key        32 random bytes: the key of the verdicts' seals
+    .lock             taken (fcntl) around every read-merge-write of the manifest
+
+Trust: a verdict is reused only if tvsmt wrote it (`seal` = HMAC-SHA256 under the corpus key
+of the canonical entry: a hand-edited `sat` -> `unsat` breaks it), by a solver of the same
+name, version and profile (sha256 of the profile file). Stage ids are kept per plan pair
+(`pair_key`), so pairs sharing a corpus do not overwrite each other's maps, and `save`
+merges this run's changes into the manifest found on disk under the lock, so concurrent runs
+lose no verdict. A `tvsmt-corpus/1` manifest is read (its verdicts, unsealed, are not
+trusted) and written back as version 2.
 
 Every write goes to a temporary file in the same directory, then `os.replace`: a killed run
 leaves whole files or none (at worst a stray `.tmp-*` file, ignored and swept on the next open
@@ -17,10 +28,13 @@ once older than an hour). Problems with the files are one-line `PlanError`s nami
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import hmac
 import json
 import os
 import re
+import secrets
 import tempfile
 import time
 from dataclasses import dataclass
@@ -31,8 +45,12 @@ from typing import Iterable, Iterator
 from tvsmt.errors import PlanError
 from tvsmt.solving.types import ERROR, SAT, TIMEOUT, UNKNOWN, UNSAT, Obligation, SolverResult
 
-FORMAT = "tvsmt-corpus/1"
+FORMAT = "tvsmt-corpus/2"
+OLD_FORMATS = ("tvsmt-corpus/1",)
 MANIFEST = "manifest.json"
+KEY_FILE = ".tvsmt-key"
+LOCK_FILE = ".lock"
+LEGACY_PAIR = "(unknown pair, tvsmt-corpus/1)"
 HEADER_PREFIX = "; tvsmt: "
 SUFFIX = ".smt2"
 TMP_PREFIX = ".tmp-"
@@ -75,6 +93,116 @@ def split_header(text: str) -> tuple[dict, str]:
         except ValueError:
             meta[key] = raw
     return meta, text[pos:]
+
+
+def pair_key(parallel_path: str) -> str:
+    """The manifest key of a plan pair: the parallel plan file's absolute path (it names the
+    pair; a name like `<generated ...>` is kept as is)."""
+    return parallel_path if parallel_path.startswith("<") else os.path.abspath(parallel_path)
+
+
+def seal(key: bytes, digest: str, solver: str, entry: dict) -> str:
+    """HMAC-SHA256 of a verdict entry (without its seal), its digest and solver name."""
+    body = {k: v for k, v in entry.items() if k != "seal"}
+    text = json.dumps([digest, solver, body], sort_keys=True, ensure_ascii=True,
+                      separators=(",", ":"), default=str)
+    return hmac.new(key, text.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def _snapshot(pairs: dict, verdicts: dict) -> tuple[dict, dict]:
+    return ({p: dict(m) for p, m in pairs.items()},
+            {dg: {s: dict(v) for s, v in per.items()} for dg, per in verdicts.items()})
+
+
+def _merge(base: dict, mine: dict, theirs: dict) -> dict:
+    """Three-way merge by key: what we changed since `base` wins, the rest is `theirs`.
+    A pair's stage map counts as one value (missing = empty)."""
+    out = dict(theirs)
+    for k in set(mine) | set(base):
+        ours, was = mine.get(k), base.get(k)
+        if ours == was or (not ours and not was):
+            continue
+        if ours is None:
+            out.pop(k, None)
+        else:
+            out[k] = ours
+    return out
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive advisory lock (fcntl.flock) held for the block."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: no lock, atomic writes only
+        yield
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise PlanError(f"cannot lock the corpus: {e.strerror}", file=str(path)) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _parse_manifest(path: Path) -> tuple[dict, dict]:
+    """(pairs, verdicts) of a manifest file ({} and {} if there is none); a damaged one is a
+    one-line PlanError that names the file and the way out (--fresh)."""
+    if not path.exists():
+        return {}, {}
+    where = str(path)
+
+    def bad(msg: str) -> PlanError:
+        return PlanError(f"corrupt corpus manifest: {msg} (--fresh starts it over)", file=where)
+
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise bad("not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise bad(f"{e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise bad("nested too deeply") from None
+    except OSError as e:
+        raise PlanError(f"cannot read corpus manifest: {e.strerror}", file=where) from None
+    if not isinstance(data, dict):
+        raise bad("top level is not an object")
+    if data.get("format") in OLD_FORMATS:
+        stages = data.get("stages", {})
+        if not isinstance(stages, dict):
+            raise bad("'stages' is not an object")
+        pairs = {LEGACY_PAIR: stages}
+    elif data.get("format") == FORMAT:
+        pairs = data.get("pairs", {})
+        if not isinstance(pairs, dict) or not all(isinstance(m, dict) for m in pairs.values()):
+            raise bad("'pairs' is not an object of objects")
+    else:
+        raise bad(f"format is {data.get('format')!r}, expected {FORMAT!r}")
+    for pair, stages in pairs.items():
+        for sid, dg in stages.items():
+            if not isinstance(dg, str) or not _DIGEST.match(dg):
+                raise bad(f"stage {sid!r} maps to {dg!r}, not a sha256 digest")
+    verdicts = data.get("verdicts", {})
+    if not isinstance(verdicts, dict):
+        raise bad("'verdicts' is not an object")
+    for dg, per_solver in verdicts.items():
+        if not _DIGEST.match(dg):
+            raise bad(f"verdict key {dg!r} is not a sha256 digest")
+        if not isinstance(per_solver, dict):
+            raise bad(f"verdicts of {dg[:16]}... are not an object")
+        for solver, v in per_solver.items():
+            if (not isinstance(v, dict) or v.get("status") not in STATUSES
+                    or not isinstance(v.get("seconds", 0), (int, float))
+                    or not isinstance(v.get("version", ""), str)
+                    or not isinstance(v.get("profile", ""), str)
+                    or not isinstance(v.get("seal", ""), str)
+                    or not isinstance(v.get("values", {}), dict)):
+                raise bad(f"verdict of {solver!r} for {dg[:16]}... is malformed")
+    return ({p: dict(m) for p, m in pairs.items()},
+            {k: {s: dict(v) for s, v in per.items()} for k, per in verdicts.items()})
 
 
 def atomic_write(path: str | os.PathLike, data: bytes, *, fsync: bool = False) -> None:
@@ -124,11 +252,14 @@ def _value_from_json(s: str) -> Fraction | str:
 class Corpus:
     """A corpus directory (created if missing). Call `save()` to write the manifest.
 
-    `stages`: stage id -> digest; `verdicts`: digest -> solver -> recorded verdict (dicts as
-    in manifest.json).
+    `pair`: the plan pair whose stages `add` maps (see `pair_key`); `stages` is that pair's
+    stage id -> digest map, `pairs` all of them. `verdicts`: digest -> solver -> recorded
+    verdict (dicts as in manifest.json). `fresh=True` starts over from a damaged manifest
+    instead of refusing it.
     """
 
-    def __init__(self, root: str | os.PathLike, *, create: bool = True):
+    def __init__(self, root: str | os.PathLike, *, create: bool = True, pair: str = "",
+                 fresh: bool = False):
         self.root = Path(root)
         if not self.root.is_dir():
             if not create:
@@ -138,14 +269,28 @@ class Corpus:
             except OSError as e:
                 raise PlanError(f"cannot create corpus directory: {e.strerror}",
                                 file=str(self.root)) from None
-        self.stages, self.verdicts = {}, {}
+        self.pair = pair
+        self.fresh = fresh
+        self.pairs: dict[str, dict[str, str]] = {}
+        self.verdicts: dict[str, dict[str, dict]] = {}
         self._sweep_stale_tmp()
-        self._load_manifest()
+        self.pairs, self.verdicts = self._read_manifest()
+        self._base = _snapshot(self.pairs, self.verdicts)  # what we read: the merge base
+        self._key = self._read_key()
+
+    @property
+    def stages(self) -> dict[str, str]:
+        """Stage id -> digest for this corpus's `pair` (a live dict)."""
+        return self.pairs.setdefault(self.pair, {})
 
     # -- paths -------------------------------------------------------------------------------
     @property
     def manifest_path(self) -> Path:
         return self.root / MANIFEST
+
+    @property
+    def key_path(self) -> Path:
+        return self.root / KEY_FILE
 
     def path_for(self, digest: str) -> Path:
         if not _DIGEST.match(digest):
@@ -167,55 +312,64 @@ class Corpus:
                 pass
 
     # -- manifest ----------------------------------------------------------------------------
-    def _load_manifest(self) -> None:
-        path = self.manifest_path
-        if not path.exists():
-            return
-        where = str(path)
+    def _read_manifest(self) -> tuple[dict, dict]:
+        """(pairs, verdicts) as on disk; a damaged manifest is a one-line PlanError, or
+        nothing at all with `fresh`."""
         try:
-            data = json.loads(path.read_bytes().decode("utf-8"))
-        except UnicodeDecodeError:
-            raise PlanError("corrupt corpus manifest: not UTF-8 text", file=where) from None
-        except json.JSONDecodeError as e:
-            raise PlanError(f"corrupt corpus manifest: {e.msg} at line {e.lineno} column "
-                            f"{e.colno}", file=where) from None
-        except OSError as e:
-            raise PlanError(f"cannot read corpus manifest: {e.strerror}", file=where) from None
+            return _parse_manifest(self.manifest_path)
+        except PlanError:
+            if self.fresh:
+                return {}, {}
+            raise
 
-        def bad(msg: str) -> PlanError:
-            return PlanError(f"corrupt corpus manifest: {msg}", file=where)
+    def _read_key(self) -> bytes | None:
+        try:
+            key = self.key_path.read_bytes()
+        except OSError:
+            return None
+        return key if len(key) >= 32 else None
 
-        if not isinstance(data, dict):
-            raise bad("top level is not an object")
-        if data.get("format") != FORMAT:
-            raise bad(f"format is {data.get('format')!r}, expected {FORMAT!r}")
-        stages, verdicts = data.get("stages", {}), data.get("verdicts", {})
-        if not isinstance(stages, dict):
-            raise bad("'stages' is not an object")
-        for sid, dg in stages.items():
-            if not isinstance(dg, str) or not _DIGEST.match(dg):
-                raise bad(f"stage {sid!r} maps to {dg!r}, not a sha256 digest")
-        if not isinstance(verdicts, dict):
-            raise bad("'verdicts' is not an object")
-        for dg, per_solver in verdicts.items():
-            if not _DIGEST.match(dg):
-                raise bad(f"verdict key {dg!r} is not a sha256 digest")
-            if not isinstance(per_solver, dict):
-                raise bad(f"verdicts of {dg[:16]}... are not an object")
-            for solver, v in per_solver.items():
-                if (not isinstance(v, dict) or v.get("status") not in STATUSES
-                        or not isinstance(v.get("seconds", 0), (int, float))
-                        or not isinstance(v.get("version", ""), str)
-                        or not isinstance(v.get("values", {}), dict)):
-                    raise bad(f"verdict of {solver!r} for {dg[:16]}... is malformed")
-        self.stages, self.verdicts = dict(stages), {k: dict(v) for k, v in verdicts.items()}
+    def _ensure_key(self) -> bytes:
+        """The corpus's sealing key, created on first use (call with the lock held)."""
+        key = self._read_key()
+        if key is None:
+            key = secrets.token_bytes(32)
+            atomic_write(self.key_path, key, fsync=True)
+            os.chmod(self.key_path, 0o600)
+        self._key = key
+        return key
 
     def save(self) -> None:
-        """Write manifest.json atomically (sorted keys: stable, diff-friendly)."""
-        data = {"format": FORMAT, "stages": dict(sorted(self.stages.items())),
-                "verdicts": {k: dict(sorted(v.items())) for k, v in sorted(self.verdicts.items())}}
-        text = json.dumps(data, indent=1, sort_keys=False) + "\n"
-        atomic_write(self.manifest_path, text.encode("utf-8"), fsync=True)
+        """Merge our changes into the manifest on disk and write it atomically.
+
+        Under an exclusive lock (`.lock`), the manifest is read again and every stage map and
+        verdict that this object changed since it read the manifest replaces the one on disk;
+        everything else is kept as found, so concurrent runs on one corpus lose nothing.
+        Verdicts we wrote are sealed (see `seal`).
+        """
+        with _locked(self.root / LOCK_FILE):
+            key = self._ensure_key()
+            disk_pairs, disk_verdicts = self._read_manifest()
+            base_pairs, base_verdicts = self._base
+            pairs = _merge(base_pairs, self.pairs, disk_pairs)
+            mine = {(dg, s): v for dg, per in self.verdicts.items() for s, v in per.items()}
+            base = {(dg, s): v for dg, per in base_verdicts.items() for s, v in per.items()}
+            theirs = {(dg, s): v for dg, per in disk_verdicts.items() for s, v in per.items()}
+            changed = {k for k in set(mine) | set(base) if mine.get(k) != base.get(k)}
+            merged = _merge(base, mine, theirs)
+            verdicts: dict[str, dict[str, dict]] = {}
+            for (dg, solver), entry in merged.items():
+                if (dg, solver) in changed:
+                    entry = dict(entry, seal=seal(key, dg, solver, entry))
+                verdicts.setdefault(dg, {})[solver] = entry
+            data = {"format": FORMAT,
+                    "pairs": {p: dict(sorted(m.items())) for p, m in sorted(pairs.items()) if m},
+                    "verdicts": {k: dict(sorted(v.items())) for k, v in sorted(verdicts.items())}}
+            text = json.dumps(data, indent=1, sort_keys=False) + "\n"
+            atomic_write(self.manifest_path, text.encode("utf-8"), fsync=True)
+            self.pairs = {p: dict(m) for p, m in pairs.items()}
+            self.verdicts = verdicts
+            self._base = _snapshot(self.pairs, self.verdicts)
 
     # -- obligations -------------------------------------------------------------------------
     def add(self, ob: Obligation, stage_ids: Iterable[str] = (), header: dict | None = None
@@ -271,39 +425,56 @@ class Corpus:
             yield self.read(dg, check=check)
 
     def stage_ids(self, digest: str) -> list[str]:
-        return sorted(s for s, d in self.stages.items() if d == digest)
+        """The stage ids (of every plan pair) mapped to `digest`."""
+        return sorted({s for m in self.pairs.values() for s, d in m.items() if d == digest})
 
     # -- verdicts ----------------------------------------------------------------------------
     def record(self, digest: str, result: SolverResult) -> None:
         """Remember `result` as `result.solver`'s verdict on `digest` (call `save()` after)."""
         self.path_for(digest)  # validates the digest
         entry: dict = {"status": result.status, "seconds": round(float(result.seconds), 6),
-                       "version": result.version}
+                       "version": result.version, "profile": result.profile}
         if result.values:
             entry["values"] = {k: _value_to_json(v) for k, v in sorted(result.values.items())}
         if result.message:
             entry["message"] = result.message
         self.verdicts.setdefault(digest, {})[result.solver] = entry
 
-    def lookup(self, digest: str, solver: str, *, version: str | None = None,
-               decisive_only: bool = True) -> SolverResult | None:
-        """The recorded verdict of `solver` on `digest`, for incremental runs.
+    def refusal(self, digest: str, solver: str, *, version: str | None = None,
+                profile: str | None = None) -> str | None:
+        """Why the recorded verdict of `solver` on `digest` must not be reused (None: it may).
 
-        decisive_only: only `sat`/`unsat` (a timeout or error is worth trying again).
-        version: if given, only a verdict recorded with that solver version.
+        Reasons: "none recorded", "not decisive" (a timeout or error is worth trying again),
+        "changed outside tvsmt" (its seal does not match: hand-edited, or written by another
+        tool or another corpus's key), "other version", "other profile" (same name, another
+        profile file). `version`/`profile` (the profile's sha256) None: not compared.
         """
         entry = self.verdicts.get(digest, {}).get(solver)
         if entry is None:
-            return None
-        if decisive_only and entry["status"] not in (SAT, UNSAT):
-            return None
+            return "none recorded"
+        if entry.get("status") not in (SAT, UNSAT):
+            return "not decisive"
+        if self._key is None or not hmac.compare_digest(
+                str(entry.get("seal", "")), seal(self._key, digest, solver, entry)):
+            return "changed outside tvsmt"
         if version is not None and entry.get("version", "") != version:
+            return "other version"
+        if profile is not None and entry.get("profile", "") != profile:
+            return "other profile"
+        return None
+
+    def lookup(self, digest: str, solver: str, *, version: str | None = None,
+               profile: str | None = None) -> SolverResult | None:
+        """The recorded verdict of `solver` on `digest` if it may be reused (see `refusal`):
+        decisive, sealed by tvsmt, and recorded by that solver version and profile."""
+        if self.refusal(digest, solver, version=version, profile=profile) is not None:
             return None
+        entry = self.verdicts[digest][solver]
         values = {k: _value_from_json(str(v)) for k, v in entry.get("values", {}).items()}
         return SolverResult(status=entry["status"], solver=solver,
                             version=entry.get("version", ""),
                             seconds=float(entry.get("seconds", 0.0)), values=values,
-                            message=entry.get("message", ""))
+                            message=entry.get("message", ""), profile=entry.get("profile", ""))
 
     # -- integrity ---------------------------------------------------------------------------
     def verify_files(self) -> list[FileProblem]:
@@ -325,7 +496,7 @@ class Corpus:
             actual = digest_of(body)
             if actual != name:
                 problems.append(FileProblem(str(p), "hash mismatch", name, actual))
-        wanted = set(self.stages.values()) | set(self.verdicts)
+        wanted = {d for m in self.pairs.values() for d in m.values()} | set(self.verdicts)
         for dg in sorted(wanted - present):
             problems.append(FileProblem(str(self.path_for(dg)), "missing", dg))
         return problems

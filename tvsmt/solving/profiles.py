@@ -1,13 +1,16 @@
-"""Declarative solver profiles (`solvers/<name>.toml`): how to find, run and read a solver.
+"""Declarative solver profiles (`<name>.toml`): how to find, run and read a solver.
 
-A profile is looked up by name in the directories of `$TVSMT_SOLVERS_DIR` (os.pathsep-separated)
-and then in the repository's `solvers/` folder; a path to a `.toml` file is also accepted.
-Adding a solver = adding a profile. Format: solvers/README.md.
+A profile is looked up by name in the directories of `$TVSMT_SOLVERS_DIR` (os.pathsep-separated,
+searched first) and then among the built-in profiles, package data in `tvsmt/solvers/` (so a
+non-editable `pip install` has them too); a path to a `.toml` file is also accepted.
+Adding a solver = adding a profile. Format: tvsmt/solvers/README.md.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.resources
 import importlib.util
 import math
 import os
@@ -22,8 +25,12 @@ from pathlib import Path
 
 from tvsmt.errors import PlanError
 
-#: the repository's `solvers/` folder (next to the `tvsmt` package)
-BUILTIN_DIR = Path(__file__).resolve().parents[2] / "solvers"
+#: the built-in profiles: package data of `tvsmt` (found wherever the package is installed)
+BUILTIN_DIR = Path(str(importlib.resources.files("tvsmt") / "solvers"))
+#: how to find profiles, for `--help` texts and error messages
+LOOKUP_HELP = ("a profile name is looked up in $TVSMT_SOLVERS_DIR (os.pathsep-separated "
+               "folders of NAME.toml files), then among the built-in profiles (z3, cvc5, "
+               "cvc5-bin); a path to a .toml file is read as is")
 
 #: placeholders allowed in commands; "{options}" must be a whole list element (it is spliced)
 PLACEHOLDERS = frozenset({"bin", "python", "python_dir", "file", "timeout_s", "timeout_ms",
@@ -52,6 +59,8 @@ class Profile:
     error_markers: tuple[str, ...] = ("(error",)
     timeout_words: tuple[str, ...] = ("timeout",)
     env: tuple[tuple[str, str], ...] = field(default=())
+    #: sha256 of the profile file's bytes: a corpus verdict is reused only by the same profile
+    digest: str = ""
 
     @property
     def keepalive(self) -> bool:
@@ -125,10 +134,12 @@ def load_profile(path: str | os.PathLike) -> Profile:
     """Read and validate one profile file; any problem is a one-line `ProfileError`."""
     path = Path(path)
     try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+        raw = path.read_bytes()
+        data = tomllib.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise _fail(path, "file not found") from None
+    except IsADirectoryError:
+        raise _fail(path, "is a directory") from None
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise _fail(path, str(e).splitlines()[0] if str(e) else type(e).__name__) from None
 
@@ -184,6 +195,7 @@ def load_profile(path: str | os.PathLike) -> Profile:
         error_markers=_str_list(path, output, "error_markers", "output", default=("(error",)),
         timeout_words=_str_list(path, output, "timeout_words", "output", default=("timeout",)),
         env=tuple(sorted(env.items())),
+        digest=hashlib.sha256(raw).hexdigest(),
     )
 
 

@@ -36,6 +36,7 @@ from dataclasses import replace
 
 import psutil
 
+from tvsmt.solving import lifeline
 from tvsmt.solving.profiles import (Profile, build_command, child_env, get_profile,
                                     require_binary, solver_version)
 from tvsmt.solving.sexpr import SExprError, parse_get_value
@@ -155,9 +156,10 @@ class _SolverProcess:
         self.served = 0
         self.count = 0
         try:
+            argv, preexec = lifeline.spawn_args(argv)
             self.popen = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=self.stderr, env=env, start_new_session=True,
-                                          bufsize=0)
+                                          bufsize=0, preexec_fn=preexec)
         except BaseException:
             self.stderr.close()
             self.sel.close()
@@ -326,7 +328,8 @@ class _Batch:
 
     def result(self, status: str, seconds: float, message: str = "", values=None) -> SolverResult:
         return SolverResult(status=status, solver=self.profile.name, version=self.version,
-                            seconds=round(seconds, 6), values=values or {}, message=message)
+                            seconds=round(seconds, 6), values=values or {}, message=message,
+                            profile=self.profile.digest)
 
     def _drop(self) -> None:
         if self.proc is not None:
@@ -403,8 +406,9 @@ class _Batch:
                              timeout_s=self.timeout_s)
         t0 = time.monotonic()
         with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
+            argv, preexec = lifeline.spawn_args(argv)
             popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out_f, stderr=err_f,
-                                     env=self.env, start_new_session=True)
+                                     env=self.env, start_new_session=True, preexec_fn=preexec)
             reaped = False
             try:
                 self.registry.register(popen.pid)  # register first, then look at the flag
@@ -494,8 +498,11 @@ def run_file(path: str | os.PathLike, profile: "Profile | str", timeout_s: float
     return batch.run_file(os.fspath(path))
 
 
-def _task(profile: Profile, items: list[tuple[int, Obligation]], timeout_s, registry):
-    """One joblib task: a chunk of obligations for one solver."""
+def _task(profile: Profile, items: list[tuple[int, Obligation]], timeout_s, registry,
+          parent: int | None = None):
+    """One joblib task: a chunk of obligations for one solver. In a worker process of the
+    tvsmt process `parent`, the worker first arranges to die with it (lifeline)."""
+    lifeline.arm_worker(parent)
     results = solve_batch([ob for _, ob in items], profile, timeout_s, registry=registry)
     return profile.name, [(i, r) for (i, _), r in zip(items, results)]
 
@@ -576,6 +583,8 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
         return
     import joblib
 
+    # workers of a local pool are our children and die with us (not Dask's, or others')
+    parent = os.getpid() if backend in ("loky", "multiprocessing", "threading") else None
     try:
         ctx, n_jobs, own_client = _parallel_setup(backend, scheduler, jobs)
     except BaseException:
@@ -593,7 +602,8 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
                 for p, chunks in zip(profiles, per_profile):
                     if k < len(chunks):
                         items = [(i, obligations[i]) for i in chunks[k]]
-                        tasks.append(joblib.delayed(_task)(p, items, timeout_s, token))
+                        tasks.append(joblib.delayed(_task)(p, items, timeout_s, token,
+                                                           parent))
             gen = joblib.Parallel(n_jobs=n_jobs, batch_size=1, pre_dispatch="all",
                                   return_as="generator_unordered")(tasks)
             try:

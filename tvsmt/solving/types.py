@@ -36,6 +36,7 @@ class SolverResult:
     message: str = ""  # error text / reason for unknown
     # crosscheck: the raw result of each solver (the fields above are the reconciled verdict)
     details: list["SolverResult"] = field(default_factory=list)
+    profile: str = ""  # sha256 of the solver profile file that produced it ("" if combined)
 
     @property
     def proven(self) -> bool:

@@ -1,0 +1,165 @@
+"""Signals and orphans (issue 9 item 5): however `tvsmt verify` dies (SIGINT, SIGTERM, SIGKILL,
+a terminal's Ctrl-C to its process group), no solver or worker process survives it, the
+caller's pipe closes, and an interrupt ends with 128 + signal and one line, no traceback.
+
+Each run is killed at one moment: while loading (the plan is a FIFO nobody writes), while
+encoding (forked encoding workers alive), while solving with a slow fake solver in the tvsmt
+process itself, and in loky worker processes. Every descendant is found by a tag in its
+environment (solvers and workers inherit it), so orphans re-parented to init are found too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from handmade import parallel_mlp, single_mlp
+
+from tvsmt.frontends import generate_pair, write_pair_dicts
+
+ROOT = Path(__file__).resolve().parents[1]
+WAIT = 60  # seconds to reach a moment; the machine may be busy
+GONE = 15  # seconds for the pipe to close and every tagged process to vanish
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    base = tmp_path_factory.mktemp("signals")
+    prof_dir = base / "profiles"
+    prof_dir.mkdir()
+    script = prof_dir / "sleepy_solver.py"
+    script.write_text("import time\ntime.sleep(120)\nprint('unsat')\n")
+    profiles = []
+    for k in range(5):
+        prof = prof_dir / f"sleepy{k}.toml"
+        prof.write_text(textwrap.dedent(f"""\
+            name = "sleepy{k}"
+            [binary]
+            search = ["{{python}}"]
+            [run]
+            file = ["{{bin}}", "{script}", "{{file}}"]
+            """))
+        profiles.append(str(prof))
+    single, parallel = generate_pair("llama3", layers=2, dp=2, tp=2, pp=2, mb=2, hidden=16,
+                                     heads=4, ffn=32, vocab=16, seq=4)
+    llama = write_pair_dicts(base / "llama", single, parallel)
+    mlp = write_pair_dicts(base / "mlp", single_mlp(), parallel_mlp(dp=4, tp=4))
+    fifo = base / "fifo" / "single.json"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    return {"profiles": profiles, "llama": llama, "mlp": mlp, "fifo": str(fifo)}
+
+
+def _tagged(tag: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("TVSMT_SIGNAL_TEST") == tag:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def _cmd(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def _args(moment: str, plans: dict) -> list[str]:
+    llama, mlp, sleepy = plans["llama"], plans["mlp"], plans["profiles"]
+    if moment == "loading":
+        return [plans["fifo"], llama[1]]
+    if moment == "encoding":  # > 48 stage templates and 2 jobs: forked encoding workers
+        return [*llama, "--no-fold", "--jobs", "2"]
+    if moment == "solving":  # few obligations: the solver runs under tvsmt itself
+        return [*mlp, "--no-fold", "--jobs", "2", "--solver", sleepy[0]]
+    if moment == "workers":  # 6 obligations x 5 solvers > 24: loky worker processes
+        return [*mlp, "--no-fold", "--jobs", "2", "--crosscheck=" + ",".join(sleepy)]
+    raise AssertionError(moment)
+
+
+def _reached(moment: str, proc: subprocess.Popen, tag: str, plans: dict) -> bool:
+    if moment == "loading":  # tvsmt has opened the FIFO for reading
+        try:
+            fd = os.open(plans["fifo"], os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            return False
+        plans["fifo_fd"] = fd  # held open (nothing written) until the run is over
+        return True
+    procs = _tagged(tag)
+    if moment == "encoding":
+        main = _cmd(psutil.Process(proc.pid))
+        return any(p.pid != proc.pid and _cmd(p) == main for p in procs)
+    solvers = [p for p in procs if "sleepy_solver" in _cmd(p)]
+    if moment == "workers":  # both workers busy (a worker still importing joblib when a
+        # terminal's Ctrl-C reaches it prints the import's traceback: see the README)
+        return len({p.ppid() for p in solvers} - {proc.pid}) >= 2
+    return bool(solvers)
+
+
+CASES = [(m, s) for m in ("loading", "encoding", "workers")
+         for s in ("SIGINT", "SIGTERM", "SIGKILL")]
+CASES += [("solving", "SIGKILL"), ("solving", "SIGTERM"), ("workers", "ctrl-c")]
+
+
+@pytest.mark.parametrize("moment,how", CASES)
+def test_no_child_survives_and_the_pipe_closes(plans, moment, how, tmp_path):
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, TVSMT_SIGNAL_TEST=tag)
+    cmd = [sys.executable, "-m", "tvsmt.cli", "verify", *_args(moment, plans), "--no-corpus"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + WAIT
+        while not _reached(moment, proc, tag, plans):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, f"never reached {moment}"
+            time.sleep(0.05)
+        before = _tagged(tag)
+        if how == "ctrl-c":  # what a terminal does: SIGINT to the whole foreground group
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, getattr(signal, how))
+        try:
+            out, err = proc.communicate(timeout=GONE)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"stdout/stderr still open {GONE} s after {how} while {moment}: "
+                        + ", ".join(_cmd(p) for p in _tagged(tag)))
+        deadline = time.monotonic() + GONE
+        while _tagged(tag) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [_cmd(p) for p in _tagged(tag)]
+        assert not left, f"survived {how} while {moment}: {left}"
+        assert len(before) >= (1 if moment == "loading" else 2)  # there were children to kill
+        text = err.decode("utf-8", "replace")
+        if how == "SIGKILL":
+            assert proc.returncode == -signal.SIGKILL
+        else:
+            expected = 143 if how == "SIGTERM" else 130
+            assert proc.returncode == expected, text
+            assert "Traceback" not in text and "Warning" not in text, text
+            assert text.strip().splitlines()[-1].startswith("tvsmt: interrupted"), text
+    finally:
+        fd = plans.pop("fifo_fd", None)
+        if fd is not None:
+            os.close(fd)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        for p in _tagged(tag):  # never leave anything behind, even when failing
+            try:
+                p.kill()
+            except psutil.Error:
+                pass

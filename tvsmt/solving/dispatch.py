@@ -1,0 +1,163 @@
+"""From unique obligations to one verdict each: trusted corpus verdicts first, then the solver
+profiles (one, or several cross-checking each other), and the new verdicts recorded.
+
+Policy with several solvers (`--crosscheck A,B,...`): a pass needs `unsat` from every solver;
+`sat` against `unsat` is a disagreement (inconclusive); a `sat` with a model stands on its own,
+because the caller checks its counterexample on the plan (report/counterexample.py), with the
+other answers named. A corpus verdict is reused only if tvsmt sealed it and it was recorded by
+a solver of the same name, version and profile file (tvsmt/solving/corpus.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from tvsmt.solving.types import UNSAT, UNKNOWN, Obligation, SolverResult
+
+if TYPE_CHECKING:  # pragma: no cover - types only (tvsmt.verify imports this module)
+    from tvsmt.plan import Plan
+    from tvsmt.report.report import Report
+    from tvsmt.verify import Options, StageOutcome
+
+#: `--crosscheck` without a list
+DEFAULT_CROSSCHECK = ("z3", "cvc5")
+SMALL_RUN = 24  # obligations below which solving stays in this process (kept-alive solver)
+
+
+def crosscheck_list(value: "bool | str | Sequence[str]") -> tuple[str, ...]:
+    """The solvers of a `crosscheck` option: True = z3 and cvc5; "a,b" or ["a", "b"] as given
+    (False/empty: none)."""
+    if value is True:
+        return DEFAULT_CROSSCHECK
+    if not value:
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return tuple(s.strip() for s in items if s.strip())
+
+
+def check_solver_choice(solver: str, crosscheck: "bool | str | Sequence[str]") -> None:
+    """ValueError unless the choice is one solver, or a cross-check of two or more distinct
+    profiles (without a separate `solver`)."""
+    names = crosscheck_list(crosscheck)
+    if crosscheck is not False and crosscheck is not None and not names:
+        raise ValueError("--crosscheck got an empty list of solvers")
+    if not names:
+        return
+    if solver != "z3":
+        raise ValueError("--crosscheck takes its solvers as a list (--crosscheck z3,cvc5); "
+                         "it takes no --solver")
+    from tvsmt.solving.profiles import get_profile
+
+    profiles = [get_profile(n).name for n in names]  # an unknown profile: ProfileError
+    if len(names) < 2 or len(set(profiles)) != len(profiles):
+        raise ValueError(f"--crosscheck needs two or more distinct solver profiles, got "
+                         f"{', '.join(names)}")
+
+
+def _solver_names(opts: "Options") -> tuple[str, ...]:
+    """The solver profiles (names or paths) a run uses."""
+    return crosscheck_list(opts.crosscheck) or (opts.solver,)
+
+
+def store_in_corpus(corpus, unique: dict[str, Obligation], outcomes: "list[StageOutcome]",
+                    parallel: "Plan") -> None:
+    """Write each unique obligation with a header naming the stages and tensors it stands for
+    (outside the hashed body) and map every stage to its digest, under the plan pair's key
+    (this run's stage map replaces the pair's previous one)."""
+    from tvsmt.solving.corpus import pair_key
+
+    if not corpus.pair:
+        corpus.pair = pair_key(parallel.path)
+    corpus.pairs[corpus.pair] = {}
+    by_digest: dict[str, list] = {}
+    for o in outcomes:
+        if o.obligation is not None:
+            by_digest.setdefault(o.obligation.digest, []).append(o.stage)
+    for dg, ob in unique.items():
+        stages = by_digest[dg]
+        header = {"plan": parallel.name, "stages": [st.id for st in stages[:50]],
+                  "tensors": sorted({parallel.lineages[st.target].single
+                                     for st in stages})[:50],
+                  "stage_count": len(stages), "query": list(ob.query)}
+        corpus.add(ob, [st.id for st in stages], header=header)
+
+
+def _both_must_prove(res: SolverResult) -> SolverResult:
+    """The cross-checking rule lives with the rest of the verdict policy (tvsmt/policy.py)."""
+    from tvsmt.policy import both_must_prove
+
+    return both_must_prove(res)
+
+
+every_solver_must_prove = _both_must_prove
+
+
+def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcome]",
+                      parallel: "Plan", opts: "Options", report: "Report"
+                      ) -> dict[str, SolverResult]:
+    """Solve each unique obligation once: trusted corpus verdicts first (unless --fresh), then
+    the external solver(s) in parallel; new verdicts are recorded in the corpus.
+
+    The report counts the reused verdicts per solver (`cache`), the obligations answered
+    wholly from the corpus (`cache_hits`), and the recorded verdicts refused, by reason
+    (`cache_refused`: changed outside tvsmt, other version, other profile)."""
+    from tvsmt.solving.corpus import Corpus
+    from tvsmt.solving.profiles import get_profile, solver_version
+    from tvsmt.solving.runner import crosscheck, reconcile, solve_all
+
+    names = _solver_names(opts)
+    profiles = [get_profile(n) for n in names]
+    corpus = Corpus(opts.corpus, fresh=opts.fresh) if opts.corpus else None
+    results: dict[str, SolverResult] = {}
+    todo: list[Obligation] = []
+    if corpus is not None:
+        store_in_corpus(corpus, unique, outcomes, parallel)
+    trust = []
+    if corpus is not None and not opts.fresh and unique:
+        trust = [(p.name, solver_version(p), p.digest) for p in profiles]
+    for dg, ob in unique.items():
+        if trust:
+            why = None
+            for name, version, digest in trust:
+                why = corpus.refusal(dg, name, version=version, profile=digest)
+                if why is not None:
+                    break
+            if why is None:
+                cached = [corpus.lookup(dg, name, version=version, profile=digest)
+                          for name, version, digest in trust]
+                results[dg] = (_both_must_prove(reconcile(cached)) if len(cached) > 1
+                               else cached[0])
+                report.cache_hits += 1
+                for name, _, _ in trust:
+                    report.cache[name] = report.cache.get(name, 0) + 1
+                continue
+            if why not in ("none recorded", "not decisive"):
+                report.cache_refused[why] = report.cache_refused.get(why, 0) + 1
+        todo.append(ob)
+    done = [len(results)]
+
+    def progress(_index, _result):
+        done[0] += 1
+        if opts.progress:
+            opts.progress("solving", done[0], len(unique))
+
+    jobs = opts.jobs
+    if opts.backend == "loky" and len(todo) * len(profiles) <= SMALL_RUN:
+        jobs = 1  # starting worker processes (~0.5 s) costs more than solving in this one
+    common = dict(jobs=jobs, timeout_s=opts.timeout, backend=opts.backend,
+                  scheduler=opts.scheduler, progress=progress)
+    if todo:
+        if len(profiles) > 1:
+            solved = [_both_must_prove(r) for r in crosscheck(todo, solvers=profiles, **common)]
+        else:
+            solved = solve_all(todo, solver=profiles[0], **common)
+        for ob, res in zip(todo, solved):
+            results[ob.digest] = res
+            if corpus is not None:
+                for raw in (res.details or [res]):
+                    corpus.record(ob.digest, raw)
+    if corpus is not None:
+        corpus.save()
+    return results

@@ -1,0 +1,282 @@
+"""Children die with tvsmt, however it dies (Ctrl-C, SIGTERM, SIGKILL, a crash).
+
+Three pieces, each cheap:
+
+* `spawn_args(argv)`: how to start a solver so that the kernel (Linux
+  `prctl(PR_SET_PDEATHSIG, SIGKILL)`) kills it when the process that started it dies:
+  through util-linux's `setpriv --pdeathsig KILL`, else with `preexec()`, a `preexec_fn`
+  doing the same in the child before exec. Solvers run in their own session (so a terminal's
+  Ctrl-C does not reach them), which is why they need this.
+* `arm_worker(parent)`: called at the start of every solving task in a worker process (loky);
+  a worker whose parent is the tvsmt process starts a lifeline thread that waits for the
+  parent to end (a pidfd, else polling getppid) and then ends the worker, whose solvers die
+  with it; the worker ignores SIGINT (its parent handles Ctrl-C and stops it). Workers forked
+  by tvsmt (the process pool that encodes stages) are armed by an `os.register_at_fork` hook
+  while `activate()` is in force. Workers do not use the parent-death signal: it fires when
+  the *thread* that started them ends, and joblib starts loky workers from a short-lived
+  dispatching thread.
+* `activate()`: used by the command line. SIGTERM is handled like SIGINT (an `Interrupted`,
+  a KeyboardInterrupt, is raised in the main thread, so every `finally` that stops solvers
+  runs); an interrupt that Python swallowed (raised inside an at-fork hook or a destructor)
+  is raised again until the command acknowledges it, and the cleanup gets 30 s at most. A
+  second signal, or a signal once the command has finished, ends the process at once with
+  128 + signal number (the children then die with it), never with a traceback.
+
+On systems without prctl (not Linux) only the run's own kill-on-exit bookkeeping remains
+(tvsmt/solving/runner.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+PR_SET_PDEATHSIG = 1
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM received: the run stops, its children are killed."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def _load_prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                   ctypes.c_ulong]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_PRCTL = _load_prctl()  # loaded once, in the parent: the child after fork only calls it
+
+
+def die_with_parent(parent: int) -> bool:
+    """Have the kernel SIGKILL this process when `parent` (its parent now) dies; if the parent
+    is already gone, exit now. False where the platform cannot do it."""
+    if _PRCTL is None:
+        return False
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def _setpriv() -> str | None:
+    """util-linux's `setpriv`, if it can set a parent-death signal."""
+    path = shutil.which("setpriv")
+    if path is None or _PRCTL is None:
+        return None
+    try:
+        out = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return path if "--pdeathsig" in out.stdout + out.stderr else None
+
+
+def spawn_args(argv: list[str]) -> tuple[list[str], object]:
+    """(argv, preexec_fn) that start `argv` so that it dies with the calling process.
+
+    Through `setpriv --pdeathsig KILL` where available: the child stays cheap to start (a
+    `preexec_fn` makes subprocess fork instead of vfork: +8 ms per start here, and +0.6 s
+    from a process holding 3 GB, see scripts/bench_lifeline.py); else a `preexec_fn`."""
+    setpriv = _setpriv()
+    if setpriv is not None:
+        return [setpriv, "--pdeathsig", "KILL", "--", *argv], None
+    return list(argv), preexec()
+
+
+def preexec():
+    """A `preexec_fn` for subprocess.Popen: the child dies with the process starting it.
+
+    Only async-signal-safe work happens in the child (one prctl, one getppid)."""
+    if _PRCTL is None:
+        return None
+    parent = os.getpid()
+
+    def child() -> None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return child
+
+
+def arm_worker(parent: int | None) -> None:
+    """In a worker process started by the tvsmt process `parent` (a local process pool,
+    whose workers are its children): end with it, leave Ctrl-C to it. A worker whose parent
+    is no longer `parent` was orphaned while its task was on the way: it ends at once. Does
+    nothing in `parent` itself (threads) or with parent None (Dask: a worker's life is its
+    nanny's business)."""
+    if parent is None or os.getpid() == parent:
+        return
+    if os.getppid() != parent:
+        os._exit(1)
+    if _watching.get(os.getpid()) == parent:
+        return
+    _watching.clear()
+    _watching[os.getpid()] = parent
+    if threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        pidfd = os.pidfd_open(parent)
+    except (AttributeError, OSError):
+        pidfd = None
+    if os.getppid() != parent:  # it ended before we could watch it
+        os._exit(1)
+    threading.Thread(target=_watch, args=(parent, pidfd), name="tvsmt-lifeline",
+                     daemon=True).start()
+
+
+_watching: dict[int, int] = {}  # this process's pid -> the parent it watches
+
+
+def _watch(parent: int, pidfd: int | None) -> None:
+    """Block until `parent` ends, then end this process at once (its solvers get their
+    parent-death signal)."""
+    if pidfd is not None:
+        with contextlib.suppress(OSError, ValueError):
+            select.select([pidfd], [], [])
+    while os.getppid() == parent:  # fallback, and a guard against a spurious wake-up
+        time.sleep(0.2)
+    os._exit(1)
+
+
+# --------------------------------------------------------------------------------------------
+# The command line's side.
+
+_state = {"active": 0, "received": 0, "finished": False, "forking": 0, "acknowledged": False,
+          "redeliver": False, "stop": False}
+_hooked = False
+REDELIVER_SECONDS = 0.5  # an interrupt nobody has acted on yet is raised again this often
+CLEANUP_SECONDS = 30.0   # after an interrupt, the most the cleanup may take before a hard exit
+# "leaked semlock/folder objects to clean up": the tracker cleans them; not news for the user
+QUIET_TRACKER = "ignore::UserWarning:joblib.externals.loky.backend.resource_tracker"
+
+
+def _before_fork() -> None:
+    _state["forking"] = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    if not _state["active"]:
+        return
+    _state["active"] = 0  # the child is a worker, not the command
+    if threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(ValueError, OSError):  # the pool stops it with SIGTERM
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    arm_worker(_state["forking"])
+
+
+def _flush_and_exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _quiet_thread_error(_args) -> None:
+    """After an interrupt, helper threads (loky's executor manager) may trip over the pool
+    being torn down under them: a consequence of stopping, not news for the user."""
+
+
+def acknowledge() -> None:
+    """The command has caught the interrupt and is cleaning up (called by the CLI)."""
+    _state["acknowledged"] = True
+
+
+def _grace(signum: int) -> None:
+    """Python drops an exception raised where it cannot propagate (an at-fork hook, a
+    destructor): raise the interrupt again until the command acts on it, then bound the
+    cleanup."""
+    import _thread
+
+    while not _state["acknowledged"] and not _state["stop"]:
+        time.sleep(REDELIVER_SECONDS)
+        if not _state["acknowledged"] and not _state["stop"]:
+            _state["redeliver"] = True
+            _thread.interrupt_main(signum)
+    deadline = time.monotonic() + CLEANUP_SECONDS
+    while not _state["stop"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not _state["stop"]:
+        _flush_and_exit(128 + signum)
+
+
+def _on_signal(signum, _frame) -> None:
+    if _state["redeliver"]:
+        _state["redeliver"] = False
+        if not _state["acknowledged"]:
+            raise Interrupted(_state["received"] or signum)
+        return
+    if _state["received"] or _state["finished"]:
+        _flush_and_exit(128 + (_state["received"] or signum))
+    _state["received"] = signum
+    threading.excepthook = _quiet_thread_error
+    threading.Thread(target=_grace, args=(signum,), name="tvsmt-interrupt", daemon=True).start()
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def activate(program: bool):
+    """Signal handling and the fork hook for one command.
+
+    program=True (tvsmt run as a program): the handlers stay installed after the command,
+    so a signal during interpreter shutdown ends the process at once. program=False (the
+    command called from Python, e.g. click's CliRunner): the previous handlers come back.
+    """
+    global _hooked
+    if program:  # loky's resource tracker (a child) warns about what an interrupt left it
+        os.environ["PYTHONWARNINGS"] = ",".join(
+            w for w in (os.environ.get("PYTHONWARNINGS"), QUIET_TRACKER) if w)
+    main = threading.current_thread() is threading.main_thread()
+    old = {}
+    if main:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old[sig] = signal.signal(sig, _on_signal)
+    if not _hooked and hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+        _hooked = True
+    _state.update(active=_state["active"] + 1, received=0, finished=False, acknowledged=False,
+                  redeliver=False, stop=False)
+    excepthook, unraisablehook = threading.excepthook, sys.unraisablehook
+
+    def quiet_unraisable(info) -> None:  # the interrupt is raised again (see `_grace`)
+        if not isinstance(info.exc_value, KeyboardInterrupt):
+            unraisablehook(info)
+
+    sys.unraisablehook = quiet_unraisable
+    try:
+        yield
+    finally:
+        if program:
+            _state["finished"] = True
+        else:
+            _state["active"] -= 1
+            _state["stop"] = True
+            threading.excepthook, sys.unraisablehook = excepthook, unraisablehook
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
