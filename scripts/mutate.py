@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COPIED = ("tvsmt", "tests", "solvers", "pyproject.toml")
+COPIED = ("tvsmt", "tests", "pyproject.toml")
 
 
 @dataclass(frozen=True)

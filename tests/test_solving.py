@@ -505,8 +505,9 @@ def test_crosscheck_takes_any_list_of_profiles(tmp_path, mlp_pairs):
         failures = json.loads(report.read_text())["failures"]
         assert any("disagree" in f["message"] and "liar says unsat" in f["message"]
                    for f in failures), failures
-    # the liar alone "proves" it: the reason a pass needs every solver
-    assert _cli("verify", *mlp_pairs["bug"], "--no-corpus", "--solver", liar).exit_code == 0
+    # the liar alone "proves" it, which only the concrete evaluation next to each proof
+    # catches (a solver failure, exit 3): the reason a pass needs every solver
+    assert _cli("verify", *mlp_pairs["bug"], "--no-corpus", "--solver", liar).exit_code == 3
 
 
 def test_crosscheck_usage_errors_are_one_line(mlp_pairs):
