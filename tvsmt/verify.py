@@ -129,7 +129,14 @@ def _underivable(stage: Stage, single: Plan, parallel: Plan) -> Failure:
                    + (" ..." if len(stage.free_parallel) > 4 else ""))
     msg = (f"claimed lineage #{lin.index} of {lin.single} cannot be derived from the graph: "
            + "; ".join(why) + ", which no earlier lineage relates to the other plan")
-    return _stage_failure("structural", msg, stage, single, parallel)
+    failure = _stage_failure("structural", msg, stage, single, parallel)
+    # Point at the parallel nodes whose outputs the lineage claims (issue 9 item 8): they may
+    # lie outside the stage, when an earlier lineage already names the same tensors.
+    claimed = set(lin.parallel_tensors())
+    failure.parallel_nodes = _nodes(parallel, sorted(
+        set(_cone(parallel, stage.parallel_nodes, claimed)) |
+        {i for i, n in enumerate(parallel.nodes) if any(t in claimed for t in n.outputs)}))
+    return failure
 
 
 def encode_one(stage: Stage, single: Plan, parallel: Plan, be: SymbolicBackend,
