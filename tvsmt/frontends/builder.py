@@ -12,6 +12,8 @@ import json
 import os
 from typing import Any, Sequence
 
+from tvsmt.plan import load_plan
+
 FORMAT, VERSION = "tvsmt.execplan", 1
 
 
@@ -77,21 +79,64 @@ class PlanBuilder:
 
 
 def write_plan(path: str | os.PathLike, plan: dict[str, Any]) -> str:
-    """Write one plan as JSON (gzip-compressed when the name ends in .gz)."""
+    """Write one plan atomically: JSON Lines when the name ends in .jsonl or .jsonl.gz
+    (tvsmt.plan.stream), else one JSON document; gzip-compressed when it ends in .gz. The
+    file appears under its name only once complete (a temporary file is renamed over it)."""
     path = os.fspath(path)
-    text = json.dumps(plan, separators=(",", ":"))
-    if path.endswith(".gz"):
-        with gzip.open(path, "wt", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+    if path.endswith((".jsonl", ".jsonl.gz")):
+        from tvsmt.plan.stream import write_stream
+
+        return write_stream(path, plan)
+    folder, base = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{base}.partial-{os.getpid()}")
+    text = json.dumps(plan, separators=(",", ":"), allow_nan=False).encode()
+    try:
+        with open(tmp, "wb") as raw:
+            if path.endswith(".gz"):
+                with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as f:
+                    f.write(text)
+            else:
+                raw.write(text)
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return path
 
 
 def read_plan_dict(path: str | os.PathLike) -> dict[str, Any]:
-    """The raw dict of a plan file (no validation: that is tvsmt.plan's job)."""
+    """The raw dict of a plan file in either form (a JSON Lines plan is validated on the way:
+    tvsmt.plan.stream; a document is not: that is tvsmt.plan's job)."""
     path = os.fspath(path)
+    if path.endswith((".jsonl", ".jsonl.gz")):
+        return plan_dict(load_plan(path))
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
         return json.load(f)
+
+
+def plan_dict(plan) -> dict[str, Any]:
+    """A loaded `Plan` back as an execplan document dict."""
+    from tvsmt.plan.stream import node_dict, part_dict
+
+    lineages = []
+    for lin in plan.lineages:
+        entry: dict[str, Any] = {"single": lin.single, "parts": [part_dict(p) for p in lin.parts]}
+        if lin.aligned is not None:
+            entry["aligned"] = {"single": list(lin.aligned.single),
+                                "parallel": list(lin.aligned.parallel),
+                                "inputs": list(lin.aligned.inputs)}
+        if lin.hypothesis:
+            entry["hypothesis"] = True
+        lineages.append(entry)
+    return {"format": FORMAT, "version": VERSION, "name": plan.name, "kind": plan.kind,
+            "world": plan.world,
+            "tensors": {t: {"shape": list(i.shape), "role": i.role}
+                        for t, i in plan.tensors.items()},
+            "nodes": [node_dict(n) for n in plan.nodes], "outputs": list(plan.outputs),
+            "lineages": lineages}
