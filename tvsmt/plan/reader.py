@@ -26,9 +26,12 @@ import io
 import os
 import stat
 from fractions import Fraction
+from itertools import chain, compress, repeat
+from operator import attrgetter
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from tvsmt.errors import PlanError, UnsupportedOperator
 from tvsmt.plan.model import Aligned, Lineage, LineagePart, Node, Plan, TensorInfo
@@ -133,6 +136,10 @@ def _os_reason(e: BaseException) -> str:
 
 
 _DOC = msgspec.json.Decoder(RawPlan)
+_ID, _OP, _PASS, _RANK, _MB = (attrgetter(k) for k in ("id", "op", "pass_", "rank", "mb"))
+_INPUTS, _OUTPUTS, _ATTRS, _SOURCE = (attrgetter(k) for k in
+                                      ("inputs", "outputs", "attrs", "source"))
+_PASS_SET, _NONE = set(PASSES), {None}
 _ANY = msgspec.json.Decoder()
 
 
@@ -177,39 +184,47 @@ def _build(doc: RawPlan, path: str) -> Plan:
     world = doc.world or {}
     if not isinstance(world, dict):
         raise _Reject
-    tensors: dict[str, TensorInfo] = {}
-    for tid, info in doc.tensors.items():
-        shape = tuple(info.shape)
-        if shape and (min(shape) < 0 or max(shape) > MAX_DIM):
-            raise _Reject
-        tensors[tid] = TensorInfo(tid, shape, str(info.role))
+    raw_tensors = doc.tensors
+    dims = [d for info in raw_tensors.values() for d in info.shape]
+    if dims and (min(dims) < 0 or max(dims) > MAX_DIM):
+        raise _Reject
+    tensors = {tid: TensorInfo(tid, tuple(info.shape), info.role if type(info.role) is str
+                               else str(info.role)) for tid, info in raw_tensors.items()}
 
-    nodes: list[Node] = []
-    append = nodes.append
-    written: set[str] = set()
-    add_written = written.add
-    pending: set[str] = set()  # read before any node wrote them
-    add_pending = pending.add
-    ids, ops, passes = set(), set(), set()
-    for r in doc.nodes:
-        ins, outs = r.inputs, r.outputs
-        for t in ins:
-            if t is not None and t not in written:
-                if t not in tensors:
-                    raise _Reject
-                add_pending(t)
-        for t in outs:
-            if t is not None:
-                if t in written or t not in tensors:
-                    raise _Reject
-                add_written(t)
-        append(Node(r.id, r.op, r.pass_, r.rank, r.mb, ins, outs, r.attrs or {}, r.source))
-    ids = {n.id for n in nodes}
-    ops = {n.op for n in nodes}
-    passes = {n.pass_ for n in nodes}
-    if (len(ids) != len(nodes) or not passes <= set(PASSES) or pending & written
+    # The node checks run over flat columns, in C where possible (map, chain, sets, numpy).
+    raw_nodes = doc.nodes
+    ins_col = list(map(_INPUTS, raw_nodes))
+    outs_col = list(map(_OUTPUTS, raw_nodes))
+    ids = list(map(_ID, raw_nodes))
+    ops = set(map(_OP, raw_nodes))
+    passes = set(map(_PASS, raw_nodes))
+    if (len(set(ids)) != len(ids) or not passes <= _PASS_SET
             or any(get_op(op) is None for op in ops)):
         raise _Reject
+    flat_in = list(chain.from_iterable(ins_col))
+    flat_out = list(chain.from_iterable(outs_col))
+    position = np.repeat(np.arange(len(raw_nodes), dtype=np.int64),
+                         np.fromiter(map(len, outs_col), np.int64, len(raw_nodes)))
+    writer = dict(zip(flat_out, position.tolist()))  # hashes each output id once
+    writer.pop(None, None)
+    declared = tensors.keys()
+    if (len(writer) != len(flat_out) - flat_out.count(None)  # a tensor written twice
+            or not all(map(declared.__contains__, writer))):
+        raise _Reject
+    # topological order: every input is written by an earlier node, or by none
+    reader_pos = np.repeat(np.arange(len(raw_nodes), dtype=np.int64),
+                           np.fromiter(map(len, ins_col), np.int64, len(raw_nodes)))
+    written_at = np.fromiter(map(writer.get, flat_in, repeat(-1)), np.int64, len(flat_in))
+    if len(flat_in) and bool((written_at >= reader_pos).any()):
+        raise _Reject
+    unwritten = set(compress(flat_in, (written_at < 0).tolist()))  # graph inputs (and None)
+    unwritten.discard(None)
+    if not unwritten <= declared:
+        raise _Reject
+    nodes = list(map(Node, ids, map(_OP, raw_nodes), map(_PASS, raw_nodes),
+                     map(_RANK, raw_nodes), map(_MB, raw_nodes), ins_col, outs_col,
+                     [a if a is not None else {} for a in map(_ATTRS, raw_nodes)],
+                     map(_SOURCE, raw_nodes)))
 
     outputs = doc.outputs or []
     if any(t not in tensors for t in outputs):

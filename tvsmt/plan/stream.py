@@ -108,6 +108,10 @@ def _lines(path: str, f) -> Iterator[tuple[int, bytes]]:
         data = carry + chunk if carry else chunk
         lines = data.split(b"\n")
         carry = lines.pop()
+        if lines and max(map(len, lines)) > limit:
+            k = next(k for k, line in enumerate(lines) if len(line) > limit)
+            raise PlanError(f"line {lineno + k + 1}: record longer than the limit of {limit} "
+                            f"bytes (set {R.RECORD_LIMIT_ENV} to raise it)", file=path)
         for line in lines:
             lineno += 1
             yield lineno, line
@@ -290,7 +294,8 @@ def _lineage(rec: LineageRec, st: _State, path: str, where: str) -> Lineage:
     except R._Reject:
         pass
     try:  # explain it with the reference validator's words
-        R._lineage(msgspec.to_builtins(rec), index, _Shapes(st.shapes), path, {})
+        R._lineage(msgspec.json.decode(msgspec.json.encode(rec)), index, _Shapes(st.shapes),
+                   path, {})
     except PlanError as e:
         raise PlanError(f"{where}: {e.detail}", file=path, node=e.node, tensor=e.tensor) \
             from None
