@@ -18,7 +18,8 @@ ALL = [[0, 4], [0, 4]]
 
 def copies_pair(moved: float = 2.0, free_b: bool = False) -> tuple[dict, dict]:
     """single: u = x/2; (a, b) = multiref(u); c = b/3.
-    parallel: u computed on rank 0, moved through rank 1 (a pass-through stage), and on rank 2
+    parallel: u computed on rank 0, moved through rank 1 (a pass-through stage), and on
+    rank 2
     a = identity(u), b = identity(a) (nnScaler's form of the multiref copies), c = b/3.
     `moved`: the divisor of the tensor actually moved (2.0 = right: u@0 itself is moved). `free_b`: b comes from a
     graph input that no lineage relates (a real gap)."""

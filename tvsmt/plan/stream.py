@@ -93,8 +93,9 @@ def iter_records(path: str | os.PathLike, f=None) -> Iterator[Any]:
         yield from _records(path, f)
 
 
-def _lines(path: str, f) -> Iterator[tuple[int, bytes]]:
-    """(line number, line bytes without the newline), refusing over-long lines."""
+def _blocks(path: str, f) -> Iterator[tuple[int, list[bytes], bytes]]:
+    """(number of lines before, the lines, their bytes with newlines) per chunk read,
+    refusing over-long lines."""
     limit = R.byte_limit(R.RECORD_LIMIT_ENV, R.DEFAULT_RECORD_LIMIT)
     carry, lineno = b"", 0
     while True:
@@ -112,14 +113,38 @@ def _lines(path: str, f) -> Iterator[tuple[int, bytes]]:
             k = next(k for k, line in enumerate(lines) if len(line) > limit)
             raise PlanError(f"line {lineno + k + 1}: record longer than the limit of {limit} "
                             f"bytes (set {R.RECORD_LIMIT_ENV} to raise it)", file=path)
-        for line in lines:
-            lineno += 1
-            yield lineno, line
+        if lines:
+            yield lineno, lines, data[:len(data) - len(carry)]
+            lineno += len(lines)
         if len(carry) > limit:
             raise PlanError(f"line {lineno + 1}: record longer than the limit of {limit} bytes "
                             f"(set {R.RECORD_LIMIT_ENV} to raise it)", file=path)
     if carry:
-        yield lineno + 1, carry
+        yield lineno, [carry], carry
+
+
+def _decode_block(path: str, base: int, lines: list[bytes], block: bytes) -> list:
+    """The records of a block: one decoder call, or line by line to name a bad line."""
+    try:
+        recs = _LINES.decode_lines(block)
+        if len(recs) == len(lines):
+            return recs
+    except (msgspec.DecodeError, RecursionError):
+        pass
+    out = []
+    for k, line in enumerate(lines):
+        where = f"line {base + k + 1}"
+        try:
+            out.append(_LINES.decode(line))
+        except msgspec.ValidationError as e:
+            raise PlanError(f"{where}: malformed record: {e}", file=path) from None
+        except msgspec.DecodeError as e:
+            if not line.strip():
+                raise PlanError(f"{where}: empty line", file=path) from None
+            raise PlanError(f"{where}: not valid JSON: {e}", file=path) from None
+        except RecursionError:
+            raise PlanError(f"{where}: not valid JSON: nested too deeply", file=path) from None
+    return out
 
 
 def _records(path: str, f) -> Iterator[Any]:
@@ -131,66 +156,63 @@ def _records(path: str, f) -> Iterator[Any]:
     trailer: TrailerRec | None = None
     phase = 0  # 0 tensors/nodes/sections, 1 lineages
     section = -1
-    for lineno, line in _lines(path, f):
-        where = f"line {lineno}"
+    lineno = 0
+    for base, lines, block in _blocks(path, f):
         if trailer is not None:
-            if line.strip():
-                raise PlanError(f"{where}: a record after the trailer", file=path)
-            continue
-        try:
-            rec = _LINES.decode(line)
-        except msgspec.ValidationError as e:
-            raise PlanError(f"{where}: malformed record: {e}", file=path) from None
-        except msgspec.DecodeError as e:
-            if not line.strip():
-                raise PlanError(f"{where}: empty line", file=path) from None
-            raise PlanError(f"{where}: not valid JSON: {e}", file=path) from None
-        except RecursionError:
-            raise PlanError(f"{where}: not valid JSON: nested too deeply", file=path) from None
-        if header is None:
-            if type(rec) is not HeaderRec:
-                raise PlanError(f"{where}: the first record must be the header, not "
-                                f"{type(rec).__name__[:-3].lower()}", file=path)
-            header = _header(rec, path)
-            crc = zlib.crc32(line + b"\n", crc)
-            yield header
-            continue
-        kind = type(rec)
-        if kind is TrailerRec:
-            trailer = rec
-            continue
-        crc = zlib.crc32(line + b"\n", crc)
-        if kind is NodeRec:
-            if phase:
-                raise PlanError(f"{where}: a node after the lineages (records out of order)",
-                                file=path, node=rec.id)
-            yield _node(rec, st, path, where, get_op)
-        elif kind is TensorRec:
-            if phase:
-                raise PlanError(f"{where}: a tensor after the lineages (records out of "
-                                "order)", file=path, tensor=rec.id)
-            yield _tensor(rec, st, path, where)
-        elif kind is LineageRec:
-            phase = 1
-            if header.kind == "single":
-                raise PlanError(f"{where}: a single plan carries no lineages", file=path)
-            yield _lineage(rec, st, path, where)
-        elif kind is SectionRec:
-            if rec.index != section + 1:
-                raise PlanError(f"{where}: section #{rec.index} ({rec.name}) where #"
-                                f"{section + 1} was expected: a section is missing or out of "
-                                "order", file=path)
-            section = rec.index
-            st.counts["section"] += 1
-            yield Section(rec.index, rec.name)
+            raise PlanError(f"line {base + 1}: a record after the trailer", file=path)
+        recs = _decode_block(path, base, lines, block)
+        end = len(recs)
+        if type(recs[-1]) is TrailerRec:
+            trailer, end = recs[-1], end - 1
+            crc = zlib.crc32(block[:len(block) - len(lines[-1]) - 1]
+                             if block.endswith(b"\n") else block[:len(block) - len(lines[-1])],
+                             crc)
         else:
-            raise PlanError(f"{where}: a second header (records from another plan)",
-                            file=path)
+            crc = zlib.crc32(block, crc)
+        for k in range(end):
+            rec = recs[k]
+            kind = type(rec)
+            if kind is NodeRec:
+                if phase:
+                    raise PlanError(f"line {base + k + 1}: a node after the lineages (records "
+                                    "out of order)", file=path, node=rec.id)
+                yield _node(rec, st, path, base + k + 1, get_op)
+            elif kind is TensorRec:
+                if phase:
+                    raise PlanError(f"line {base + k + 1}: a tensor after the lineages (records "
+                                    "out of order)", file=path, tensor=rec.id)
+                yield _tensor(rec, st, path, base + k + 1)
+            elif header is None:
+                if kind is not HeaderRec:
+                    raise PlanError(f"line {base + k + 1}: the first record must be the "
+                                    f"header, not {kind.__name__[:-3].lower()}", file=path)
+                header = _header(rec, path)
+                yield header
+            elif kind is LineageRec:
+                phase = 1
+                if header.kind == "single":
+                    raise PlanError(f"line {base + k + 1}: a single plan carries no lineages",
+                                    file=path)
+                yield _lineage(rec, st, path, f"line {base + k + 1}")
+            elif kind is SectionRec:
+                if rec.index != section + 1:
+                    raise PlanError(f"line {base + k + 1}: section #{rec.index} ({rec.name}) "
+                                    f"where #{section + 1} was expected: a section is missing "
+                                    "or out of order", file=path)
+                section = rec.index
+                st.counts["section"] += 1
+                yield Section(rec.index, rec.name)
+            elif kind is TrailerRec:
+                raise PlanError(f"line {base + k + 1}: a record after the trailer", file=path)
+            else:
+                raise PlanError(f"line {base + k + 1}: a second header (records from another "
+                                "plan)", file=path)
+        lineno = base + len(lines)
     if header is None:
         raise PlanError("empty file: no header record", file=path)
     if trailer is None:
-        raise PlanError(f"truncated after line {lineno if header else 0}: no trailer record "
-                        "(the write did not finish)", file=path)
+        raise PlanError(f"truncated after line {lineno}: no trailer record (the write did "
+                        "not finish)", file=path)
     _check_trailer(header, trailer, st, crc, path)
     if st.pending & st.written:
         t = sorted(st.pending & st.written)[0]
@@ -221,53 +243,60 @@ def _header(rec: HeaderRec, path: str) -> StreamHeader:
                         rec.sections)
 
 
-def _tensor(rec: TensorRec, st: _State, path: str, where: str) -> TensorInfo:
+def _tensor(rec: TensorRec, st: _State, path: str, lineno: int) -> TensorInfo:
     tid = rec.id
     if tid in st.shapes:
-        raise PlanError(f"{where}: tensor declared twice", file=path, tensor=tid)
+        raise PlanError(f"line {lineno}: tensor declared twice", file=path, tensor=tid)
     shape = tuple(rec.shape)
-    if shape and min(shape) < 0:
+    if shape and (min(shape) < 0 or max(shape) > R.MAX_DIM):
+        return _bad_tensor(shape, tid, path, f"line {lineno}")
+    st.shapes[tid] = shape
+    st.counts["tensor"] += 1
+    return TensorInfo(tid, shape, rec.role if type(rec.role) is str else str(rec.role))
+
+
+def _bad_tensor(shape, tid: str, path: str, where: str):
+    if min(shape) < 0:
         raise PlanError(f"{where}: negative dimension", file=path, tensor=tid)
     if shape and max(shape) > R.MAX_DIM:
         raise PlanError(f"{where}: dimension larger than 2**53 (the largest size tvsmt "
                         "handles exactly)", file=path, tensor=tid)
-    st.shapes[tid] = shape
-    st.counts["tensor"] += 1
-    return TensorInfo(tid, shape, str(rec.role))
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _node(rec: NodeRec, st: _State, path: str, where: str, get_op) -> Node:
+def _node(rec: NodeRec, st: _State, path: str, lineno: int, get_op) -> Node:
     nid, op = rec.id, rec.op
     if nid in st.node_ids:
-        raise PlanError(f"{where}: node id used twice", file=path, node=nid)
+        raise PlanError(f"line {lineno}: node id used twice", file=path, node=nid)
     st.node_ids.add(nid)
     if op not in st.ops:
         if get_op(op) is None:
-            raise UnsupportedOperator(f"{where}: unknown operator {op!r}", file=path, node=nid)
+            raise UnsupportedOperator(f"line {lineno}: unknown operator {op!r}", file=path,
+                                      node=nid)
         st.ops.add(op)
     if rec.pass_ not in R.PASSES:
-        raise PlanError(f"{where}: 'pass' must be fw, bw or null, not {rec.pass_!r}",
+        raise PlanError(f"line {lineno}: 'pass' must be fw, bw or null, not {rec.pass_!r}",
                         file=path, node=nid)
     shapes, written = st.shapes, st.written
     for t in rec.inputs:
         if t is not None and t not in written:
             if t not in shapes:
-                raise PlanError(f"{where}: reads an undeclared tensor (tensor records come "
-                                "before the records naming them)", file=path, node=nid,
+                raise PlanError(f"line {lineno}: reads an undeclared tensor (tensor records "
+                                "come before the records naming them)", file=path, node=nid,
                                 tensor=t)
             st.pending.add(t)
     for t in rec.outputs:
         if t is None:
             continue
         if t not in shapes:
-            raise PlanError(f"{where}: writes an undeclared tensor (tensor records come before "
-                            "the records naming them)", file=path, node=nid, tensor=t)
+            raise PlanError(f"line {lineno}: writes an undeclared tensor (tensor records come "
+                            "before the records naming them)", file=path, node=nid, tensor=t)
         if t in written:
-            raise PlanError(f"{where}: tensor written twice: the plan is not SSA", file=path,
-                            node=nid, tensor=t)
+            raise PlanError(f"line {lineno}: tensor written twice: the plan is not SSA",
+                            file=path, node=nid, tensor=t)
         if t in st.pending:
-            raise PlanError(f"{where}: writes a tensor that an earlier node read (nodes out of "
-                            "topological order)", file=path, node=nid, tensor=t)
+            raise PlanError(f"line {lineno}: writes a tensor that an earlier node read (nodes "
+                            "out of topological order)", file=path, node=nid, tensor=t)
         written.add(t)
     st.counts["node"] += 1
     return Node(nid, op, rec.pass_, rec.rank, rec.mb, rec.inputs, rec.outputs, rec.attrs or {},
