@@ -258,3 +258,23 @@ def test_a_failed_write_removes_its_partial_file(tmp_path):
             w.tensor("t", [1])
             raise RuntimeError("producer failed")
     assert os.listdir(tmp_path) == []
+
+
+def test_records_come_out_before_the_end_is_read(tmp_path):
+    """The iterator streams: a consumer gets records before the file's end is reached (and
+    learns only at the end that the file is truncated)."""
+    lines = lines_of(tmp_path)
+    path = write_lines(tmp_path, lines[:-1])
+    got = []
+    with pytest.raises(PlanError, match="truncated"):
+        for rec in iter_records(path):
+            got.append(rec)
+    assert isinstance(got[0], StreamHeader)
+    assert sum(isinstance(r, Node) for r in got) == sum('"r":"node"' in x for x in lines)
+
+
+def test_a_tensor_declared_twice(tmp_path):
+    lines = lines_of(tmp_path)
+    k = next(i for i, x in enumerate(lines) if '"r":"tensor"' in x)
+    expect_error(write_lines(tmp_path, lines[:k + 1] + [lines[k]] + lines[k + 1:]),
+                 f"line {k + 2}", "declared twice")
