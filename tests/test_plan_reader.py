@@ -12,7 +12,7 @@ from handmade import parallel_mlp, single_mlp
 
 from tvsmt.cli import main
 from tvsmt.errors import PlanError
-from tvsmt.plan import load_plan
+from tvsmt.plan import load_plan, plan_from_dict
 
 
 def write(path, data, gz=False):
@@ -164,3 +164,145 @@ def test_malformed_attributes_are_one_line_errors(tmp_path, op, attrs, words):
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     for w in words:
         assert w in err, (w, err)
+
+
+# ------------------------------------------------------------------ the fast path and limits
+
+
+def _damage(plan: dict, rng) -> None:
+    junk = [None, -1, 0, 7, 2.5, "x", "", [], {}, [1, "a"], {"a": 1}, True, [[0, 99]],
+            2**60, [[0, 2**54]], 1.0]
+    node = plan
+    path = []
+    while isinstance(node, (dict, list)) and node and rng.random() < 0.85:
+        key = rng.choice(list(node)) if isinstance(node, dict) else rng.randrange(len(node))
+        path.append((node, key))
+        node = node[key]
+    if not path:
+        return
+    parent, key = path[-1]
+    if isinstance(parent, dict) and rng.random() < 0.3:
+        del parent[key]
+    elif isinstance(parent, list) and rng.random() < 0.2:
+        parent.insert(key, copy.deepcopy(parent[key]))  # a duplicate (id, write, part)
+    else:
+        parent[key] = copy.deepcopy(rng.choice(junk))
+
+
+def _outcome(fn):
+    try:
+        p = fn()
+    except PlanError as e:
+        return ("error", str(e))
+    return ("plan", p.name, p.kind, p.world, p.tensors, p.nodes, [n.attrs for n in p.nodes],
+            p.outputs, p.lineages)
+
+
+@pytest.mark.parametrize("seed", range(400))
+def test_fast_path_agrees_with_the_reference_validator(seed):
+    """load_plan's typed fast path accepts exactly what plan_from_dict accepts, builds the
+    same plan, and words every error the same way."""
+    import random
+
+    from tvsmt.plan.reader import decode_document
+
+    rng = random.Random(seed)
+    plan = rng.choice([single_mlp, parallel_mlp])()
+    for _ in range(rng.randint(1, 2)):
+        _damage(plan, rng)
+    text = json.dumps(plan).encode()
+    fast = _outcome(lambda: decode_document(text, "p.json"))
+    reference = _outcome(lambda: plan_from_dict(json.loads(text), "p.json"))
+    assert fast == reference
+
+
+def one_line_exit_2(result, *words):
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    err = result.output.strip()
+    assert len(err.splitlines()) == 1, err
+    for leak in ("Traceback", "NoneType", "index out of range", "RecursionError"):
+        assert leak not in err, err
+    for w in words:
+        assert w in err, (w, err)
+    return err
+
+
+def verify_with(tmp_path, parallel_text: bytes, name="parallel.json"):
+    s = write(tmp_path / "single.json", single_mlp())
+    p = tmp_path / name
+    p.write_bytes(parallel_text)
+    return CliRunner().invoke(main, ["verify", s, str(p), "--no-corpus"])
+
+
+def test_deeply_nested_json(tmp_path):
+    text = b'{"format": "tvsmt.execplan", "world": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    one_line_exit_2(verify_with(tmp_path, text), "parallel.json", "nested too deeply")
+
+
+@pytest.mark.parametrize("where", ["scale", "shape"])
+def test_a_5000_digit_integer(tmp_path, where):
+    p = parallel_mlp()
+    big = "9" * 5000
+    text = json.dumps(p)
+    if where == "scale":
+        p["lineages"][0]["parts"][0]["scale"] = [1, 2]
+        text = json.dumps(p).replace('"scale": [1, 2]', f'"scale": [{big}, 2]')
+    else:
+        text = text.replace('"shape": [8, 8]', f'"shape": [8, {big}]', 1)
+    assert big in text
+    one_line_exit_2(verify_with(tmp_path, text.encode()), "parallel.json", "out of range")
+
+
+def test_dimensions_beyond_2_53(tmp_path):
+    p = parallel_mlp()
+    t = next(iter(p["tensors"]))
+    p["tensors"][t]["shape"] = [2**54, 8]
+    one_line_exit_2(verify_with(tmp_path, json.dumps(p).encode()), "parallel.json", t,
+                    "2**53")
+    p = parallel_mlp()
+    p["tensors"][t]["shape"] = [2**70, 8]
+    one_line_exit_2(verify_with(tmp_path, json.dumps(p).encode()), "parallel.json", t)
+
+
+def test_dev_zero_is_refused_at_once(tmp_path):
+    s = write(tmp_path / "single.json", single_mlp())
+    result = CliRunner().invoke(main, ["verify", s, "/dev/zero", "--no-corpus"])
+    one_line_exit_2(result, "/dev/zero", "not a JSON plan")
+
+
+def test_gzip_bombs_are_bounded(tmp_path, monkeypatch):
+    zeros = tmp_path / "zeros.json.gz"
+    with gzip.open(zeros, "wb") as f:
+        for _ in range(256):
+            f.write(bytes(1 << 20))  # 256 MiB of zeros in a few hundred KiB
+    s = write(tmp_path / "single.json", single_mlp())
+    r = CliRunner().invoke(main, ["verify", s, str(zeros), "--no-corpus"])
+    one_line_exit_2(r, "zeros.json.gz", "not a JSON plan")
+    spaces = tmp_path / "spaces.json.gz"
+    with gzip.open(spaces, "wb") as f:
+        f.write(b"{")
+        for _ in range(64):
+            f.write(b" " * (1 << 20))
+    monkeypatch.setenv("TVSMT_MAX_PLAN_BYTES", str(16 << 20))
+    r = CliRunner().invoke(main, ["verify", s, str(spaces), "--no-corpus"])
+    one_line_exit_2(r, "spaces.json.gz", "larger than the limit", "TVSMT_MAX_PLAN_BYTES")
+    monkeypatch.setenv("TVSMT_MAX_PLAN_BYTES", "lots")
+    r = CliRunner().invoke(main, ["verify", s, str(spaces), "--no-corpus"])
+    one_line_exit_2(r, "TVSMT_MAX_PLAN_BYTES", "positive number")
+
+
+def test_control_characters_in_names_are_escaped(tmp_path):
+    p = parallel_mlp()
+    node(p, "n2@1")["op"] = "evil\x1b[31m\nop"
+    bad = tmp_path / "par\nallel\x1b[2J.json"
+    bad.write_text(json.dumps(p))
+    s = write(tmp_path / "single.json", single_mlp())
+    r = CliRunner().invoke(main, ["verify", s, str(bad), "--no-corpus"])
+    err = one_line_exit_2(r, "par\\nallel\\x1b[2J.json", "evil\\x1b[31m\\nop")
+    assert "\x1b" not in err
+
+
+def test_a_directory_is_not_a_plan(tmp_path):
+    with pytest.raises(PlanError, match="is a directory"):
+        load_plan(tmp_path)

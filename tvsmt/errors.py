@@ -18,6 +18,14 @@ class TvsmtError(Exception):
     """Base class of every error tvsmt reports to the user."""
 
 
+def shown(text: str) -> str:
+    """`text` with control characters escaped (a newline or an ANSI escape in a file name or
+    id must not break the one-line message or drive the terminal)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class InputError(TvsmtError):
     """Malformed or unsupported input. The message names the file and the node/tensor."""
 
@@ -32,8 +40,8 @@ class InputError(TvsmtError):
         if tensor:
             where.append(f"tensor {tensor}")
         prefix = ": ".join(where)
-        super().__init__(f"{prefix}: {message}" if prefix else message)
-        self.detail = message
+        super().__init__(shown(f"{prefix}: {message}" if prefix else message))
+        self.detail = shown(message)
 
 
 PlanError = InputError  # the historical name, used throughout the readers

@@ -12,6 +12,8 @@ import json
 import os
 from typing import Any, Sequence
 
+from tvsmt.plan import load_plan
+
 FORMAT, VERSION = "tvsmt.execplan", 1
 
 
@@ -77,21 +79,154 @@ class PlanBuilder:
 
 
 def write_plan(path: str | os.PathLike, plan: dict[str, Any]) -> str:
-    """Write one plan as JSON (gzip-compressed when the name ends in .gz)."""
+    """Write one plan atomically: JSON Lines when the name ends in .jsonl or .jsonl.gz
+    (tvsmt.plan.stream), else one JSON document; gzip-compressed when it ends in .gz. The
+    file appears under its name only once complete (a temporary file is renamed over it)."""
     path = os.fspath(path)
-    text = json.dumps(plan, separators=(",", ":"))
-    if path.endswith(".gz"):
-        with gzip.open(path, "wt", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+    if path.endswith((".jsonl", ".jsonl.gz")):
+        from tvsmt.plan.stream import write_stream
+
+        return write_stream(path, plan)
+    folder, base = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{base}.partial-{os.getpid()}")
+    text = json.dumps(plan, separators=(",", ":"), allow_nan=False).encode()
+    try:
+        with open(tmp, "wb") as raw:
+            if path.endswith(".gz"):
+                with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as f:
+                    f.write(text)
+            else:
+                raw.write(text)
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return path
 
 
 def read_plan_dict(path: str | os.PathLike) -> dict[str, Any]:
-    """The raw dict of a plan file (no validation: that is tvsmt.plan's job)."""
+    """The raw dict of a plan file in either form (a JSON Lines plan is validated on the way:
+    tvsmt.plan.stream; a document is not: that is tvsmt.plan's job)."""
     path = os.fspath(path)
+    if path.endswith((".jsonl", ".jsonl.gz")):
+        return plan_dict(load_plan(path))
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
         return json.load(f)
+
+
+def plan_dict(plan) -> dict[str, Any]:
+    """A loaded `Plan` back as an execplan document dict."""
+    from tvsmt.plan.stream import node_dict, part_dict
+
+    lineages = []
+    for lin in plan.lineages:
+        entry: dict[str, Any] = {"single": lin.single, "parts": [part_dict(p) for p in lin.parts]}
+        if lin.aligned is not None:
+            entry["aligned"] = {"single": list(lin.aligned.single),
+                                "parallel": list(lin.aligned.parallel),
+                                "inputs": list(lin.aligned.inputs)}
+        if lin.hypothesis:
+            entry["hypothesis"] = True
+        lineages.append(entry)
+    return {"format": FORMAT, "version": VERSION, "name": plan.name, "kind": plan.kind,
+            "world": plan.world,
+            "tensors": {t: {"shape": list(i.shape), "role": i.role}
+                        for t, i in plan.tensors.items()},
+            "nodes": [node_dict(n) for n in plan.nodes], "outputs": list(plan.outputs),
+            "lineages": lineages}
+
+
+def write_unit_source(path: str | os.PathLike, source) -> str:
+    """Write a unit source's parallel plan (tvsmt.fold.source.UnitSource, e.g. the generator's
+    `StreamedPlan`) in the JSON Lines form, one (replica, micro-batch) unit at a time: the
+    plan is never held whole, only the replica units and the records of no unit.
+
+    Sections: first the tensors of the replica units and of no unit (weights, gradients),
+    then one section per instance unit with its tensors and nodes, then the lineages. The
+    nodes of the replica units and of no unit (gradient accumulation, reducers) are written
+    as soon as every tensor they read has been written (a dependency count), so the order is
+    topological; the reader checks it again."""
+    import heapq
+
+    from tvsmt.plan.stream import StreamWriter, node_dict, part_dict
+
+    header = source.header
+    units = source.units()
+    instances = [u for u in units if u[1] is not None]
+    replicas = [u for u in units if u[1] is None]
+    glob = source.global_records()
+    replica_recs = [source.records(u) for u in replicas]
+    held = [n for recs in (*replica_recs, glob) for _, n in sorted(recs.nodes,
+                                                                      key=lambda x: x[0])]
+    held_tensors = {t.id for recs in (*replica_recs, glob) for t in recs.tensors}
+    held_outputs = {t for n in held for t in n.outputs if t is not None}
+    waiting: dict[str, list[int]] = {}
+    missing = [0] * len(held)
+    for k, n in enumerate(held):
+        for t in dict.fromkeys(x for x in n.inputs if x is not None):
+            if t in held_outputs or t not in held_tensors:  # written later, or a unit's
+                waiting.setdefault(t, []).append(k)
+                missing[k] += 1
+    ready = [k for k, c in enumerate(missing) if c == 0]
+    heapq.heapify(ready)
+    parts: dict[int, list] = {}
+
+    def keep_parts(recs) -> None:
+        for lin, pos, p in recs.parts:
+            parts.setdefault(lin, []).append((pos, part_dict(p)))
+
+    def satisfied(t: str) -> None:
+        for k in waiting.pop(t, ()):
+            missing[k] -= 1
+            if missing[k] == 0:
+                heapq.heappush(ready, k)
+
+    def emit(w, n) -> None:
+        w.node(node_dict(n))
+        for t in n.outputs:
+            if t is not None and t in waiting:
+                satisfied(t)
+
+    def drain(w) -> None:
+        while ready:
+            emit(w, held[heapq.heappop(ready)])
+
+    with StreamWriter(path, "parallel", header.name, header.world, (),
+                      sections=len(instances) + 2) as w:
+        w.section("tensors of the replica units and of no unit")
+        for recs in (*replica_recs, glob):
+            for t in recs.tensors:
+                w.tensor(t.id, t.shape, t.role)
+        drain(w)
+        for u in instances:
+            recs = source.records(u)
+            w.section(f"unit replica {u[0]} micro-batch {u[1]}")
+            for t in recs.tensors:
+                w.tensor(t.id, t.shape, t.role)
+            for _, n in sorted(recs.nodes, key=lambda x: x[0]):
+                emit(w, n)
+            for t in recs.tensors:  # a unit's tensor that it did not write: a graph input
+                if t.id in waiting and t.id not in held_outputs:
+                    satisfied(t.id)
+            keep_parts(recs)
+            drain(w)
+        left = [k for k, c in enumerate(missing) if c > 0]
+        for k in left:  # nothing will unblock these: written as they come (the reader judges)
+            w.node(node_dict(held[k]))
+        for recs in (*replica_recs, glob):
+            keep_parts(recs)
+        w.section("lineages")
+        for lin in header.lineages:
+            entry = {"single": lin.single,
+                     "parts": [p for _, p in sorted(parts.get(lin.index, ()),
+                                                    key=lambda x: x[0])]}
+            if lin.hypothesis:
+                entry["hypothesis"] = True
+            w.lineage(entry)
+    return os.fspath(path)

@@ -44,16 +44,27 @@ def plan():
 @click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages.")
 @click.option("--mb", type=int, default=1, show_default=True, help="Micro-batches.")
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), required=True,
-              help="Folder for single.json.gz and parallel.json.gz.")
-def generate(model, layers, hidden, heads, ffn, vocab, seq, batch, dp, tp, pp, mb, out_dir):
+              help="Folder for single.json.gz and parallel.json.gz (or .jsonl.gz).")
+@click.option("--format", "form", type=click.Choice(["json", "jsonl"]), default="json",
+              show_default=True,
+              help="json: one JSON document per plan; jsonl: the streaming form, one record "
+                   "per line (docs/format.md), written unit by unit for llama3 worlds with "
+                   "more than 2 replicas or micro-batches, so that no plan is held whole. "
+                   "Files appear only once complete.")
+def generate(model, layers, hidden, heads, ffn, vocab, seq, batch, dp, tp, pp, mb, out_dir,
+             form):
     """Write a (single, parallel) plan pair of one training iteration."""
     from tvsmt.frontends.generator import generate_pair, write_pair_dicts
 
+    if form == "jsonl" and model == "llama3" and batch is None and (dp > 2 or mb > 2):
+        return _generate_streamed(layers, hidden, heads, ffn, vocab, seq, dp, tp, pp, mb,
+                                  out_dir)
+    suffix = ".jsonl.gz" if form == "jsonl" else ".json.gz"
     try:
         single, parallel = generate_pair(model, layers=layers, hidden=hidden, heads=heads,
                                          ffn=ffn, vocab=vocab, seq=seq, batch=batch, dp=dp,
                                          tp=tp, pp=pp, mb=mb)
-        s_path, p_path = write_pair_dicts(out_dir, single, parallel)
+        s_path, p_path = write_pair_dicts(out_dir, single, parallel, suffix=suffix)
     except ValueError as e:
         raise PlanInputError(str(e)) from None
     except OSError as e:
@@ -61,6 +72,27 @@ def generate(model, layers, hidden, heads, ffn, vocab, seq, batch, dp, tp, pp, m
     click.echo(f"{s_path}: {len(single['nodes'])} nodes")
     click.echo(f"{p_path}: {len(parallel['nodes'])} nodes on {parallel['world']['ranks']} ranks, "
                f"{len(parallel['lineages'])} lineages")
+
+
+def _generate_streamed(layers, hidden, heads, ffn, vocab, seq, dp, tp, pp, mb, out_dir):
+    """The streaming form of a large generated pair, unit by unit (tvsmt.frontends.stream)."""
+    from tvsmt.fold.folder import FoldRefused
+    from tvsmt.frontends.builder import plan_dict, write_plan, write_unit_source
+    from tvsmt.frontends.stream import StreamedPlan
+
+    try:
+        source = StreamedPlan("llama3", layers=layers, hidden=hidden, heads=heads, ffn=ffn,
+                              vocab=vocab, seq=seq, dp=dp, tp=tp, pp=pp, mb=mb)
+        os.makedirs(out_dir, exist_ok=True)
+        s_path = write_plan(os.path.join(out_dir, "single.jsonl.gz"), plan_dict(source.single))
+        p_path = write_unit_source(os.path.join(out_dir, "parallel.jsonl.gz"), source)
+    except (ValueError, FoldRefused) as e:
+        raise PlanInputError(str(e)) from None
+    except OSError as e:
+        raise PlanInputError(f"cannot write {out_dir}: {e}") from None
+    click.echo(f"{s_path}: {len(source.single.nodes)} nodes")
+    click.echo(f"{p_path}: {source.header.world.get('ranks')} ranks, "
+               f"{len(source.header.lineages)} lineages, written unit by unit")
 
 
 @plan.command()

@@ -182,12 +182,13 @@ def write_pair(out_dir: str | os.PathLike, model: str = "llama3", **kw) -> tuple
     return write_pair_dicts(out_dir, single, parallel)
 
 
-def write_pair_dicts(out_dir: str | os.PathLike, single: dict, parallel: dict
-                     ) -> tuple[str, str]:
+def write_pair_dicts(out_dir: str | os.PathLike, single: dict, parallel: dict,
+                     suffix: str = ".json.gz") -> tuple[str, str]:
+    """Write single{suffix} and parallel{suffix} (".jsonl.gz": the streaming form)."""
     out_dir = os.fspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    return (write_plan(os.path.join(out_dir, "single.json.gz"), single),
-            write_plan(os.path.join(out_dir, "parallel.json.gz"), parallel))
+    return (write_plan(os.path.join(out_dir, "single" + suffix), single),
+            write_plan(os.path.join(out_dir, "parallel" + suffix), parallel))
 
 
 __all__ = ["ModelConfig", "World", "generate_pair", "write_pair", "write_pair_dicts",

@@ -3,43 +3,289 @@
 Everything a plan producer can get wrong is checked here, once, and reported as a one-line
 `PlanError` naming the file and the node or tensor: later phases may trust the dataclasses.
 Checks that need both plans (lineages refer to single-plan tensors) are in `check_pair`.
+
+Two forms (docs/format.md): one JSON document (`.json`, `.json.gz`) or JSON Lines, one record
+per line (`.jsonl`, `.jsonl.gz`, read by `tvsmt.plan.stream`); `load_plan` tells them apart by
+name and content. A document is decoded by msgspec straight into typed structs
+(`tvsmt.plan.schema`) and checked by `_build`, a loop that only says yes or no; when it says
+no (or the types do not fit), the document is decoded again generically and `plan_from_dict`,
+the reference validator, finds and words the error. So the fast path costs nothing in
+messages, and it can never accept what `plan_from_dict` refuses (tests/test_plan_reader.py
+compares both on damaged plans).
+
+Limits (bounded time and memory on hostile input): a document's decompressed text may not
+exceed TVSMT_MAX_PLAN_BYTES (default 1 GiB); a JSON Lines record may not exceed
+TVSMT_MAX_RECORD_BYTES (default 64 MiB); JSON nesting deeper than the decoder's limit, an
+integer beyond 64 bits and a dimension or slice bound above 2**53 are refused.
 """
 
 from __future__ import annotations
 
 import gzip
-import json
+import io
 import os
+import stat
 from fractions import Fraction
+from itertools import chain, compress, repeat
+from operator import attrgetter
 from typing import Any
+
+import msgspec
+import numpy as np
 
 from tvsmt.errors import PlanError, UnsupportedOperator
 from tvsmt.plan.model import Aligned, Lineage, LineagePart, Node, Plan, TensorInfo
+from tvsmt.plan.schema import RawPlan
 
 FORMAT = "tvsmt.execplan"
 VERSION = 1
 KINDS = ("single", "parallel")
 PASSES = ("fw", "bw", None)
+MAX_DIM = 2**53  # dimensions and slice bounds: beyond this, sizes are no longer exact floats
+PLAN_LIMIT_ENV, RECORD_LIMIT_ENV = "TVSMT_MAX_PLAN_BYTES", "TVSMT_MAX_RECORD_BYTES"
+DEFAULT_PLAN_LIMIT, DEFAULT_RECORD_LIMIT = 1 << 30, 64 << 20
+GZIP_MAGIC = b"\x1f\x8b"
+STREAM_SUFFIXES = (".jsonl", ".jsonl.gz")
+STREAM_START = b'{"r":"header"'
+_CHUNK = 16 << 20
+
+
+def byte_limit(env: str, default: int) -> int:
+    """A size limit from the environment (a positive number of bytes)."""
+    value = os.environ.get(env)
+    if value is None or value == "":
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise PlanError(f"{env} must be a positive number of bytes, not {value!r}")
+    return n
+
+
+def open_binary(path: str):
+    """The plan file as a binary stream, decompressed when it is gzip (by its magic bytes)."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise PlanError("no such file", file=path) from None
+    except IsADirectoryError:
+        raise PlanError("is a directory, not a plan file", file=path) from None
+    except OSError as e:
+        raise PlanError(f"cannot read plan: {e.strerror or e}", file=path) from None
+    try:
+        magic = f.read(2)
+        f.seek(0)
+    except OSError:  # a pipe or a device: no seek, no gzip
+        return f
+    if magic == GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=f, mode="rb")
+    return f
+
+
+def is_stream(path: str, head: bytes) -> bool:
+    return path.endswith(STREAM_SUFFIXES) or head.lstrip().startswith(STREAM_START)
+
+
+def read_document(path: str, f, limit: int) -> bytes:
+    """The whole (decompressed) text, refusing more than `limit` bytes."""
+    raw = f.raw if isinstance(f, io.BufferedReader) else None
+    if raw is not None:
+        st = os.fstat(raw.fileno())
+        if stat.S_ISREG(st.st_mode) and st.st_size > limit:
+            raise _too_big(path, limit)
+    chunks, total = [], 0
+    while True:
+        chunk = f.read(min(_CHUNK, limit + 1 - total))
+        if not chunk:
+            break
+        if not chunks and chunk.lstrip()[:1] not in (b"{", b""):
+            raise PlanError(f"not a JSON plan (starts with byte {chunk.lstrip()[:1]!r})",
+                            file=path)
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            raise _too_big(path, limit)
+    return b"".join(chunks)
+
+
+def _too_big(path: str, limit: int) -> PlanError:
+    return PlanError(f"plan is larger than the limit of {limit} bytes (set {PLAN_LIMIT_ENV} to "
+                     "raise it, or use the JSON Lines form)", file=path)
 
 
 def load_plan(path: str | os.PathLike) -> Plan:
-    """Read a `.json` or `.json.gz` execplan file and validate it on its own."""
+    """Read an execplan file in either form and validate it on its own."""
     path = os.fspath(path)
     try:
-        if path.endswith(".gz"):
-            with gzip.open(path, "rt", encoding="utf-8") as f:
-                data = json.load(f)
-        else:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-    except FileNotFoundError:
-        raise PlanError("no such file", file=path) from None
-    except (OSError, EOFError, UnicodeDecodeError) as e:
-        raise PlanError(f"cannot read plan: {e}", file=path) from None
-    except json.JSONDecodeError as e:
-        raise PlanError(f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
-                        file=path) from None
-    return plan_from_dict(data, path)
+        with open_binary(path) as f:
+            head = f.peek(64)[:64] if hasattr(f, "peek") else b""
+            if is_stream(path, head):
+                from tvsmt.plan.stream import read_stream
+
+                return read_stream(path, f)
+            text = read_document(path, f, byte_limit(PLAN_LIMIT_ENV, DEFAULT_PLAN_LIMIT))
+    except (OSError, EOFError) as e:
+        raise PlanError(f"cannot read plan: {_os_reason(e)}", file=path) from None
+    return decode_document(text, path)
+
+
+def _os_reason(e: BaseException) -> str:
+    return getattr(e, "strerror", None) or str(e) or type(e).__name__
+
+
+_DOC = msgspec.json.Decoder(RawPlan)
+_ID, _OP, _PASS, _RANK, _MB = (attrgetter(k) for k in ("id", "op", "pass_", "rank", "mb"))
+_INPUTS, _OUTPUTS, _ATTRS, _SOURCE = (attrgetter(k) for k in
+                                      ("inputs", "outputs", "attrs", "source"))
+_PASS_SET, _NONE = set(PASSES), {None}
+_ANY = msgspec.json.Decoder()
+
+
+class _Reject(Exception):
+    """The fast path found something wrong: let `plan_from_dict` say what."""
+
+
+def decode_document(text: bytes, path: str = "<memory>") -> Plan:
+    """Decode and validate one JSON document (the fast path, explained on failure)."""
+    import gc
+
+    enabled = gc.isenabled()
+    gc.disable()  # millions of new containers and no garbage: collections only cost time
+    try:
+        try:
+            return _build(_DOC.decode(text), path)
+        except (msgspec.ValidationError, _Reject):
+            pass
+        except msgspec.DecodeError as e:
+            raise PlanError(f"not valid JSON: {e}", file=path) from None
+        except RecursionError:
+            raise PlanError("not valid JSON: nested too deeply", file=path) from None
+        try:
+            data = _ANY.decode(text)
+        except msgspec.DecodeError as e:  # e.g. an integer beyond 64 bits
+            raise PlanError(f"cannot decode plan: {e}", file=path) from None
+        except RecursionError:
+            raise PlanError("not valid JSON: nested too deeply", file=path) from None
+        return plan_from_dict(data, path)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _build(doc: RawPlan, path: str) -> Plan:
+    """The typed document as a `Plan`, or `_Reject` (every check of `plan_from_dict`)."""
+    from tvsmt.ops import get as get_op
+
+    if (doc.format != FORMAT or doc.version != VERSION or type(doc.version) is not int
+            or doc.kind not in KINDS or type(doc.kind) is not str):
+        raise _Reject
+    world = doc.world or {}
+    if not isinstance(world, dict):
+        raise _Reject
+    raw_tensors = doc.tensors
+    dims = [d for info in raw_tensors.values() for d in info.shape]
+    if dims and (min(dims) < 0 or max(dims) > MAX_DIM):
+        raise _Reject
+    tensors = {tid: TensorInfo(tid, tuple(info.shape), info.role if type(info.role) is str
+                               else str(info.role)) for tid, info in raw_tensors.items()}
+
+    # The node checks run over flat columns, in C where possible (map, chain, sets, numpy).
+    raw_nodes = doc.nodes
+    ins_col = list(map(_INPUTS, raw_nodes))
+    outs_col = list(map(_OUTPUTS, raw_nodes))
+    ids = list(map(_ID, raw_nodes))
+    ops = set(map(_OP, raw_nodes))
+    passes = set(map(_PASS, raw_nodes))
+    if (len(set(ids)) != len(ids) or not passes <= _PASS_SET
+            or any(get_op(op) is None for op in ops)):
+        raise _Reject
+    flat_in = list(chain.from_iterable(ins_col))
+    flat_out = list(chain.from_iterable(outs_col))
+    position = np.repeat(np.arange(len(raw_nodes), dtype=np.int64),
+                         np.fromiter(map(len, outs_col), np.int64, len(raw_nodes)))
+    writer = dict(zip(flat_out, position.tolist()))  # hashes each output id once
+    writer.pop(None, None)
+    declared = tensors.keys()
+    if (len(writer) != len(flat_out) - flat_out.count(None)  # a tensor written twice
+            or not all(map(declared.__contains__, writer))):
+        raise _Reject
+    # topological order: every input is written by an earlier node, or by none
+    reader_pos = np.repeat(np.arange(len(raw_nodes), dtype=np.int64),
+                           np.fromiter(map(len, ins_col), np.int64, len(raw_nodes)))
+    written_at = np.fromiter(map(writer.get, flat_in, repeat(-1)), np.int64, len(flat_in))
+    if len(flat_in) and bool((written_at >= reader_pos).any()):
+        raise _Reject
+    unwritten = set(compress(flat_in, (written_at < 0).tolist()))  # graph inputs (and None)
+    unwritten.discard(None)
+    if not unwritten <= declared:
+        raise _Reject
+    nodes = list(map(Node, ids, map(_OP, raw_nodes), map(_PASS, raw_nodes),
+                     map(_RANK, raw_nodes), map(_MB, raw_nodes), ins_col, outs_col,
+                     [a if a is not None else {} for a in map(_ATTRS, raw_nodes)],
+                     map(_SOURCE, raw_nodes)))
+
+    outputs = doc.outputs or []
+    if any(t not in tensors for t in outputs):
+        raise _Reject
+    shape_of = {tid: info.shape for tid, info in tensors.items()}
+    slices: dict = {}
+    lineages = [_fast_lineage(raw, i, shape_of, slices)
+                for i, raw in enumerate(doc.lineages or ())]
+    if doc.kind == "single" and lineages:
+        raise _Reject
+    name = os.path.basename(path) if doc.name is msgspec.UNSET else doc.name
+    return Plan(path, str(name), doc.kind, world, tensors, nodes, list(outputs), lineages)
+
+
+_ONE = Fraction(1)
+
+
+def _fast_lineage(raw, index: int, shape_of: dict[str, tuple[int, ...]],
+                  slices: dict) -> Lineage:
+    """One typed lineage (a `schema.RawLineage`) as a `Lineage`, or `_Reject`.
+    `slices` caches slice -> shape, so that each distinct slice is computed once."""
+    if not raw.parts:
+        raise _Reject
+    parts = []
+    append = parts.append
+    for p in raw.parts:
+        key = p.slice
+        shape = slices.get(key)
+        if shape is None:
+            if any(s > MAX_DIM or e > MAX_DIM for s, e in key):
+                raise _Reject
+            shape = slices[key] = tuple(e - s for s, e in key)
+        sum_of = p.sum_of
+        if len(sum_of) == 1:
+            if shape_of.get(sum_of[0]) != shape:
+                raise _Reject
+        elif not sum_of or len(set(sum_of)) != len(sum_of) or any(
+                shape_of.get(t) != shape for t in sum_of):
+            raise _Reject
+        scale = _ONE
+        if p.scale is not None:
+            if p.scale[1] == 0:
+                raise _Reject
+            scale = Fraction(p.scale[0], p.scale[1])
+        append(LineagePart(key, sum_of, scale))
+    aligned = None
+    if raw.aligned is not None:
+        aligned = _aligned(raw.aligned, index)
+        if aligned is None:
+            raise _Reject
+    return Lineage(index, raw.single, tuple(parts), aligned, raw.hypothesis)
+
+
+def _aligned(a: Any, index: int) -> Aligned | None:
+    if not (isinstance(a, dict) and all(isinstance(a.get(k, []), list)
+                                        for k in ("single", "parallel", "inputs"))):
+        return None
+    ins = a.get("inputs", [])
+    if not (_int_list(ins) and all(0 <= k < index for k in ins)):
+        return None
+    return Aligned(tuple(a.get("single", [])), tuple(a.get("parallel", [])), tuple(ins))
 
 
 def _require(cond: bool, msg: str, path: str, **where) -> None:
@@ -72,6 +318,9 @@ def plan_from_dict(data: Any, path: str = "<memory>") -> Plan:
         _require(isinstance(info, dict) and _int_list(info.get("shape")),
                  "tensor needs a 'shape' list of ints", path, tensor=tid)
         _require(all(d >= 0 for d in info["shape"]), "negative dimension", path, tensor=tid)
+        _require(all(d <= MAX_DIM for d in info["shape"]),
+                 "dimension larger than 2**53 (the largest size tvsmt handles exactly)", path,
+                 tensor=tid)
         tensors[tid] = TensorInfo(tid, tuple(info["shape"]), str(info.get("role", "activation")))
 
     nodes: list[Node] = []
@@ -176,6 +425,8 @@ def _lineage(raw: Any, index: int, tensors: dict[str, TensorInfo], path: str,
         if key not in checked:  # compute each distinct slice's shape once
             _require(key is not None, f"{pw}: 'slice' must be a list of [start, end] int pairs",
                      path, tensor=single)
+            _require(all(s <= MAX_DIM and e <= MAX_DIM for s, e in key),
+                     f"{pw}: slice bound larger than 2**53", path, tensor=single)
             checked[key] = tuple(e - s for s, e in key)
         shape = checked[key]
         sum_of = p.get("sum_of")

@@ -70,5 +70,12 @@ def underivable(stage: Stage, single: Plan, parallel: Plan) -> Failure:
                    + (" ..." if len(stage.free_parallel) > 4 else ""))
     msg = (f"claimed lineage #{lin.index} of {lin.single} cannot be derived from the graph: "
            + "; ".join(why) + ", which no earlier lineage relates to the other plan")
-    return stage_failure("structural", msg, stage, single, parallel,
-                         free_tensors=list(stage.free_single) + list(stage.free_parallel))
+    failure = stage_failure("structural", msg, stage, single, parallel,
+                            free_tensors=list(stage.free_single) + list(stage.free_parallel))
+    # Point at the parallel nodes whose outputs the lineage claims (issue 9 item 8): they may
+    # lie outside the stage, when an earlier lineage already names the same tensors.
+    claimed = set(lin.parallel_tensors())
+    failure.parallel_nodes = node_entries(parallel, sorted(
+        set(cone(parallel, stage.parallel_nodes, claimed)) |
+        {i for i, n in enumerate(parallel.nodes) if any(t in claimed for t in n.outputs)}))
+    return failure

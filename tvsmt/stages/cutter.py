@@ -15,6 +15,17 @@ Every other lineage k is a *claim* and forms one stage:
 The `aligned` hints of the format are not needed for this and are not trusted.
 A frontier tensor that no input lineage constrains stays a free symbol: if the claim depends on
 it, the solver finds a counterexample (the claim cannot be derived).
+
+Widening. Stopping at the first known tensor can stop too early: a parallel copy (`identity`
+of a `multiref` output, a chain of moves through a pipeline stage that only passes
+activations on) may be named by the lineage of a *sibling* copy in the single plan, which the
+single side cannot use (`t908 = multiref(t589)[1]` is not computed from `t904 =
+multiref(t589)[0]`). When the single side of a stage reaches graph inputs that nothing
+relates, the stage is widened: the parallel slice goes on through every known frontier tensor
+none of whose lineages names an ancestor of the target in the single plan, until the
+frontier only holds useful tensors (or nothing changes). Widening only makes a stage bigger
+and its assumptions are still earlier lineages, so it cannot make a wrong claim pass; it is
+tried only when the narrow stage is underivable, so proven plans pay nothing for it.
 """
 
 from __future__ import annotations
@@ -82,7 +93,34 @@ def cut_stages(single: Plan, parallel: Plan, sgraph: Graph | None = None,
 
 def _cut_one(index: int, single_tensor: str, ptensors: list[str], sgraph: Graph, pgraph: Graph,
              known: dict[str, list[int]], parallel: Plan) -> Stage:
-    pnodes, pfrontier = pgraph.backward_slice(ptensors, stop=lambda t: t in known)
+    stage = _cut_through(index, single_tensor, ptensors, sgraph, pgraph, known, parallel, set())
+    if not stage.free_single:
+        return stage
+    # Widen (module docstring): slice through known tensors whose lineages cannot help.
+    snodes, _ = sgraph.backward_slice([single_tensor], stop=lambda t: False)
+    ancestors = {t for i in snodes for t in sgraph.nodes[i].inputs if t is not None}
+    ancestors.add(single_tensor)
+    through: set[str] = set()
+    wide = stage
+    while True:
+        useless = {t for t in wide.parallel_frontier if t in known and t not in through
+                   and not any(parallel.lineages[j].single in ancestors for j in known[t])}
+        if not useless:
+            break
+        through |= useless
+        wide = _cut_through(index, single_tensor, ptensors, sgraph, pgraph, known, parallel,
+                            through)
+        if not wide.free_single and not wide.free_parallel:
+            return wide
+    return stage  # still underivable: report the narrow stage, which names the first gap
+
+
+def _cut_through(index: int, single_tensor: str, ptensors: list[str], sgraph: Graph,
+                 pgraph: Graph, known: dict[str, list[int]], parallel: Plan,
+                 through: set[str]) -> Stage:
+    """The stage of one claim, stopping at known parallel tensors except those in `through`."""
+    pnodes, pfrontier = pgraph.backward_slice(
+        ptensors, stop=lambda t: t in known and t not in through)
     inputs = sorted({j for t in pfrontier for j in known.get(t, ())})
     single_stop = {parallel.lineages[j].single for j in inputs}
     snodes, sfrontier = sgraph.backward_slice([single_tensor], stop=lambda t: t in single_stop)

@@ -1,0 +1,114 @@
+"""The execplan records as msgspec structs: the JSON decoder checks the types in C.
+
+Both forms of the format (one JSON document, or JSON Lines: docs/format.md) decode into these
+structs. They mirror the checks of `reader.plan_from_dict` field by field (`int` refuses
+booleans and floats, `tuple[int, int]` is exactly a pair); whatever they refuse, the reader
+explains with its precise one-line messages. Unknown keys are ignored, as the spec allows.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import msgspec
+
+
+class RawTensor(msgspec.Struct):
+    shape: list[int]
+    role: Any = "activation"
+
+
+class RawNode(msgspec.Struct, rename={"pass_": "pass"}):
+    id: str
+    op: str
+    inputs: tuple[Optional[str], ...]
+    outputs: tuple[Optional[str], ...]
+    pass_: Optional[str] = None
+    rank: int = 0
+    mb: int = 0
+    attrs: Optional[dict[str, Any]] = None
+    source: Optional[str] = None
+
+
+class RawPart(msgspec.Struct):
+    slice: tuple[tuple[int, int], ...]
+    sum_of: tuple[str, ...]
+    scale: Optional[tuple[int, int]] = None
+
+
+class RawLineage(msgspec.Struct):
+    single: str
+    parts: list[RawPart]
+    aligned: Any = None
+    hypothesis: bool = False
+
+
+class RawPlan(msgspec.Struct):
+    """One execplan document. Header fields stay `Any`: the reader checks them by value."""
+
+    tensors: dict[str, RawTensor]
+    nodes: list[RawNode]
+    format: Any = None
+    version: Any = None
+    kind: Any = None
+    name: Any = msgspec.UNSET  # absent: the file's name; null: "None" (as plan_from_dict)
+    world: Any = None
+    outputs: Optional[list[str]] = None
+    lineages: Optional[list[RawLineage]] = None
+
+
+# ------------------------------------------------------------------ JSON Lines records
+# Each line of the streaming form is one object tagged by "r" (docs/format.md).
+
+
+class HeaderRec(msgspec.Struct, tag_field="r", tag="header"):
+    format: Any = None
+    version: Any = None
+    kind: Any = None
+    name: Any = None
+    world: Any = None
+    outputs: Optional[list[str]] = None
+    plan_id: Any = None
+    sections: Any = None
+
+
+class SectionRec(msgspec.Struct, tag_field="r", tag="section"):
+    index: int
+    name: str = ""
+
+
+class TensorRec(msgspec.Struct, tag_field="r", tag="tensor"):
+    id: str
+    shape: list[int]
+    role: Any = "activation"
+
+
+class NodeRec(msgspec.Struct, tag_field="r", tag="node", rename={"pass_": "pass"}):
+    id: str
+    op: str
+    inputs: tuple[Optional[str], ...]
+    outputs: tuple[Optional[str], ...]
+    pass_: Optional[str] = None
+    rank: int = 0
+    mb: int = 0
+    attrs: Optional[dict[str, Any]] = None
+    source: Optional[str] = None
+
+
+class LineageRec(msgspec.Struct, tag_field="r", tag="lineage"):
+    single: str
+    parts: list[RawPart]
+    aligned: Any = None
+    hypothesis: bool = False
+
+
+class TrailerRec(msgspec.Struct, tag_field="r", tag="trailer"):
+    plan_id: Any = None
+    tensors: int = -1
+    nodes: int = -1
+    lineages: int = -1
+    sections: int = -1
+    crc32: int = -1
+
+
+Record = HeaderRec | SectionRec | TensorRec | NodeRec | LineageRec | TrailerRec

@@ -1,0 +1,498 @@
+"""The streaming form of the plan format: JSON Lines, one record per line (docs/format.md).
+
+    {"r":"header","format":"tvsmt.execplan","version":1,"kind":...,"plan_id":...,"sections":K}
+    {"r":"section","index":0,"name":"unit 0,0"}          (optional grouping, numbered 0..K-1)
+    {"r":"tensor","id":...,"shape":[...],"role":...}    (before any record that names it)
+    {"r":"node","id":...,"op":...,"pass":...,...}        (in topological order)
+    {"r":"lineage","single":...,"parts":[...]}          (after every node)
+    {"r":"trailer","plan_id":...,"tensors":N,"nodes":N,"lineages":N,"sections":K,"crc32":C}
+
+`iter_records(path)` checks every record as it goes (the checks of `reader.plan_from_dict`,
+plus order, sections and the trailer) and yields model objects one at a time, so that a
+consumer (the folder) never needs the whole plan; what it keeps is up to it. The reader keeps
+only the sets the checks need (tensor shapes, written and read tensor ids, node ids). The
+stream is complete only when iteration ends without an error: the trailer, checked last,
+proves that nothing was cut off, left out or spliced in. `read_stream` builds a `Plan`.
+
+`StreamWriter` writes the form atomically: into a hidden temporary file beside the target,
+renamed over it after the trailer is written and synced, so a killed write leaves no file that
+reads as complete.
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import os
+import uuid
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from tvsmt.errors import PlanError, UnsupportedOperator
+from tvsmt.plan import reader as R
+from tvsmt.plan.model import Lineage, Node, Plan, TensorInfo
+from tvsmt.plan.schema import (
+    HeaderRec,
+    LineageRec,
+    NodeRec,
+    Record,
+    SectionRec,
+    TensorRec,
+    TrailerRec,
+)
+
+_LINES = msgspec.json.Decoder(Record)
+_TRAILER = b'{"r":"trailer"'
+
+
+@dataclass(frozen=True)
+class StreamHeader:
+    path: str
+    kind: str
+    name: str
+    world: dict[str, Any]
+    outputs: tuple[str, ...]
+    plan_id: str
+    sections: int
+
+
+@dataclass(frozen=True)
+class Section:
+    """A writer's grouping of the records that follow (e.g. one unit of replica folding)."""
+
+    index: int
+    name: str
+
+
+@dataclass
+class _State:
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    written: set[str] = field(default_factory=set)
+    pending: set[str] = field(default_factory=set)  # read before any node wrote them
+    node_ids: set[str] = field(default_factory=set)
+    ops: set[str] = field(default_factory=set)
+    slices: dict = field(default_factory=dict)  # slice -> shape, each distinct slice once
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("tensor", "node", "lineage", "section"), 0))
+
+
+def iter_records(path: str | os.PathLike, f=None) -> Iterator[Any]:
+    """The records of a JSON Lines plan: first a `StreamHeader`, then `Section`,
+    `TensorInfo`, `Node` and `Lineage` objects in file order. Raises a one-line `PlanError`
+    naming the file and line at the first malformed record, and at the end if the trailer
+    does not match what was read."""
+    path = os.fspath(path)
+    if f is None:
+        with R.open_binary(path) as f:
+            yield from _records(path, f)
+    else:
+        yield from _records(path, f)
+
+
+def _blocks(path: str, f) -> Iterator[tuple[int, list[bytes], bytes]]:
+    """(number of lines before, the lines, their bytes with newlines) per chunk read,
+    refusing over-long lines."""
+    limit = R.byte_limit(R.RECORD_LIMIT_ENV, R.DEFAULT_RECORD_LIMIT)
+    carry, lineno = b"", 0
+    while True:
+        try:
+            chunk = f.read(R._CHUNK)
+        except (OSError, EOFError) as e:
+            raise PlanError(f"cannot read plan after line {lineno}: {R._os_reason(e)}",
+                            file=path) from None
+        if not chunk:
+            break
+        data = carry + chunk if carry else chunk
+        lines = data.split(b"\n")
+        carry = lines.pop()
+        if lines and max(map(len, lines)) > limit:
+            k = next(k for k, line in enumerate(lines) if len(line) > limit)
+            raise PlanError(f"line {lineno + k + 1}: record longer than the limit of {limit} "
+                            f"bytes (set {R.RECORD_LIMIT_ENV} to raise it)", file=path)
+        if lines:
+            yield lineno, lines, data[:len(data) - len(carry)]
+            lineno += len(lines)
+        if len(carry) > limit:
+            raise PlanError(f"line {lineno + 1}: record longer than the limit of {limit} bytes "
+                            f"(set {R.RECORD_LIMIT_ENV} to raise it)", file=path)
+    if carry:
+        yield lineno, [carry], carry
+
+
+def _decode_block(path: str, base: int, lines: list[bytes], block: bytes) -> list:
+    """The records of a block: one decoder call, or line by line to name a bad line."""
+    try:
+        recs = _LINES.decode_lines(block)
+        if len(recs) == len(lines):
+            return recs
+    except (msgspec.DecodeError, RecursionError):
+        pass
+    out = []
+    for k, line in enumerate(lines):
+        where = f"line {base + k + 1}"
+        try:
+            out.append(_LINES.decode(line))
+        except msgspec.ValidationError as e:
+            raise PlanError(f"{where}: malformed record: {e}", file=path) from None
+        except msgspec.DecodeError as e:
+            if not line.strip():
+                raise PlanError(f"{where}: empty line", file=path) from None
+            raise PlanError(f"{where}: not valid JSON: {e}", file=path) from None
+        except RecursionError:
+            raise PlanError(f"{where}: not valid JSON: nested too deeply", file=path) from None
+    return out
+
+
+def _records(path: str, f) -> Iterator[Any]:
+    from tvsmt.ops import get as get_op
+
+    st = _State()
+    crc = 0
+    header: StreamHeader | None = None
+    trailer: TrailerRec | None = None
+    phase = 0  # 0 tensors/nodes/sections, 1 lineages
+    section = -1
+    lineno = 0
+    for base, lines, block in _blocks(path, f):
+        if trailer is not None:
+            raise PlanError(f"line {base + 1}: a record after the trailer", file=path)
+        recs = _decode_block(path, base, lines, block)
+        end = len(recs)
+        if type(recs[-1]) is TrailerRec:
+            trailer, end = recs[-1], end - 1
+            crc = zlib.crc32(block[:len(block) - len(lines[-1]) - 1]
+                             if block.endswith(b"\n") else block[:len(block) - len(lines[-1])],
+                             crc)
+        else:
+            crc = zlib.crc32(block, crc)
+        for k in range(end):
+            rec = recs[k]
+            kind = type(rec)
+            if kind is NodeRec:
+                if phase:
+                    raise PlanError(f"line {base + k + 1}: a node after the lineages (records "
+                                    "out of order)", file=path, node=rec.id)
+                yield _node(rec, st, path, base + k + 1, get_op)
+            elif kind is TensorRec:
+                if phase:
+                    raise PlanError(f"line {base + k + 1}: a tensor after the lineages (records "
+                                    "out of order)", file=path, tensor=rec.id)
+                yield _tensor(rec, st, path, base + k + 1)
+            elif header is None:
+                if kind is not HeaderRec:
+                    raise PlanError(f"line {base + k + 1}: the first record must be the "
+                                    f"header, not {kind.__name__[:-3].lower()}", file=path)
+                header = _header(rec, path)
+                yield header
+            elif kind is LineageRec:
+                phase = 1
+                if header.kind == "single":
+                    raise PlanError(f"line {base + k + 1}: a single plan carries no lineages",
+                                    file=path)
+                yield _lineage(rec, st, path, f"line {base + k + 1}")
+            elif kind is SectionRec:
+                if rec.index != section + 1:
+                    raise PlanError(f"line {base + k + 1}: section #{rec.index} ({rec.name}) "
+                                    f"where #{section + 1} was expected: a section is missing "
+                                    "or out of order", file=path)
+                section = rec.index
+                st.counts["section"] += 1
+                yield Section(rec.index, rec.name)
+            elif kind is TrailerRec:
+                raise PlanError(f"line {base + k + 1}: a record after the trailer", file=path)
+            else:
+                raise PlanError(f"line {base + k + 1}: a second header (records from another "
+                                "plan)", file=path)
+        lineno = base + len(lines)
+    if header is None:
+        raise PlanError("empty file: no header record", file=path)
+    if trailer is None:
+        raise PlanError(f"truncated after line {lineno}: no trailer record (the write did "
+                        "not finish)", file=path)
+    _check_trailer(header, trailer, st, crc, path)
+    if st.pending & st.written:
+        t = sorted(st.pending & st.written)[0]
+        raise PlanError("read before the node that writes it (nodes out of topological "
+                        "order)", file=path, tensor=t)
+    for t in header.outputs:
+        if t not in st.shapes:
+            raise PlanError("output is not a declared tensor", file=path, tensor=t)
+
+
+def _header(rec: HeaderRec, path: str) -> StreamHeader:
+    if rec.format != R.FORMAT:
+        raise PlanError(f"unknown format {rec.format!r} (expected {R.FORMAT!r})", file=path)
+    if rec.version != R.VERSION or type(rec.version) is not int:
+        raise PlanError(f"unsupported version {rec.version!r} (this reader knows {R.VERSION})",
+                        file=path)
+    if rec.kind not in R.KINDS or type(rec.kind) is not str:
+        raise PlanError(f"kind must be 'single' or 'parallel', not {rec.kind!r}", file=path)
+    world = rec.world or {}
+    if not isinstance(world, dict):
+        raise PlanError("'world' must be an object", file=path)
+    if type(rec.plan_id) is not str or not rec.plan_id:
+        raise PlanError("line 1: the header needs a string 'plan_id'", file=path)
+    if type(rec.sections) is not int or rec.sections < 0:
+        raise PlanError("line 1: the header needs 'sections', a count >= 0", file=path)
+    name = os.path.basename(path) if rec.name is None else str(rec.name)
+    return StreamHeader(path, rec.kind, name, world, tuple(rec.outputs or ()), rec.plan_id,
+                        rec.sections)
+
+
+def _tensor(rec: TensorRec, st: _State, path: str, lineno: int) -> TensorInfo:
+    tid = rec.id
+    if tid in st.shapes:
+        raise PlanError(f"line {lineno}: tensor declared twice", file=path, tensor=tid)
+    shape = tuple(rec.shape)
+    if shape and (min(shape) < 0 or max(shape) > R.MAX_DIM):
+        return _bad_tensor(shape, tid, path, f"line {lineno}")
+    st.shapes[tid] = shape
+    st.counts["tensor"] += 1
+    return TensorInfo(tid, shape, rec.role if type(rec.role) is str else str(rec.role))
+
+
+def _bad_tensor(shape, tid: str, path: str, where: str):
+    if min(shape) < 0:
+        raise PlanError(f"{where}: negative dimension", file=path, tensor=tid)
+    if shape and max(shape) > R.MAX_DIM:
+        raise PlanError(f"{where}: dimension larger than 2**53 (the largest size tvsmt "
+                        "handles exactly)", file=path, tensor=tid)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _node(rec: NodeRec, st: _State, path: str, lineno: int, get_op) -> Node:
+    nid, op = rec.id, rec.op
+    if nid in st.node_ids:
+        raise PlanError(f"line {lineno}: node id used twice", file=path, node=nid)
+    st.node_ids.add(nid)
+    if op not in st.ops:
+        if get_op(op) is None:
+            raise UnsupportedOperator(f"line {lineno}: unknown operator {op!r}", file=path,
+                                      node=nid)
+        st.ops.add(op)
+    if rec.pass_ not in R.PASSES:
+        raise PlanError(f"line {lineno}: 'pass' must be fw, bw or null, not {rec.pass_!r}",
+                        file=path, node=nid)
+    shapes, written = st.shapes, st.written
+    for t in rec.inputs:
+        if t is not None and t not in written:
+            if t not in shapes:
+                raise PlanError(f"line {lineno}: reads an undeclared tensor (tensor records "
+                                "come before the records naming them)", file=path, node=nid,
+                                tensor=t)
+            st.pending.add(t)
+    for t in rec.outputs:
+        if t is None:
+            continue
+        if t not in shapes:
+            raise PlanError(f"line {lineno}: writes an undeclared tensor (tensor records come "
+                            "before the records naming them)", file=path, node=nid, tensor=t)
+        if t in written:
+            raise PlanError(f"line {lineno}: tensor written twice: the plan is not SSA",
+                            file=path, node=nid, tensor=t)
+        if t in st.pending:
+            raise PlanError(f"line {lineno}: writes a tensor that an earlier node read (nodes "
+                            "out of topological order)", file=path, node=nid, tensor=t)
+        written.add(t)
+    st.counts["node"] += 1
+    return Node(nid, op, rec.pass_, rec.rank, rec.mb, rec.inputs, rec.outputs, rec.attrs or {},
+                rec.source)
+
+
+class _Shapes(dict):
+    """`reader._lineage` wants TensorInfo by id; the stream keeps only shapes."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]]):
+        super().__init__()
+        self._shapes = shapes
+
+    def get(self, key, default=None):
+        shape = self._shapes.get(key)
+        return default if shape is None else TensorInfo(key, shape)
+
+
+def _lineage(rec: LineageRec, st: _State, path: str, where: str) -> Lineage:
+    index = st.counts["lineage"]
+    st.counts["lineage"] += 1
+    try:
+        return R._fast_lineage(rec, index, st.shapes, st.slices)
+    except R._Reject:
+        pass
+    try:  # explain it with the reference validator's words
+        R._lineage(msgspec.json.decode(msgspec.json.encode(rec)), index, _Shapes(st.shapes),
+                   path, {})
+    except PlanError as e:
+        raise PlanError(f"{where}: {e.detail}", file=path, node=e.node, tensor=e.tensor) \
+            from None
+    raise PlanError(f"{where}: malformed lineage #{index}", file=path)  # pragma: no cover
+
+
+def _check_trailer(h: StreamHeader, t: TrailerRec, st: _State, crc: int, path: str) -> None:
+    if t.plan_id != h.plan_id:
+        raise PlanError(f"the trailer belongs to plan {t.plan_id!r}, the header to "
+                        f"{h.plan_id!r} (records from another plan)", file=path)
+    c = st.counts
+    if c["section"] != h.sections or t.sections != h.sections:
+        raise PlanError(f"{c['section']} sections read, the header announces {h.sections}: "
+                        "a section is missing", file=path)
+    for kind in ("tensor", "node", "lineage"):
+        if getattr(t, kind + "s") != c[kind]:
+            raise PlanError(f"{c[kind]} {kind} records read, the trailer counts "
+                            f"{getattr(t, kind + 's')}: records are missing or were added",
+                            file=path)
+    if t.crc32 != crc:
+        raise PlanError("checksum mismatch: the file was changed after it was written",
+                        file=path)
+
+
+def read_stream(path: str, f=None) -> Plan:
+    """A whole JSON Lines plan as a `Plan` (the checks of `iter_records`)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        tensors: dict[str, TensorInfo] = {}
+        nodes: list[Node] = []
+        lineages: list[Lineage] = []
+        it = iter_records(path, f)
+        header = next(it)
+        for obj in it:
+            kind = type(obj)
+            if kind is Node:
+                nodes.append(obj)
+            elif kind is TensorInfo:
+                tensors[obj.id] = obj
+            elif kind is Lineage:
+                lineages.append(obj)
+        return Plan(path, header.name, header.kind, header.world, tensors, nodes,
+                    list(header.outputs), lineages)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+# ---------------------------------------------------------------------------- writing
+
+
+class StreamWriter:
+    """Writes a JSON Lines plan atomically (gzip-compressed, level 1, when the name ends in
+    .gz). Records are JSON-ready dicts in the execplan's own keys; call `close()` (or use it as
+    a context manager) to write the trailer and publish the file."""
+
+    def __init__(self, path: str | os.PathLike, kind: str, name: str, world: dict,
+                 outputs=(), sections: int = 0):
+        self.path = os.fspath(path)
+        folder, base = os.path.split(os.path.abspath(self.path))
+        self._tmp = os.path.join(folder, f".{base}.partial-{os.getpid()}")
+        self._raw = open(self._tmp, "wb")
+        self._out = (gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=1)
+                     if self.path.endswith(".gz") else self._raw)
+        self._enc = msgspec.json.Encoder()
+        self._buf: list[bytes] = []
+        self._size = 0
+        self._crc = 0
+        self.plan_id = uuid.uuid4().hex
+        self.sections = sections
+        self.counts = dict.fromkeys(("tensors", "nodes", "lineages", "sections"), 0)
+        self._emit({"r": "header", "format": R.FORMAT, "version": R.VERSION, "kind": kind,
+                    "name": name, "world": world, "outputs": list(outputs),
+                    "plan_id": self.plan_id, "sections": sections})
+
+    def _emit(self, rec: dict, checksum: bool = True) -> None:
+        line = self._enc.encode(rec) + b"\n"
+        if checksum:
+            self._crc = zlib.crc32(line, self._crc)
+        self._buf.append(line)
+        self._size += len(line)
+        if self._size > (8 << 20):
+            self._flush()
+
+    def _flush(self) -> None:
+        self._out.write(b"".join(self._buf))
+        self._buf, self._size = [], 0
+
+    def section(self, name: str) -> None:
+        self._emit({"r": "section", "index": self.counts["sections"], "name": name})
+        self.counts["sections"] += 1
+
+    def tensor(self, tid: str, shape, role: str = "activation") -> None:
+        self._emit({"r": "tensor", "id": tid, "shape": list(shape), "role": role})
+        self.counts["tensors"] += 1
+
+    def node(self, node: dict) -> None:
+        self._emit({"r": "node", **node})
+        self.counts["nodes"] += 1
+
+    def lineage(self, lineage: dict) -> None:
+        self._emit({"r": "lineage", **lineage})
+        self.counts["lineages"] += 1
+
+    def close(self) -> str:
+        if self.counts["sections"] != self.sections:
+            self.abort()
+            raise ValueError(f"{self.counts['sections']} sections written, "
+                             f"{self.sections} announced")
+        self._emit({"r": "trailer", "plan_id": self.plan_id, **self.counts,
+                    "crc32": self._crc}, checksum=False)
+        self._flush()
+        if self._out is not self._raw:
+            self._out.close()
+        self._raw.flush()
+        os.fsync(self._raw.fileno())
+        self._raw.close()
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Drop the partial file (nothing is published)."""
+        for f in (self._out, self._raw):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            os.unlink(self._tmp)
+        except OSError:
+            pass
+
+    def __enter__(self) -> "StreamWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def write_stream(path: str | os.PathLike, plan: dict) -> str:
+    """A plan dict (the execplan document) written in the JSON Lines form."""
+    with StreamWriter(path, plan["kind"], plan.get("name", ""), plan.get("world", {}),
+                      plan.get("outputs", ()) if plan["kind"] == "single" else ()) as w:
+        for tid, info in plan["tensors"].items():
+            w.tensor(tid, info["shape"], info.get("role", "activation"))
+        for n in plan["nodes"]:
+            w.node(n)
+        for lin in plan.get("lineages", ()):
+            w.lineage(lin)
+    return os.fspath(path)
+
+
+def node_dict(n: Node) -> dict:
+    """A model `Node` as its JSON record fields (the inverse of the reader)."""
+    d = {"id": n.id, "op": n.op, "pass": n.pass_, "rank": n.rank, "mb": n.mb,
+         "inputs": list(n.inputs), "outputs": list(n.outputs), "attrs": n.attrs}
+    if n.source is not None:
+        d["source"] = n.source
+    return d
+
+
+def part_dict(p) -> dict:
+    """A model `LineagePart` as its JSON fields."""
+    d = {"slice": [list(r) for r in p.slice], "sum_of": list(p.sum_of)}
+    if p.scale != 1:
+        d["scale"] = [p.scale.numerator, p.scale.denominator]
+    return d
