@@ -183,15 +183,17 @@ def test_terminal_escapes_and_newlines_in_ids_are_escaped(tmp_path, node_id, sho
     assert not any(line.startswith("forged line") for line in r.output.splitlines())
 
 
-def test_lone_surrogate_in_an_id_is_printed_escaped(tmp_path):
-    """JSON allows "\\ud800"; printed raw it makes writing to a UTF-8 stdout fail."""
+def test_lone_surrogate_in_an_id_is_an_input_error(tmp_path):
+    """JSON syntax allows "\\ud800", but it is no Unicode text (printed raw it makes writing
+    to a UTF-8 stdout fail): the reader refuses it, one line naming the file, exit 2."""
     s, p = _buggy_pair_with_parallel_node_named(tmp_path, "PLACEHOLDER")
     p.write_text(p.read_text().replace("PLACEHOLDER", "n2\\ud800@0"))
     proc = subprocess.run([sys.executable, "-m", "tvsmt.cli", "verify", str(s), str(p),
                            "--no-corpus", "--jobs", "1"], capture_output=True, timeout=120,
                           env={"PYTHONIOENCODING": "utf-8", "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 1, proc.stderr
-    assert b"parallel nodes: n2\\ud800@0 (div)" in proc.stdout
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.decode("utf-8").strip().splitlines()
+    assert len(lines) == 1 and str(p) in lines[0] and "surrogate" in lines[0]
     assert b"Traceback" not in proc.stderr
 
 

@@ -221,6 +221,8 @@ def _build(doc: RawPlan, path: str) -> Plan:
     unwritten.discard(None)
     if not unwritten <= declared:
         raise _Reject
+    if world_problem(world, map(_RANK, raw_nodes), map(_MB, raw_nodes)) is not None:
+        raise _Reject
     nodes = list(map(Node, ids, map(_OP, raw_nodes), map(_PASS, raw_nodes),
                      map(_RANK, raw_nodes), map(_MB, raw_nodes), ins_col, outs_col,
                      [a if a is not None else {} for a in map(_ATTRS, raw_nodes)],
@@ -293,6 +295,33 @@ def _require(cond: bool, msg: str, path: str, **where) -> None:
         raise PlanError(msg, file=path, **where)
 
 
+MAX_WORLD = 1 << 24  # ranks or micro-batches beyond this are not a training world
+
+
+def world_problem(world: dict, ranks: Any, mbs: Any) -> str | None:
+    """Why a plan's world (and its nodes' rank and mb fields) is not a world, or None.
+
+    dp, tp, pp, mb are positive ints, `ranks` (if given) is dp*tp*pp; every node runs on a
+    rank of the world and on a micro-batch of it (or -1: not tied to one)."""
+    size = {}
+    for axis in ("dp", "tp", "pp", "mb"):
+        v = world.get(axis, 1)
+        if type(v) is not int or not 1 <= v <= MAX_WORLD:
+            return f"world.{axis} must be a positive int (at most {MAX_WORLD}), not {v!r}"
+        size[axis] = v
+    total = size["dp"] * size["tp"] * size["pp"]
+    if "ranks" in world and (type(world["ranks"]) is not int or world["ranks"] != total):
+        return f"world.ranks is {world['ranks']!r}, not dp*tp*pp = {total}"
+    ranks, mbs = list(ranks), list(mbs)
+    if ranks and (min(ranks) < 0 or max(ranks) >= total):
+        bad = next(r for r in ranks if not 0 <= r < total)
+        return f"a node runs on rank {bad}, outside the world's {total} ranks"
+    if mbs and (min(mbs) < -1 or max(mbs) >= size["mb"]):
+        bad = next(m for m in mbs if not -1 <= m < size["mb"])
+        return f"a node runs on micro-batch {bad}, outside the world's {size['mb']}"
+    return None
+
+
 def _int_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool)
                                            for v in value)
@@ -305,7 +334,8 @@ def plan_from_dict(data: Any, path: str = "<memory>") -> Plan:
     _require(isinstance(data, dict), "a plan must be a JSON object", path)
     fmt, ver = data.get("format"), data.get("version")
     _require(fmt == FORMAT, f"unknown format {fmt!r} (expected {FORMAT!r})", path)
-    _require(ver == VERSION, f"unsupported version {ver!r} (this reader knows {VERSION})", path)
+    _require(ver == VERSION and type(ver) is int,
+             f"unsupported version {ver!r} (this reader knows {VERSION})", path)
     kind = data.get("kind")
     _require(kind in KINDS, f"kind must be 'single' or 'parallel', not {kind!r}", path)
     for key, typ in (("tensors", dict), ("nodes", list)):
@@ -374,6 +404,8 @@ def plan_from_dict(data: Any, path: str = "<memory>") -> Plan:
             raise PlanError("'source' must be a string (file:line) or null", file=path,
                             node=nid)
         nodes.append(Node(nid, op, pass_, rank, mb, tuple(ins), tuple(outs), attrs, source))
+    problem = world_problem(world, (n.rank for n in nodes), (n.mb for n in nodes))
+    _require(problem is None, problem or "", path)
 
     # Topological order: every input is a graph input or written by an earlier node.
     position = {n.id: i for i, n in enumerate(nodes)}

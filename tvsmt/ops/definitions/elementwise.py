@@ -93,16 +93,22 @@ def _div_tensor_fw(be, x, y, attrs):
     return be.div(x, y)
 
 
+def _reciprocal(c: Fraction) -> Fraction:
+    if c == 0:
+        raise AttrError("div: division by the constant 0")
+    return 1 / c
+
+
 def _div_const_fw(be, x, c, attrs):
     _no_rounding(attrs)
-    return times(be, x, 1 / c)
+    return times(be, x, _reciprocal(c))
 
 
 register_binary("div", Binary(
     tensor_fw=_div_tensor_fw,
     const_fw=_div_const_fw,
     tensor_bw=lambda be, g, x, y, a: (be.div(g, y), be.scale(be.div(g * x, y * y), -1)),
-    const_bw=lambda be, g, x, c, a: times(be, g, 1 / c)),
+    const_bw=lambda be, g, x, c, a: times(be, g, _reciprocal(c))),
     doc="x / y (be.div) or x / c (exact 1/c); rounding_mode must be null",
     abstracts=("uf_div",))
 
