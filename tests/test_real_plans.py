@@ -106,3 +106,24 @@ def test_real_plan_gets_the_readme_verdict(folder, verdict, tmp_path):
     else:  # a violation says where
         assert any(f["kind"] in ("counterexample", "structural") and f["tensor"]
                    for f in data["failures"]), data["failures"][:3]
+
+
+@pytest.mark.parametrize("ci,expected", [("true", "1 failed"), ("", "1 skipped")])
+def test_missing_fixture_plans_fail_in_ci_and_skip_elsewhere(tmp_path, ci, expected):
+    """Without ../shared/plans the real-bug test cannot run: outside CI it says so and skips;
+    in CI (CI=true) that is a failure, never a silent skip."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = dict(os.environ, CI=ci, TVSMT_SHARED_PLANS=str(tmp_path / "nowhere"))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+         str(ROOT / "tests" / "test_fixtures.py") + "::"
+         "test_br0_is_a_violation_naming_the_underivable_tensor"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert expected in proc.stdout, proc.stdout[-2000:]
+    assert "fixture plans not found" in proc.stdout

@@ -291,9 +291,9 @@ def build(cls_name: str, i: int, j: int, bug: bool) -> tuple[dict, dict, Piece]:
     (hit,) = [pc for pc in pieces if pc.rows == (i, i + 1) and pc.cols == (j, j + 1)]
     for pc in pieces:
         held = {}
-        for k, (t, slc, shape) in enumerate(pc_inputs := oc.piece_inputs(pc)):
-            key = t if not any(u == t for u, _, _ in pc_inputs[:k]) else f"{t}#1"
-            tid = par.t(f"{t}{'_' + key[-1] if '#' in key else ''}@{pc.rank}", shape, "input")
+        for t, slc, shape in oc.piece_inputs(pc):
+            key = f"{t}#1" if t in held else t  # a second slice of the same input
+            tid = par.t(f"{key.replace('#', '_')}@{pc.rank}", shape, "input")
             held[key] = tid
             parts[t].append((slc, [tid]))
         y = oc.compute(par, pc, held, bug and pc is hit)

@@ -176,7 +176,7 @@ def test_sexpr_value_forms():
         "x": Fraction(-1, 4), "odd name": Fraction(7),
         "r": "(_ real_algebraic_number <1*x^2 + (-2), (5/4, 3/2)>)", "b": "true"}
     assert parse_get_value("((x (- (/ 1 4))))") == {"x": Fraction(-1, 4)}
-    # (its speed is measured by scripts/bench_solvers.py, not asserted here)
+    # (its speed is a benchmark figure, not a test assertion: a shared machine makes it flaky)
 
 
 # --------------------------------------------------------------------------------------------
