@@ -38,7 +38,7 @@ from tvsmt.solving.dispatch import (  # noqa: F401 - re-exported for callers and
     solve_obligations,
     store_in_corpus,
 )
-from tvsmt.solving.types import SAT, UNKNOWN, UNSAT, Obligation, SolverResult
+from tvsmt.solving.types import SAT, UNSAT, Obligation, SolverResult
 from tvsmt.stages import Stage, cut_stages
 from tvsmt.stages.signature import stage_signature
 
