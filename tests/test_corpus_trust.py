@@ -220,3 +220,15 @@ def test_three_verify_runs_on_one_corpus_keep_every_verdict(tmp_path):
         digests |= set(stages.values())
     assert digests <= set(c.verdicts)  # every obligation of every pair has its verdict
     assert all("z3" in c.verdicts[dg] for dg in digests)
+
+
+def test_crosscheck_reuses_only_what_every_solver_recorded(tmp_path, buggy_pair):
+    corpus = tmp_path / "corpus"
+    r, one = verify(buggy_pair, corpus, tmp_path / "1.json")  # z3 alone
+    n = one["obligations_unique"]
+    r, both = verify(buggy_pair, corpus, tmp_path / "2.json", "--crosscheck")
+    assert r.exit_code == 1 and both["cache_hits"] == 0  # cvc5 has recorded nothing yet
+    r, again = verify(buggy_pair, corpus, tmp_path / "3.json", "--crosscheck")
+    assert r.exit_code == 1
+    assert again["cache_hits"] == n and again["cache"] == {"z3": n, "cvc5": n}
+    assert again["failures"] == both["failures"]

@@ -10,10 +10,12 @@ environment (solvers and workers inherit it), so orphans re-parented to init are
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -24,6 +26,7 @@ import pytest
 from handmade import parallel_mlp, single_mlp
 
 from tvsmt.frontends import generate_pair, write_pair_dicts
+from tvsmt.solving.runner import RUN_PREFIX, sweep_stale_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT = 60  # seconds to reach a moment; the machine may be busy
@@ -144,6 +147,11 @@ def test_no_child_survives_and_the_pipe_closes(plans, moment, how, tmp_path):
         assert not left, f"survived {how} while {moment}: {left}"
         assert len(before) >= (1 if moment == "loading" else 2)  # there were children to kill
         text = err.decode("utf-8", "replace")
+        runs = lambda: glob.glob(os.path.join(tempfile.gettempdir(),  # noqa: E731
+                                              f"{RUN_PREFIX}{proc.pid}-*"))
+        if how == "SIGKILL":  # nothing could clean up: the next run sweeps it
+            sweep_stale_runs()
+        assert not runs(), "the run's directory (pid files, temporary scripts) is left"
         if how == "SIGKILL":
             assert proc.returncode == -signal.SIGKILL
         else:

@@ -516,7 +516,9 @@ def test_crosscheck_usage_errors_are_one_line(mlp_pairs):
              ([single, parallel, "--crosscheck", "z3"], "two or more distinct"),
              ([single, parallel, "--crosscheck", "z3,z3"], "two or more distinct"),
              ([single, parallel, "--crosscheck", "z3,nosuch"], "unknown solver 'nosuch'"),
-             ([single, parallel, "--crosscheck", "--solver", "cvc5"], "takes no --solver")]
+             ([single, parallel, "--crosscheck", "--solver", "cvc5"], "takes no --solver"),
+             ([single, parallel, "--crosscheck="], "empty list"),
+             ([single, parallel, "--crosscheck", ","], "empty list")]
     for args, message in cases:
         r = _cli("verify", *args, "--no-corpus")
         assert r.exit_code == 2, (args, r.output)

@@ -227,6 +227,8 @@ def _crosscheck_value(value: str | None) -> tuple[str, ...] | None:
     if value is None:
         return None
     names = crosscheck_list(value)
+    if not names:
+        raise click.BadParameter("an empty list of solvers", param_hint="--crosscheck")
     for name in names:
         try:
             get_profile(name)

@@ -112,6 +112,25 @@ class _Registry:
                 continue
 
 
+RUN_PREFIX = "tvsmt-run-"
+
+
+def sweep_stale_runs() -> None:
+    """Remove the run directories (pid files, temporary scripts) of tvsmt processes that no
+    longer exist: a killed run cannot clean up after itself, the next one does."""
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(RUN_PREFIX):
+            continue
+        owner = name[len(RUN_PREFIX):].split("-", 1)[0]
+        if owner.isdigit() and not psutil.pid_exists(int(owner)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
 def _kill_tree(pid: int, reaped: bool) -> None:
     """SIGKILL a solver and all its descendants (it leads its own session/process group)."""
     try:
@@ -387,7 +406,11 @@ class _Batch:
 
     # -- file protocol (profiles without a stdin command) --------------------------------
     def _solve_file(self, ob: Obligation, prefix: str) -> SolverResult:
-        fd, path = tempfile.mkstemp(prefix=f"tvsmt-{ob.digest[:12]}-", suffix=".smt2")
+        try:  # in the run's directory, when there is one: swept if this process is killed
+            fd, path = tempfile.mkstemp(prefix=f"tvsmt-{ob.digest[:12]}-", suffix=".smt2",
+                                        dir=self.registry.path)
+        except FileNotFoundError:
+            raise Cancelled() from None  # the run's directory is gone: the run is over
         try:
             with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
                 fh.write(prefix + "\n")
@@ -562,7 +585,8 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
     if backend != "dask" or scheduler is None:
         for p in profiles:
             require_binary(p)  # fail fast, in the caller, with the profile's message
-    registry_dir = tempfile.mkdtemp(prefix="tvsmt-run-")
+    sweep_stale_runs()
+    registry_dir = tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{os.getpid()}-")
     token = (_host_id(), registry_dir)
     registry = _Registry(token)
 
