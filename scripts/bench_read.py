@@ -91,9 +91,11 @@ def main() -> None:
     ap.add_argument("--plans", default=str(ROOT.parent / "shared" / "plans"))
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--generated", default="8,2,2,8", help="dp,tp,pp,mb of the generated plan")
+    ap.add_argument("--only", default="", help="only the real plans whose name contains this")
     args = ap.parse_args()
     rows = []
-    plans = sorted(Path(args.plans).glob("*/parallel.json.gz"))
+    plans = [p for p in sorted(Path(args.plans).glob("*/parallel.json.gz"))
+             if args.only in p.parent.name]
     with tempfile.TemporaryDirectory() as tmp:
         doc, lines = generated(args.generated, tmp)
         targets = [(p.parent.name, str(p), None) for p in plans]

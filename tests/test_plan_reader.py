@@ -306,3 +306,25 @@ def test_control_characters_in_names_are_escaped(tmp_path):
 def test_a_directory_is_not_a_plan(tmp_path):
     with pytest.raises(PlanError, match="is a directory"):
         load_plan(tmp_path)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_plan_read_from_a_pipe(tmp_path, gz):
+    """Process substitution (`tvsmt verify <(zcat a) b`) gives a pipe that cannot seek."""
+    import os
+    import threading
+
+    fifo = tmp_path / "plan.fifo"
+    os.mkfifo(fifo)
+    text = json.dumps(parallel_mlp()).encode()
+    data = gzip.compress(text) if gz else text
+
+    def feed():
+        with open(fifo, "wb") as f:
+            f.write(data)
+
+    t = threading.Thread(target=feed)
+    t.start()
+    plan = load_plan(fifo)
+    t.join()
+    assert len(plan.nodes) == len(parallel_mlp()["nodes"])

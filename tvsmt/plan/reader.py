@@ -75,10 +75,10 @@ def open_binary(path: str):
     except OSError as e:
         raise PlanError(f"cannot read plan: {e.strerror or e}", file=path) from None
     try:
-        magic = f.read(2)
-        f.seek(0)
-    except OSError:  # a pipe or a device: no seek, no gzip
-        return f
+        magic = f.peek(2)[:2]  # peek, not read: pipes cannot seek back
+    except OSError as e:
+        f.close()
+        raise PlanError(f"cannot read plan: {_os_reason(e)}", file=path) from None
     if magic == GZIP_MAGIC:
         return gzip.GzipFile(fileobj=f, mode="rb")
     return f

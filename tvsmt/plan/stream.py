@@ -28,9 +28,12 @@ import uuid
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import chain, compress, repeat
+from operator import attrgetter
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from tvsmt.errors import PlanError, UnsupportedOperator
 from tvsmt.plan import reader as R
@@ -76,6 +79,7 @@ class _State:
     node_ids: set[str] = field(default_factory=set)
     ops: set[str] = field(default_factory=set)
     slices: dict = field(default_factory=dict)  # slice -> shape, each distinct slice once
+    shape_pool: dict = field(default_factory=dict)  # one tuple per distinct shape
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("tensor", "node", "lineage", "section"), 0))
 
@@ -148,6 +152,18 @@ def _decode_block(path: str, base: int, lines: list[bytes], block: bytes) -> lis
 
 
 def _records(path: str, f) -> Iterator[Any]:
+    """The collector is paused while a block is checked (millions of new objects, no
+    garbage) and runs as usual while the consumer handles the records."""
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        yield from _records_unguarded(path, f, gc_was)
+    finally:
+        if gc_was:
+            gc.enable()
+
+
+def _records_unguarded(path: str, f, gc_was: bool) -> Iterator[Any]:
     from tvsmt.ops import get as get_op
 
     st = _State()
@@ -169,6 +185,15 @@ def _records(path: str, f) -> Iterator[Any]:
                              crc)
         else:
             crc = zlib.crc32(block, crc)
+        if header is not None and not phase:
+            done = _fast_block(recs, end, st, section, get_op)
+            if done is not None:
+                objs, section = done
+                gc.enable() if gc_was else None
+                yield from objs
+                gc.disable() if gc_was else None
+                lineno = base + len(lines)
+                continue
         for k in range(end):
             rec = recs[k]
             kind = type(rec)
@@ -221,6 +246,99 @@ def _records(path: str, f) -> Iterator[Any]:
     for t in header.outputs:
         if t not in st.shapes:
             raise PlanError("output is not a declared tensor", file=path, tensor=t)
+
+
+_ID, _OP, _PASS, _RANK, _MB, _INPUTS, _OUTPUTS, _ATTRS, _SOURCE, _SHAPE, _ROLE, _INDEX, _NAME = (
+    attrgetter(k) for k in ("id", "op", "pass_", "rank", "mb", "inputs", "outputs", "attrs",
+                            "source", "shape", "role", "index", "name"))
+
+
+def _fast_block(recs: list, end: int, st: _State, section: int, get_op):
+    """Check a block of tensor, node and section records over flat columns (as
+    `reader._build` does) and build its objects in file order; None when anything is off or
+    unusual, and nothing is changed then: the record-by-record path will say what."""
+    kinds = list(map(type, recs[:end]))
+    if not set(kinds) <= _BULK:
+        return None
+    pos = {TensorRec: [], NodeRec: [], SectionRec: []}
+    for k, kind in enumerate(kinds):
+        pos[kind].append(k)
+    trecs = [recs[k] for k in pos[TensorRec]]
+    nrecs = [recs[k] for k in pos[NodeRec]]
+    srecs = [recs[k] for k in pos[SectionRec]]
+    if [r.index for r in srecs] != list(range(section + 1, section + 1 + len(srecs))):
+        return None
+    shapes = st.shapes
+    # tensors: new ids, sane dimensions
+    tids = list(map(_ID, trecs))
+    tshapes = list(map(tuple, map(_SHAPE, trecs)))
+    dims = list(chain.from_iterable(tshapes))
+    if dims and (min(dims) < 0 or max(dims) > R.MAX_DIM):
+        return None
+    if len(set(tids)) != len(tids) or not shapes.keys().isdisjoint(tids):
+        return None
+    declared_at = dict(zip(tids, pos[TensorRec]))
+    # nodes: new unique ids, known operators and passes
+    nids = list(map(_ID, nrecs))
+    if len(set(nids)) != len(nids) or not st.node_ids.isdisjoint(nids):
+        return None
+    ops = set(map(_OP, nrecs)) - st.ops
+    if any(get_op(op) is None for op in ops) or not set(map(_PASS, nrecs)) <= _PASS_SET:
+        return None
+    ins_col = list(map(_INPUTS, nrecs))
+    outs_col = list(map(_OUTPUTS, nrecs))
+    npos = np.array(pos[NodeRec], dtype=np.int64)
+    flat_in = list(chain.from_iterable(ins_col))
+    flat_out = list(chain.from_iterable(outs_col))
+    in_node = np.repeat(npos, np.fromiter(map(len, ins_col), np.int64, len(nrecs)))
+    out_node = np.repeat(npos, np.fromiter(map(len, outs_col), np.int64, len(nrecs)))
+    # every tensor named is declared before the node: earlier in the block, or before it
+    for flat, at in ((flat_in, in_node), (flat_out, out_node)):
+        decl = np.fromiter(map(declared_at.get, flat, repeat(-1)), np.int64, len(flat))
+        if bool((decl >= at).any()):
+            return None
+        old = list(compress(flat, (decl < 0).tolist()))
+        if not all(map(shapes.__contains__, filter(None, old))):
+            return None
+    # outputs: SSA, and nothing written that an earlier node (in any block) read
+    writer = dict(zip(flat_out, out_node.tolist()))
+    writer.pop(None, None)
+    if (len(writer) != len(flat_out) - flat_out.count(None)
+            or not st.written.isdisjoint(writer) or not st.pending.isdisjoint(writer)):
+        return None
+    written_at = np.fromiter(map(writer.get, flat_in, repeat(-1)), np.int64, len(flat_in))
+    if bool((written_at >= in_node).any()):
+        return None
+    # all good: commit the state, build the objects
+    unwritten = set(compress(flat_in, (written_at < 0).tolist())) - st.written
+    unwritten.discard(None)
+    st.pending |= unwritten
+    st.written.update(writer)
+    st.node_ids.update(nids)
+    st.ops |= ops
+    pool = st.shape_pool
+    tshapes = [pool.setdefault(sh, sh) for sh in tshapes]
+    shapes.update(zip(tids, tshapes))
+    c = st.counts
+    c["tensor"] += len(trecs)
+    c["node"] += len(nrecs)
+    c["section"] += len(srecs)
+    out: list = [None] * end
+    roles = [r if type(r) is str else str(r) for r in map(_ROLE, trecs)]
+    for k, obj in zip(pos[TensorRec], map(TensorInfo, tids, tshapes, roles)):
+        out[k] = obj
+    attrs = [a if a is not None else {} for a in map(_ATTRS, nrecs)]
+    for k, obj in zip(pos[NodeRec], map(Node, nids, map(_OP, nrecs), map(_PASS, nrecs),
+                                        map(_RANK, nrecs), map(_MB, nrecs), ins_col, outs_col,
+                                        attrs, map(_SOURCE, nrecs))):
+        out[k] = obj
+    for k, r in zip(pos[SectionRec], srecs):
+        out[k] = Section(r.index, r.name)
+    return out, section + len(srecs)
+
+
+_BULK = {TensorRec, NodeRec, SectionRec}
+_PASS_SET = set(R.PASSES)
 
 
 def _header(rec: HeaderRec, path: str) -> StreamHeader:
