@@ -71,7 +71,8 @@ def judge_stage(out: StageOutcome, res: SolverResult, single: Plan,
         if ev is None or ev.counterexample is None:
             return None
         _own_encoding(out, single, parallel)
-        cex = out.evaluation.counterexample if out.evaluation else ev.counterexample
+        own = out.evaluation.counterexample if out.evaluation is not None else None
+        cex = own or ev.counterexample  # a copy's own points may miss what its template's hit
         return stage_failure(
             "solver-failure", f"SOLVER OR ENCODING FAILURE on lineage #{lin.index} of "
             f"{lin.single}: {res.solver} answered unsat, but both plans evaluated at concrete "
