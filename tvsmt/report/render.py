@@ -41,6 +41,11 @@ def render(report: Report, console: Console | None = None, max_failures: int = 1
     row("obligations", f"{report.obligations_total} total, {report.obligations_unique} "
         f"unique, {report.proven_without_solver} proven by term identity, "
         f"{report.cache_hits} cache hits")
+    if report.cache or report.cache_refused:
+        reused = ", ".join(f"{n} from {m(s)}" for s, n in sorted(report.cache.items()))
+        refused = ", ".join(f"{n} ({m(why)})" for why, n in sorted(report.cache_refused.items()))
+        row("corpus", f"verdicts reused: {reused or 'none'}"
+            + (f"; not trusted, solved again: {refused}" if refused else ""))
     if report.fold:
         fo = report.fold
         exc = (f"; not copies: {', '.join(m(e) for e in fo['exceptions'][:4])}"
