@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from tvsmt.ops.definitions._common import broadcast_rule, mul, require
+from tvsmt.ops.definitions._common import mul, require
 from tvsmt.ops.definitions.aten_call import (TensorRef, aten, axis, full_like, is_bool, number,
                                              out_shape, scale_position)
 from tvsmt.ops.definitions.layout import view_shape
-from tvsmt.ops.registry import ShapeConstraints, TShape
+from tvsmt.ops.registry import ShapeConstraints, ShapeRuleError, TShape
 
 
 def same_dims(c: ShapeConstraints, a: TShape, b: TShape, skip: tuple[int, ...] = ()) -> None:
@@ -54,8 +54,9 @@ def _view_rule(c, outs, x, size):
     view_shape(c, [x], [outs[0]], {})
 
 
-for _name in ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
-              "aten.view_copy.default", "aten._reshape_alias.default"):
+# (CompositeImplicit ops such as reshape, contiguous, chunk never reach a traced graph.)
+for _name in ("aten.view.default", "aten._unsafe_view.default", "aten.view_copy.default",
+              "aten._reshape_alias.default"):
     aten(_name, (lambda be, ctx, x, size, *rest: _view_fw(be, ctx, x, size)),
          (lambda c, outs, x, size, *rest: _view_rule(c, outs, x, size)),
          doc="reshape to the node's (reduced) output shape (the size argument is the original "
@@ -135,8 +136,24 @@ def _expand_fw(be, ctx, x, size, implicit=False):
     return np.array(np.broadcast_to(x, shape))
 
 
+def broadcast_to(c, operands, out: TShape) -> None:
+    """Each operand broadcasts to `out` (torch rules, right-aligned): an axis equal to out's
+    stays equal, an axis of size 1 stays 1."""
+    for t in operands:
+        off = len(out) - len(t)
+        require(off >= 0, f"cannot broadcast {list(t.orig)} to {list(out.orig)}")
+        for i in range(len(t)):
+            n = t.orig[i]
+            if n == out.orig[off + i]:
+                c.eq(t[i], out[off + i])
+            elif n == 1:
+                c.eq(t[i], 1)
+            else:
+                raise ShapeRuleError(f"cannot broadcast {list(t.orig)} to {list(out.orig)}")
+
+
 def _expand_rule(c, outs, x, size, implicit=False):
-    broadcast_rule(c, [x], outs[0])
+    broadcast_to(c, [x], outs[0])
 
 
 for _name in ("aten.expand.default", "aten.expand_copy.default"):
@@ -146,12 +163,11 @@ for _name in ("aten.expand.default", "aten.expand_copy.default"):
 
 # ----------------------------------------------------------------------------- identities
 
-for _name, _what in (("aten.clone.default", "copy"), ("aten.contiguous.default", "layout"),
+for _name, _what in (("aten.clone.default", "copy"),
                      ("aten.detach.default", "autograd cut"), ("aten.alias.default", "alias"),
                      ("aten.alias_copy.default", "alias"), ("aten.detach_copy.default",
                                                              "autograd cut"),
-                     ("aten.lift_fresh_copy.default", "constant lift"),
-                     ("aten.lift_fresh.default", "constant lift")):
+                     ("aten.lift_fresh_copy.default", "constant lift")):
     aten(_name, lambda be, ctx, x, *rest, **kw: x.copy(), identity_rule,
          doc=f"identity ({_what}); memory_format is ignored")
 
@@ -184,7 +200,7 @@ def _copy_fw(be, ctx, self, src, non_blocking=False):
 
 
 def _copy_rule(c, outs, self, src, non_blocking=False):
-    broadcast_rule(c, [src], self)
+    broadcast_to(c, [src], self)
     same_dims(c, self, outs[0])
 
 
@@ -396,17 +412,6 @@ aten("aten.split_with_sizes.default", lambda be, ctx, x, split_sizes, dim=0: _sp
      doc="pieces of the given sizes along dim; bounds kept whole under reduction")
 
 
-def _chunk_sizes(n: int, chunks: int) -> list[int]:
-    return _split_sizes(n, -(-n // chunks)) if n else [0]
-
-
-aten("aten.chunk.default", lambda be, ctx, x, chunks, dim=0: _split_fw(
-    be, ctx, x, lambda n: _chunk_sizes(n, chunks), dim),
-     lambda c, outs, x, chunks, dim=0: _split_rule(
-         c, outs, x, _chunk_sizes(x.orig[axis(dim, len(x))], chunks), dim),
-     doc="torch.chunk: pieces of ceil(n / chunks) along dim")
-
-
 def _unbind_rule(c, outs, x, dim=0):
     d = axis(dim, len(x))
     require(len(outs) == x.orig[d], f"unbind of {x.orig[d]} rows lists {len(outs)} outputs")
@@ -529,3 +534,62 @@ aten("aten.triu.default", lambda be, ctx, x, diagonal=0: _tri(be, ctx, x, diagon
 aten("aten.tril.default", lambda be, ctx, x, diagonal=0: _tri(be, ctx, x, diagonal, False),
      _tri_rule, doc="zero above the diagonal-th diagonal (j - i <= diagonal kept); with "
                     "|diagonal| > 1 the two matrix dims are not reduced")
+
+
+# ----------------------------------------------------------------------------- as_strided
+
+
+def _contiguous_whole(x_orig, size, stride, offset) -> None:
+    """as_strided is modelled only where it is a reshape: the whole tensor, contiguous
+    strides, offset 0 (what functionalized in-place writes through views produce)."""
+    size, stride = list(size), list(stride)
+    want, acc = [], 1
+    for n in reversed(size):
+        want.append(acc)
+        acc *= n
+    want.reverse()
+    ok = (offset or 0) == 0 and int(np.prod(size)) == int(np.prod(x_orig)) and all(
+        s == w for s, w, n in zip(stride, want, size) if n != 1)
+    if not ok:
+        raise ValueError(f"as_strided(size={size}, stride={stride}, offset={offset}) is not a "
+                         "reshape of the whole tensor (only that form is modelled)")
+
+
+def _as_strided_fw(be, ctx, x, size, stride, storage_offset=0):
+    _contiguous_whole(_orig(ctx, 0, "in", x.shape), size, stride, storage_offset)
+    return x.reshape(out_shape(ctx, 0, size))
+
+
+def _as_strided_rule(c, outs, x, size, stride, storage_offset=0):
+    _contiguous_whole(x.orig, size, stride, storage_offset)
+    view_shape(c, [x], [outs[0]], {})
+
+
+for _name in ("aten.as_strided.default", "aten.as_strided_copy.default"):
+    aten(_name, _as_strided_fw, _as_strided_rule,
+         doc="a reshape, accepted only with the whole tensor's contiguous strides and offset 0 "
+             "(any other striding is refused)")
+
+
+def _as_strided_scatter_fw(be, ctx, x, src, size, stride, storage_offset=0):
+    _contiguous_whole(_orig(ctx, 0, "in", x.shape), size, stride, storage_offset)
+    return src.reshape(x.shape).copy()
+
+
+def _as_strided_scatter_rule(c, outs, x, src, size, stride, storage_offset=0):
+    _contiguous_whole(x.orig, size, stride, storage_offset)
+    view_shape(c, [src], [x], {})
+    same_dims(c, x, outs[0])
+
+
+aten("aten.as_strided_scatter.default", _as_strided_scatter_fw, _as_strided_scatter_rule,
+     doc="x with the strided view overwritten by src; accepted only when the view is the "
+         "whole tensor, contiguous, offset 0 (then: src reshaped to x)")
+aten("aten.new_empty_strided.default", lambda be, ctx, x, size, stride, **kw: be.zeros(
+    out_shape(ctx, 0, size)), _created_rule(lambda x, size, stride, **kw: size),
+     doc="uninitialised memory in torch, zeros here: functionalized in-place writes create "
+         "it and overwrite it whole (as_strided_scatter); a program that reads it unwritten "
+         "has no defined result in torch")
+aten("aten._efficientzerotensor.default", lambda be, ctx, size, **kw: be.zeros(
+    out_shape(ctx, 0, size)), _created_rule(lambda size, **kw: size),
+     doc="zeros of the (reduced) output shape (autograd's zero gradient)")

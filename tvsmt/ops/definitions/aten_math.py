@@ -15,6 +15,7 @@ import numpy as np
 from tvsmt.ops.definitions._common import broadcast_rule, nontrivial, require, sum_axes, times
 from tvsmt.ops.definitions.aten_call import (TensorRef, aten, axes, axis, is_bool, is_neg_inf,
                                              number, scalar)
+from tvsmt.ops.definitions.aten_layout import broadcast_to
 from tvsmt.ops.registry import TShape
 
 # ----------------------------------------------------------------------------- elementwise
@@ -254,7 +255,7 @@ def _where(be, ctx, cond, x, y):
     return be.where(b(cond), b(x), b(y))
 
 
-for _ov in ("self", "ScalarSelf", "ScalarOther", "Scalar"):
+for _ov in ("self",):
     aten(f"aten.where.{_ov}", _where, broadcast_of,
          doc="x where cond != 0 else y (exact ite, broadcast)")
 for _ov in ("Scalar", "Tensor"):
@@ -382,7 +383,7 @@ aten("aten.bmm.default", lambda be, ctx, a, b: a @ b,
 def _addmm_rule(batch):
     def rule(c, outs, self, a, b, beta=1, alpha=1):
         _mm_rule(c, a, b, outs[0], batch)
-        broadcast_rule(c, [self], outs[0])
+        broadcast_to(c, [self], outs[0])
     return rule
 
 

@@ -21,7 +21,7 @@ from fractions import Fraction
 import numpy as np
 
 from tvsmt.ops.definitions._common import broadcast_rule, nontrivial, require, sum_axes, times
-from tvsmt.ops.definitions.aten_call import TensorRef, aten, axes, axis, is_bool, number
+from tvsmt.ops.definitions.aten_call import TensorRef, aten, axes, axis, is_bool, number, scalar
 from tvsmt.ops.definitions.aten_layout import fix, same_dims
 from tvsmt.ops.registry import TShape
 
@@ -489,3 +489,40 @@ aten("aten.nll_loss_forward.default", _nll_forward, _nll_forward_rule, n_outputs
 aten("aten.nll_loss_backward.default", _nll_backward, _nll_backward_rule,
      doc="[g, x, targets, w?, total_weight] -> g_x with g_x[n, t_n] = -w_n g (/ total_weight "
          "for mean), 0 elsewhere and for ignored targets", abstracts=("uf_div",))
+
+
+def _scatter(be, ctx, x, dim, index, src):
+    d = axis(dim, x.ndim)
+    if not isinstance(src, np.ndarray):
+        src = be.full((), 0) + scalar(be, src)
+    src = np.array(np.broadcast_to(src, index.shape))
+    require(all(index.shape[i] == x.shape[i] for i in range(x.ndim) if i != d),
+            "scatter: index and input differ outside dim")
+    xm, im, sm = (np.moveaxis(a, d, -1) for a in (x, index, src))
+    out = xm.copy()
+    ints = be.constant_ints(im)
+    if ints is not None:
+        np.put_along_axis(out, ints, sm, axis=-1)
+    else:
+        for r in range(xm.shape[-1]):  # in order: a later write to the same place wins
+            col = out[..., r]
+            for p in range(im.shape[-1]):
+                col = be.select_eq(im[..., p], r, sm[..., p], col)
+            out[..., r] = col
+    return np.moveaxis(out, -1, d)
+
+
+def _scatter_rule(c, outs, x, dim, index, src):
+    d = axis(dim, len(x))
+    same_dims(c, x, outs[0])
+    same_dims(c, x, index, skip=(d,))
+    if isinstance(src, TShape):
+        same_dims(c, src, index)
+    fix(c, x, d)
+
+
+for _ov in ("src", "value"):
+    aten(f"aten.scatter.{_ov}", _scatter, _scatter_rule,
+         doc="x with x[..., index[..., p], ...] = src[..., p, ...] along dim (exact selection "
+             "by value, duplicates: the last write wins, which torch leaves unspecified; the "
+             "dim is never reduced; index must match x outside dim)")
