@@ -456,3 +456,216 @@ def test_unknown_kwarg_is_refused_not_ignored():
                                              {"args": [{"tensor": 0}, {"tensor": 1}],
                                               "kwargs": {"out_dtype": "torch.float16"}},
                                              NodeCtx())
+
+
+# ----------------------------------------------------------------------------- shape reduction
+
+
+def rotary_mask_program(x, w):
+    """Shape-polymorphic code whose only size-dependent constants are sizes and positions in
+    op attributes (slice bounds, split sizes, view/expand/full sizes, arange ranges)."""
+    b, s, d = x.shape
+    half = d // 2
+    y = x @ w
+    rot = torch.cat((-y[..., half:], y[..., :half]), -1)
+    pos = torch.arange(s, dtype=F64).view(1, s, 1) + torch.arange(0, s, dtype=F64).view(
+        1, s, 1) + torch.arange(0, 2 * s, 2, dtype=F64).view(1, s, 1)
+    heads = (y + rot * pos * 0.05).view(b, s, 2, half).transpose(1, 2)
+    att = heads @ heads.transpose(-1, -2) + torch.full((s, s), float("-inf"), dtype=F64).triu(1)
+    att = F.softmax(att, dim=-1) @ heads
+    p, q = att.transpose(1, 2).reshape(b, s, d).split(half, dim=-1)
+    z = p * q + y[:, :s // 2, half:].sum(1, keepdim=True).expand(b, s, half) + x.new_zeros((s, half))
+    st = torch.stack([z, z * 2]).select(0, 1)
+    loss = st.pow(2).sum() + y[:, s // 2:, :].sum()  # (mean's backward divides by a constant)
+    return (loss,) + grads(loss, [x, w])
+
+
+def _traced_pair():
+    torch.manual_seed(1)
+    full = run_traced(rotary_mask_program, [rnd(2, 8, 8), rnd(8, 8)], "full")
+    small = run_traced(rotary_mask_program, [rnd(2, 4, 4), rnd(4, 4)], "small")
+    assert [s.op for s in full] == [s.op for s in small]
+    return full, small
+
+
+def test_entries_rescale_sizes_and_positions_under_shape_reduction():
+    """Each node of the full-size trace, run at the sizes of the half-size trace (its attrs
+    still naming full-size positions), gives what torch computes at half size."""
+    full, small = _traced_pair()
+    checked = set()
+    for f, r in zip(full, small):
+        spec = all_ops()[f.op]
+        ctx = NodeCtx(tuple(None if o is None else o.shape for o in r.outputs),
+                      tuple(x.shape for x in f.inputs),
+                      tuple(None if o is None else o.shape for o in f.outputs))
+        outs = spec.forward(NB, r.inputs, f.attrs, ctx)
+        for got, want in zip(outs, r.outputs):
+            if want is not None:
+                assert_close(got, want, f"{f.op} at reduced size")
+        checked.add(f.op)
+    for op in ("aten.slice.Tensor", "aten.slice_backward.default", "aten.arange.default",
+               "aten.arange.start", "aten.arange.start_step", "aten.full.default", "aten.view.default",
+               "aten.expand.default", "aten.split.Tensor", "aten.cat.default",
+               "aten.new_zeros.default", "aten._unsafe_view.default"):
+        assert op in checked, op
+
+
+def test_shape_rules_admit_the_reduction_and_keep_its_boundaries():
+    """The rules (with the full sizes as originals) accept the half sizes, and every position
+    they ask to keep is a whole position at half size."""
+    full, small = _traced_pair()
+    for f, r in zip(full, small):
+        spec = all_ops()[f.op]
+        ins = _tshapes(f.inputs, "i")
+        outs = _tshapes(f.outputs, "o")
+        c = ShapeConstraints()
+        spec.shape(c, ins, outs, f.attrs)
+        solver = z3.Solver()
+        solver.add(*c.constraints)
+        for t, a in zip(ins + outs, r.inputs + r.outputs):
+            if t is not None:
+                solver.add(*[d == n for d, n in zip(t.dims, a.shape)])
+        assert solver.check() == z3.sat, f"{f.op}: rule rejects the half sizes"
+        m = solver.model()
+        for kb in c.boundaries:
+            t = next(t for t in ins + outs if t is not None and any(d is kb.dim for d in t.dims))
+            i = next(i for i, d in enumerate(t.dims) if d is kb.dim)
+            reduced = m.eval(kb.dim).as_long()
+            assert (kb.at * reduced) % t.orig[i] == 0, f"{f.op}: boundary {kb.at} lost"
+
+
+def _reduce_node(op, in_shapes, out_shapes, attrs):
+    """Reduced sizes the divisor solver picks for one node (as shape reduction would)."""
+    from tvsmt.shapes.dims import DivisorSolver
+    from tvsmt.shapes.reduce import dim_shape
+
+    solver = DivisorSolver()
+    ins = [dim_shape(solver, f"i{k}", s) for k, s in enumerate(in_shapes)]
+    outs = [dim_shape(solver, f"o{k}", s) for k, s in enumerate(out_shapes)]
+    c = ShapeConstraints()
+    all_ops()[op].shape(c, ins, outs, attrs)
+    for kb in c.boundaries:
+        solver.keep_divisible(kb.dim, kb.at)
+    for con in c.constraints:
+        solver.add(con)
+    sizes = solver.solve()
+
+    def value(t):
+        return tuple(d if isinstance(d, int) else sizes[d.id] for d in t.dims)
+
+    return [value(t) for t in ins], [value(t) for t in outs]
+
+
+def _call(*args, **kwargs):
+    return {"args": list(args), "kwargs": kwargs}
+
+
+def test_slice_bounds_limit_the_reduction():
+    x = {"tensor": 0}
+    ins, outs = _reduce_node("aten.slice.Tensor", [(4, 12)], [(4, 4)], _call(x, 1, 4, 8))
+    assert ins == [(2, 3)] and outs == [(2, 1)] or ins[0][1] in (3, 6, 12)
+    ins, outs = _reduce_node("aten.slice.Tensor", [(4, 12)], [(4, 3)], _call(x, 1, 0, 3))
+    assert ins[0][1] in (4, 12) and outs[0][1] * 12 == ins[0][1] * 3  # boundary 3 kept whole
+    ins, outs = _reduce_node("aten.slice.Tensor", [(4, 12)], [(4, 6)], _call(x, 1, 0, 12, 2))
+    assert ins[0][1] == 12 and outs[0][1] == 6  # strided: never reduced
+
+
+def test_value_indexed_dims_are_never_reduced():
+    """A vocabulary indexed by token values keeps its size: the constants the ids are compared
+    with (vocabulary ranges) are only right at the original size."""
+    w, i = {"tensor": 0}, {"tensor": 1, "dtype": "torch.int64"}
+    ins, outs = _reduce_node("aten.embedding.default", [(16, 8), (4, 6)], [(4, 6, 8)],
+                             _call(w, i))
+    assert ins[0][0] == 16 and ins[0][1] < 8 and outs[0] == ins[1] + (ins[0][1],)
+    ins, _ = _reduce_node("aten.nll_loss_forward.default", [(6, 16), (6,)], [(), ()],
+                          _call({"tensor": 0}, {"tensor": 1}, None, 1, -100))
+    assert ins[0][1] == 16 and ins[0][0] < 6
+    ins, _ = _reduce_node("aten.index.Tensor", [(6, 16), (6,), (6,)], [(6,)],
+                          _call({"tensor": 0}, [{"tensor": 1, "dtype": "torch.int64"},
+                                                {"tensor": 2, "dtype": "torch.int64"}]))
+    assert ins[0] == (6, 16)
+    ins, _ = _reduce_node("aten.select.int", [(4, 6)], [(4,)], _call({"tensor": 0}, 1, 2))
+    assert ins[0] == (2, 6)
+
+
+def test_reductions_stay_real_sums():
+    ins, _ = _reduce_node("aten.sum.dim_IntList", [(4, 8)], [(4,)],
+                          _call({"tensor": 0}, [1]))
+    assert ins[0][1] >= 2
+    ins, _ = _reduce_node("aten.mm.default", [(4, 8), (8, 6)], [(4, 6)],
+                          _call({"tensor": 0}, {"tensor": 1}))
+    assert ins[0][1] == ins[1][0] >= 2
+
+
+# ----------------------------------------------------------------------------- value models
+
+
+def test_vocab_mask_is_exact_on_symbolic_token_ids():
+    """lt/ge on a symbolic id against the shard bounds, then masked selection: for every id
+    value the solver may pick, the terms equal torch (checked at ids inside, at and outside
+    the bounds)."""
+    be = SymbolicBackend()
+    tok = np.array([be.mgr.Symbol("tok", be.real)], dtype=object)
+    w = np.array([[be.mgr.Symbol(f"w{r}", be.real)] for r in range(V1 - V0)], dtype=object)
+    ops = all_ops()
+    lt = ops["aten.lt.Scalar"].forward(be, [tok], _call({"tensor": 0}, V0), NodeCtx())[0]
+    ge = ops["aten.ge.Scalar"].forward(be, [tok], _call({"tensor": 0}, V1), NodeCtx())[0]
+    out = ops["aten.bitwise_or.Tensor"].forward(
+        be, [lt, ge], _call({"tensor": 0, "dtype": "torch.bool"},
+                            {"tensor": 1, "dtype": "torch.bool"}), NodeCtx())[0]
+    ids = ops["aten.sub.Tensor"].forward(be, [tok], _call({"tensor": 0}, V0), NodeCtx())[0]
+    ids = ops["aten.index_put.default"].forward(
+        be, [ids, out, be.zeros(())], _call({"tensor": 0}, [{"tensor": 1, "dtype": "torch.bool"}],
+                                             {"tensor": 2}), NodeCtx())[0]
+    emb = ops["aten.embedding.default"].forward(be, [w, ids], _call({"tensor": 0}, {"tensor": 1}),
+                                                 NodeCtx())[0]
+    masked = ops["aten.index_put.default"].forward(
+        be, [emb, out, be.zeros(())], _call({"tensor": 0}, [{"tensor": 1, "dtype": "torch.bool"}],
+                                             {"tensor": 2}), NodeCtx())[0]
+    wv = {f"w{r}": float(10 + r) for r in range(V1 - V0)}
+    for t in range(-1, V + 1):
+        ev = FloatEvaluator({"tok": float(t), **wv})
+        want = 10.0 + t - V0 if V0 <= t < V1 else 0.0
+        assert ev.walk(masked[0, 0]) == want, t
+
+
+def test_max_is_exact_so_a_global_max_of_shard_maxima_is_provable():
+    """max over a sharded dim = max of the shards' maxima, proven by z3 for all reals."""
+    from pysmt.shortcuts import Not, Equals, Solver
+
+    be = SymbolicBackend()
+    x = np.array([[be.mgr.Symbol(f"x{i}", be.real) for i in range(4)]], dtype=object)
+    amax = all_ops()["aten.amax.default"]
+    whole = amax.forward(be, [x], _call({"tensor": 0}, [-1]), NodeCtx())[0]
+    parts = [amax.forward(be, [x[:, k:k + 2]], _call({"tensor": 0}, [-1]), NodeCtx())[0]
+             for k in (0, 2)]
+    combined = all_ops()["aten.maximum.default"].forward(be, parts, _call(
+        {"tensor": 0}, {"tensor": 1}), NodeCtx())[0]
+    with Solver(name="z3") as s:
+        s.add_assertion(Not(Equals(whole[0], combined[0])))
+        assert not s.solve()
+        s.reset_assertions()
+        local = parts[0][0]  # the bug: the local max taken for the global one
+        s.add_assertion(Not(Equals(whole[0], local)))
+        assert s.solve()
+
+
+def test_refused_forms_raise_value_errors():
+    ops = all_ops()
+    x = np.ones((2, 3))
+    with pytest.raises(ValueError, match="boolean mask"):
+        ops["aten.index.Tensor"].forward(NB, [x, x > 0], _call(
+            {"tensor": 0}, [{"tensor": 1, "dtype": "torch.bool"}]), NodeCtx())
+    with pytest.raises(ValueError, match="not modelled"):
+        ops["aten._to_copy.default"].forward(NB, [x], _call({"tensor": 0}, dtype="torch.int64"),
+                                             NodeCtx())
+    with pytest.raises(ValueError, match="bitwise"):
+        ops["aten.bitwise_and.Tensor"].forward(NB, [x, x], _call(
+            {"tensor": 0, "dtype": "torch.int64"}, {"tensor": 1, "dtype": "torch.int64"}),
+            NodeCtx())
+    with pytest.raises(ValueError, match="as_strided"):
+        ops["aten.as_strided.default"].forward(NB, [np.ones(6)], _call(
+            {"tensor": 0}, [2, 2], [2, 1], 1), NodeCtx())
+    with pytest.raises(ValueError, match="rounding_mode"):
+        ops["aten.div.Tensor_mode"].forward(NB, [x, x], _call(
+            {"tensor": 0}, {"tensor": 1}, rounding_mode="floor"), NodeCtx())
