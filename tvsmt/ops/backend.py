@@ -67,6 +67,7 @@ UNINTERPRETED: dict[str, Any] = {
     "uf_log": lambda a: math.log(a) if a > 0 else math.nan,
     "uf_sqrt": lambda a: math.sqrt(a) if a >= 0 else math.nan,
     "uf_tanh": math.tanh,
+    "uf_erf": math.erf,
     "uf_gelu": lambda a: 0.5 * a * (1.0 + math.erf(a / math.sqrt(2.0))),
     "uf_gelu_grad": lambda a: (0.5 * (1.0 + math.erf(a / math.sqrt(2.0)))
                                + a * math.exp(-0.5 * a * a) / math.sqrt(2.0 * math.pi)),

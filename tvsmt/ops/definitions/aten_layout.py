@@ -456,6 +456,10 @@ aten("aten.ones.default", _fill(1), _created_rule(lambda size, **kw: size),
      doc="ones of the (reduced) output shape")
 aten("aten.scalar_tensor.default", lambda be, ctx, s, **kw: full_like(be, (), s),
      _created_rule(lambda s, **kw: ()), doc="a 0-d tensor holding s")
+aten("aten.fill.Scalar", lambda be, ctx, x, value: full_like(be, x.shape, value), identity_rule,
+     doc="functional fill_: x's shape filled with value")
+aten("aten.zero.default", lambda be, ctx, x: be.zeros(x.shape), identity_rule,
+     doc="functional zero_: zeros of x's shape")
 aten("aten.zeros_like.default", lambda be, ctx, x, **kw: be.zeros(x.shape), identity_rule,
      doc="zeros of x's shape")
 aten("aten.ones_like.default", lambda be, ctx, x, **kw: full_like(be, x.shape, 1), identity_rule,

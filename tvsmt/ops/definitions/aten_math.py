@@ -123,6 +123,8 @@ _unary("aten.sigmoid.default", lambda be, x: be.sigmoid(x), "sigmoid(x) (uf_sigm
        ("uf_sigmoid",))
 _unary("aten.cos.default", lambda be, x: be.cos(x), "cos(x) (uf_cos)", ("uf_cos",))
 _unary("aten.sin.default", lambda be, x: be.sin(x), "sin(x) (uf_sin)", ("uf_sin",))
+_unary("aten.erf.default", lambda be, x: be.apply_uf("uf_erf", x), "erf(x) (uf_erf)",
+       ("uf_erf",))
 _unary("aten.silu.default", lambda be, x: x * be.sigmoid(x), "x * sigmoid(x)", ("uf_sigmoid",))
 _unary("aten.relu.default", lambda be, x: be.maximum(x, be.zeros(x.shape)),
        "max(x, 0), exact (ite)")

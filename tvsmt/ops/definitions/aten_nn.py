@@ -16,12 +16,14 @@ the cost of the vocabulary's size.
 from __future__ import annotations
 
 import itertools
+import math
 from fractions import Fraction
 
 import numpy as np
 
 from tvsmt.ops.definitions._common import broadcast_rule, nontrivial, require, sum_axes, times
-from tvsmt.ops.definitions.aten_call import TensorRef, aten, axes, axis, is_bool, number, scalar
+from tvsmt.ops.definitions.aten_call import (TensorRef, aten, axes, axis, full_like, is_bool,
+                                             number, scalar)
 from tvsmt.ops.definitions.aten_layout import fix, same_dims
 from tvsmt.ops.registry import TShape
 
@@ -58,6 +60,24 @@ def _bw_rule(c, outs, g, y, dim, *rest):
 aten("aten._softmax.default", _softmax, _softmax_rule,
      doc="exp(x) / sum(exp(x), dim) (torch's max subtraction cancels on reals)",
      abstracts=("uf_exp", "uf_div"))
+def _safe_softmax(be, ctx, x, dim, dtype=None):
+    """softmax, but 0 on a slice that is -inf everywhere (a fully masked row)."""
+    red = axes(dim, x.ndim)
+    masked = be.compare(x, full_like(be, x.shape, "-inf"), "eq")
+    every = masked
+    for a in red:
+        rows = [np.take(every, i, axis=a) for i in range(every.shape[a])]
+        acc = rows[0]
+        for r in rows[1:]:
+            acc = be.where(acc, r, be.zeros(acc.shape))
+        every = np.expand_dims(acc, a)
+    every = np.array(np.broadcast_to(every, x.shape))
+    return be.where(every, be.zeros(x.shape), _softmax(be, ctx, x, dim))
+
+
+aten("aten._safe_softmax.default", _safe_softmax, _softmax_rule,
+     doc="softmax over dim, 0 on slices that are -inf everywhere (attention's fully masked "
+         "rows; exact ite on x == -inf)", abstracts=("uf_exp", "uf_div"))
 aten("aten._softmax_backward_data.default", _softmax_bw, _bw_rule,
      doc="[g, y = softmax OUTPUT] -> y * (g - sum(g * y, dim)), exact polynomial")
 aten("aten._log_softmax.default", _log_softmax, _softmax_rule,
@@ -228,9 +248,19 @@ def _index_layout(x_ndim: int, dims: list[int], p_ndim: int) -> tuple[int, bool]
     return (dims[0] if adjacent else 0), adjacent
 
 
+def _require_dtypes(refs) -> None:
+    """Index tensors must say their dtype: a bool mask and integer indices of the same values
+    mean different things."""
+    for r in refs:
+        if r is not None and r.dtype is None:
+            raise ValueError("an index tensor reference lacks its dtype (the capture writes "
+                             "{'tensor': k, 'dtype': ...} for non-floating tensors)")
+
+
 def _index_parts(x, indices):
     """(indexed dims, index arrays broadcast together, their shape)."""
     refs = list(indices)
+    _require_dtypes(refs)
     for r in refs:
         if r is not None and is_bool(r):
             raise ValueError("indexing by a boolean mask has a data-dependent shape")
@@ -273,6 +303,7 @@ def _index(be, ctx, x: TensorRef, indices):
 def _index_rule(c, outs, x: TensorRef, indices):
     xs, y = x.value, outs[0]
     refs = list(indices)
+    _require_dtypes(refs)
     require(not any(r is not None and is_bool(r) for r in refs),
             "indexing by a boolean mask has a data-dependent shape")
     dims = [d for d, r in enumerate(refs) if r is not None]
@@ -299,6 +330,7 @@ aten("aten.index.Tensor", _index, _index_rule, refs=True,
 def _index_put(be, ctx, x: TensorRef, indices, values: TensorRef, accumulate=False):
     xv, vv = x.value, values.value
     refs = list(indices)
+    _require_dtypes(refs)
     if len(refs) == 1 and refs[0] is not None and is_bool(refs[0]):
         mask = refs[0].value
         k = mask.ndim
@@ -341,6 +373,7 @@ def _index_put_rule(c, outs, x: TensorRef, indices, values: TensorRef, accumulat
     xs, y = x.value, outs[0]
     same_dims(c, xs, y)
     refs = list(indices)
+    _require_dtypes(refs)
     if len(refs) == 1 and refs[0] is not None and is_bool(refs[0]):
         m = refs[0].value
         same_dims(c, m, TShape(list(xs.dims[:len(m)]), xs.orig[:len(m)]))
@@ -526,3 +559,107 @@ for _ov in ("src", "value"):
          doc="x with x[..., index[..., p], ...] = src[..., p, ...] along dim (exact selection "
              "by value, duplicates: the last write wins, which torch leaves unspecified; the "
              "dim is never reduced; index must match x outside dim)")
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def _sdpa_scores(be, q, k, is_causal, attn_mask, scale, ref_mask):
+    """scale * q @ k^T with the causal (top-left) mask and an additive or boolean mask."""
+    e = q.shape[-1]
+    sc = number(scale) if scale is not None else None
+    s = q @ np.swapaxes(k, -1, -2)
+    s = times(be, s, sc) if sc is not None else times(be, s, number(1 / math.sqrt(e)))
+    rows, cols = s.shape[-2], s.shape[-1]
+    if is_causal:
+        keep = np.broadcast_to(np.tril(np.ones((rows, cols), dtype=bool)), s.shape)
+        s = np.where(keep, s, full_like(be, s.shape, "-inf"))
+    if attn_mask is not None:
+        m = np.array(np.broadcast_to(attn_mask, s.shape))
+        if ref_mask is not None and is_bool(ref_mask):
+            s = be.where(m, s, full_like(be, s.shape, "-inf"))
+        else:
+            s = s + m
+    return s
+
+
+def _sdpa_args(dropout_p, scale):
+    if dropout_p not in (0, 0.0):
+        raise ValueError(f"attention dropout {dropout_p} is random and not modelled")
+
+
+def _sdpa_fw(be, ctx, q: TensorRef, k: TensorRef, v: TensorRef, dropout_p=0.0,
+             is_causal=False, attn_mask=None, scale=None):
+    _sdpa_args(dropout_p, scale)
+    mask = getattr(attn_mask, "value", None)
+    s = _sdpa_scores(be, q.value, k.value, is_causal, mask, scale, attn_mask)
+    e = be.exp(s)
+    total = sum_axes(e, (s.ndim - 1,), True)
+    p = be.div(e, total)
+    return [p @ v.value, be.log(total).reshape(total.shape[:-1])]
+
+
+def _sdpa_bw(be, ctx, g: TensorRef, q: TensorRef, k: TensorRef, v: TensorRef, out, lse,
+             dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+    _sdpa_args(dropout_p, scale)
+    qv, kv, vv, gv = q.value, k.value, v.value, g.value
+    mask = getattr(attn_mask, "value", None)
+    s = _sdpa_scores(be, qv, kv, is_causal, mask, scale, attn_mask)
+    e = be.exp(s)
+    p = be.div(e, sum_axes(e, (s.ndim - 1,), True))
+    t = lambda a: np.swapaxes(a, -1, -2)  # noqa: E731
+    gp = gv @ t(vv)
+    gs = p * (gp - sum_axes(gp * p, (p.ndim - 1,), True))
+    sc = number(scale) if scale is not None else number(1 / math.sqrt(qv.shape[-1]))
+    return [times(be, gs @ kv, sc), times(be, t(gs) @ qv, sc), t(p) @ gv]
+
+
+def _sdpa_rule_core(c, q: TShape, k: TShape, v: TShape, out, is_causal, attn_mask):
+    require(len(q) == len(k) == len(v) >= 2, "attention: q, k, v of the same rank >= 2")
+    require(q.orig[-1] == k.orig[-1] and k.orig[-2] == v.orig[-2],
+            f"attention: q {list(q.orig)}, k {list(k.orig)}, v {list(v.orig)} do not match")
+    for i in range(len(q) - 2):
+        require(q.orig[i] == k.orig[i] == v.orig[i], "attention: batch dims differ")
+        c.eq(q[i], k[i])
+        c.eq(k[i], v[i])
+    c.eq(q[-1], k[-1])
+    c.eq(k[-2], v[-2])
+    nontrivial(c, q, [len(q) - 1])
+    nontrivial(c, k, [len(k) - 2])
+    if is_causal:  # the mask relates query and key positions
+        require(q.orig[-2] == k.orig[-2], "causal attention with different query/key lengths")
+        c.eq(q[-2], k[-2])
+    if attn_mask is not None:
+        lead = TShape(list(q.dims[:-1]) + [k[-2]], tuple(q.orig[:-1]) + (k.orig[-2],))
+        broadcast_rule(c, [attn_mask.value, lead], lead)
+    if out is not None:
+        same_dims(c, TShape(list(q.dims[:-1]), q.orig[:-1]), TShape(list(out.dims[:-1]),
+                                                                   out.orig[:-1]))
+        c.eq(out[-1], v[-1])
+
+
+def _sdpa_rule(c, outs, q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+    _sdpa_rule_core(c, q.value, k.value, v.value, outs[0], is_causal, attn_mask)
+    if len(outs) > 1 and outs[1] is not None:
+        same_dims(c, TShape(list(q.value.dims[:-1]), q.value.orig[:-1]), outs[1])
+
+
+def _sdpa_bw_rule(c, outs, g, q, k, v, out, lse, dropout_p=0.0, is_causal=False,
+                  attn_mask=None, scale=None):
+    _sdpa_rule_core(c, q.value, k.value, v.value, g.value, is_causal, attn_mask)
+    for x, gx in zip((q, k, v), outs):
+        if gx is not None:
+            same_dims(c, x.value, gx)
+
+
+aten("aten._scaled_dot_product_flash_attention_for_cpu.default", _sdpa_fw, _sdpa_rule,
+     n_outputs=2, refs=True,
+     doc="[q, k, v, mask?] -> [softmax(scale * q k^T + mask) v, logsumexp of the scores]; "
+         "scale defaults to 1/sqrt(E) (its float value as an exact rational); is_causal masks "
+         "j > i with -inf; a bool mask keeps where true, a float mask is added; dropout_p "
+         "must be 0", abstracts=("uf_exp", "uf_div", "uf_log"))
+aten("aten._scaled_dot_product_flash_attention_for_cpu_backward.default", _sdpa_bw,
+     _sdpa_bw_rule, n_outputs=3, refs=True,
+     doc="[g, q, k, v, out, logsumexp, mask?] -> [g_q, g_k, g_v], probabilities recomputed "
+         "from q, k (out and logsumexp unused): g_v = p^T g, g_s = p * (g v^T - rowsum), "
+         "g_q = scale g_s k, g_k = scale g_s^T q", abstracts=("uf_exp", "uf_div"))
