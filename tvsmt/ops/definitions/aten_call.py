@@ -154,6 +154,30 @@ Forward = Callable[..., Any]  # (be, ctx, *args, **kwargs) -> array or list of a
 Shape = Callable[..., None]  # (c, outs, *args, **kwargs) with TShapes for the tensors
 
 
+class AtenCtx:
+    """The NodeCtx of a node, plus the original shape of each input array (by identity), so
+    that an entry can take a count from the original sizes."""
+
+    def __init__(self, ctx: NodeCtx, ins):
+        self.out_shapes, self.orig_in, self.orig_out = ctx.out_shapes, ctx.orig_in, ctx.orig_out
+        self._orig = {id(x): tuple(o) for x, o in zip(ins, ctx.orig_in)
+                      if x is not None and o is not None}
+
+    def orig(self, x) -> tuple[int, ...]:
+        """Original shape of input x (its own shape when the plan gives none)."""
+        return self._orig.get(id(x), tuple(np.shape(x)))
+
+
+def original_count(ctx, x, dims) -> int:
+    """Number of elements over `dims` of input x at its ORIGINAL size.
+
+    Counts that normalise (mean, layer norm, loss averaging) use the original sizes, like
+    every other size-derived constant of a traced graph (mean's backward divides by the
+    original count as a plain scalar), so that a reduced stage stays self-consistent."""
+    shape = ctx.orig(x) if isinstance(ctx, AtenCtx) else np.shape(x)
+    return int(np.prod([shape[a] for a in dims], dtype=np.int64))
+
+
 def _listify(result) -> list:
     if isinstance(result, (list, tuple)):
         return list(result)
@@ -170,7 +194,7 @@ def aten(name: str, forward: Forward, shape: Shape, doc: str, *,
 
     def fw(be, ins, attrs, ctx):
         args, kwargs = bind(attrs, ins, refs)
-        return _listify(forward(be, ctx, *args, **kwargs))
+        return _listify(forward(be, AtenCtx(ctx, ins), *args, **kwargs))
 
     def rule(c: ShapeConstraints, ins, outs, attrs):
         args, kwargs = bind(attrs, ins, refs)

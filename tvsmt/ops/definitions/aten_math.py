@@ -14,7 +14,7 @@ import numpy as np
 
 from tvsmt.ops.definitions._common import broadcast_rule, nontrivial, require, sum_axes, times
 from tvsmt.ops.definitions.aten_call import (TensorRef, aten, axes, axis, is_bool, is_neg_inf,
-                                             number, scalar)
+                                             number, original_count, scalar)
 from tvsmt.ops.definitions.aten_layout import broadcast_to
 from tvsmt.ops.registry import TShape
 
@@ -292,8 +292,7 @@ def _sum(be, ctx, x, dim=None, keepdim=False, dtype=None):
 
 def _mean(be, ctx, x, dim=None, keepdim=False, dtype=None):
     red = axes(dim, x.ndim)
-    count = int(np.prod([x.shape[a] for a in red], dtype=np.int64))
-    return times(be, sum_axes(x, red, bool(keepdim)), Fraction(1, count))
+    return times(be, sum_axes(x, red, bool(keepdim)), Fraction(1, original_count(ctx, x, red)))
 
 
 aten("aten.sum.dim_IntList", _sum, lambda c, outs, x, dim=None, keepdim=False, dtype=None:
@@ -301,9 +300,9 @@ aten("aten.sum.dim_IntList", _sum, lambda c, outs, x, dim=None, keepdim=False, d
 aten("aten.sum.default", _sum, lambda c, outs, x, dtype=None: _reduced(c, outs, x, None, False),
      doc="sum of all elements (0-d)")
 aten("aten.mean.dim", _mean, lambda c, outs, x, dim=None, keepdim=False, dtype=None:
-     _reduced(c, outs, x, dim, keepdim), doc="mean over dim, 1/N exact (N the reduced count)")
+     _reduced(c, outs, x, dim, keepdim), doc="mean over dim, 1/N exact, N the ORIGINAL count (aten_call.original_count)")
 aten("aten.mean.default", _mean, lambda c, outs, x, dtype=None: _reduced(c, outs, x, None, False),
-     doc="mean of all elements (0-d), 1/N exact")
+     doc="mean of all elements (0-d), 1/N exact, N the original count")
 
 
 def _max_over(be, x, red, keepdim):

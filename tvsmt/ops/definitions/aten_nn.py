@@ -23,7 +23,7 @@ import numpy as np
 
 from tvsmt.ops.definitions._common import broadcast_rule, nontrivial, require, sum_axes, times
 from tvsmt.ops.definitions.aten_call import (TensorRef, aten, axes, axis, full_like, is_bool,
-                                             number, scalar)
+                                             number, original_count, scalar)
 from tvsmt.ops.definitions.aten_layout import fix, same_dims
 from tvsmt.ops.registry import TShape
 
@@ -94,13 +94,13 @@ def _norm_axes(x_ndim: int, normalized_shape) -> tuple[int, ...]:
     return tuple(range(x_ndim - k, x_ndim))
 
 
-def _count(x, red) -> Fraction:
-    return Fraction(1, int(np.prod([x.shape[a] for a in red], dtype=np.int64)))
+def _count(ctx, x, red) -> Fraction:
+    return Fraction(1, original_count(ctx, x, red))
 
 
 def _layer_norm(be, ctx, x, normalized_shape, weight=None, bias=None, eps=1e-5):
     red = _norm_axes(x.ndim, normalized_shape)
-    inv = _count(x, red)
+    inv = _count(ctx, x, red)
     mean = times(be, sum_axes(x, red, True), inv)
     xc = x - mean
     rstd = be.rsqrt(times(be, sum_axes(xc * xc, red, True), inv) + be.const(number(eps)))
@@ -131,14 +131,15 @@ def _layer_norm_rule(c, outs, x, normalized_shape, weight=None, bias=None, eps=1
 
 aten("aten.native_layer_norm.default", _layer_norm, _layer_norm_rule, n_outputs=3,
      doc="[x, w?, b?] -> [(x - mean) * rstd * w + b, mean, rstd] over the trailing "
-         "normalized_shape dims, rstd = rsqrt(biased var + eps), 1/N exact",
+         "normalized_shape dims, rstd = rsqrt(biased var + eps), 1/N exact with N the "
+         "original count",
      abstracts=("uf_rsqrt",))
 
 
 def _layer_norm_bw(be, ctx, g, x, normalized_shape, mean, rstd, weight, bias, output_mask):
     red = _norm_axes(x.ndim, normalized_shape)
     lead = tuple(range(red[0]))
-    inv = _count(x, red)
+    inv = _count(ctx, x, red)
     xhat = (x - mean) * rstd
     gxhat = g if weight is None else g * weight
     gx = rstd * (gxhat - times(be, sum_axes(gxhat, red, True), inv)
@@ -463,6 +464,9 @@ def _nll_forward(be, ctx, x, target, weight, reduction, ignore_index):
     if red is None:
         raise ValueError(f"nll_loss: reduction={reduction!r}")
     total_arr = np.array(total, dtype=object if be.symbolic else np.float64)
+    # at the original count, like every other normalising count (aten_call.original_count)
+    n_orig, n_now = original_count(ctx, target, range(target.ndim)), max(target.size, 1)
+    total_arr = times(be, total_arr, Fraction(n_orig, n_now))
     if red == "none":
         out = losses.reshape(target.shape)
         return [out, be.zeros(())]
@@ -518,7 +522,8 @@ aten("aten.nll_loss_forward.default", _nll_forward, _nll_forward_rule, n_outputs
      doc="[x (N, C) log-probs, targets, w?] -> [loss, total_weight]: loss_n = -w[t_n] x[n, t_n] "
          "(0 where t_n == ignore_index; exact selection by target value, the class dim is "
          "never reduced), reduced by none/mean/sum; mean divides by total_weight = sum of the "
-         "weights (be.div), exactly as torch normalises", abstracts=("uf_div",))
+         "weights (be.div), exactly as torch normalises; under shape reduction total_weight "
+         "is scaled by original / reduced samples (counts at their original value)", abstracts=("uf_div",))
 aten("aten.nll_loss_backward.default", _nll_backward, _nll_backward_rule,
      doc="[g, x, targets, w?, total_weight] -> g_x with g_x[n, t_n] = -w_n g (/ total_weight "
          "for mean), 0 elsewhere and for ignored targets", abstracts=("uf_div",))
