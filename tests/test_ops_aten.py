@@ -230,7 +230,8 @@ def creation_and_views(x, tok):
 def matmul_pieces(a, b, c, bias):
     out = torch.addmm(bias, a, b) + torch.mm(a, b) + torch.bmm(c, b.expand(2, 4, 5)).sum(0)
     out = out / (out * out + 1.0) + out.reciprocal() * 0.01 + 2.0 ** out + (out * out + 1).pow(0.5)
-    out = out + torch.rsub(out, 1.0) + out.pow(-1) + (out * out + 1).pow(-0.5) + (out * out + 1) ** 1.5
+    sq = out * out + 1
+    out = out + torch.rsub(out, 1.0) + out.pow(-1) + sq.pow(-0.5) + sq ** 1.5
     loss = out.sum()
     return (loss,) + grads(loss, [a, b, c, bias])
 
@@ -511,7 +512,8 @@ def rotary_mask_program(x, w):
     att = heads @ heads.transpose(-1, -2) + torch.full((s, s), float("-inf"), dtype=F64).triu(1)
     att = F.softmax(att, dim=-1) @ heads
     p, q = att.transpose(1, 2).reshape(b, s, d).split(half, dim=-1)
-    z = p * q + y[:, :s // 2, half:].sum(1, keepdim=True).expand(b, s, half) + x.new_zeros((s, half))
+    z = p * q + y[:, :s // 2, half:].sum(1, keepdim=True).expand(b, s, half)
+    z = z + x.new_zeros((s, half))
     st = torch.stack([z, z * 2]).select(0, 1)
     loss = st.pow(2).sum() + y[:, s // 2:, :].sum()  # (mean's backward divides by a constant)
     return (loss,) + grads(loss, [x, w])
@@ -541,7 +543,8 @@ def test_entries_rescale_sizes_and_positions_under_shape_reduction():
                 assert_close(got, want, f"{f.op} at reduced size")
         checked.add(f.op)
     for op in ("aten.slice.Tensor", "aten.slice_backward.default", "aten.arange.default",
-               "aten.arange.start", "aten.arange.start_step", "aten.full.default", "aten.view.default",
+               "aten.arange.start", "aten.arange.start_step", "aten.full.default",
+               "aten.view.default",
                "aten.expand.default", "aten.split.Tensor", "aten.cat.default",
                "aten.new_zeros.default", "aten._unsafe_view.default"):
         assert op in checked, op
@@ -668,7 +671,7 @@ def test_vocab_mask_is_exact_on_symbolic_token_ids():
 
 def test_max_is_exact_so_a_global_max_of_shard_maxima_is_provable():
     """max over a sharded dim = max of the shards' maxima, proven by z3 for all reals."""
-    from pysmt.shortcuts import Not, Equals, Solver
+    from pysmt.shortcuts import Equals, Not, Solver
 
     be = SymbolicBackend()
     x = np.array([[be.mgr.Symbol(f"x{i}", be.real) for i in range(4)]], dtype=object)

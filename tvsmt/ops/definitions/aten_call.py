@@ -19,8 +19,9 @@ references, so that an entry is an ordinary Python function with the schema's si
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from fractions import Fraction
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,7 @@ IGNORED_KWARGS = frozenset({"device", "pin_memory", "layout", "memory_format", "
 class TensorRef:
     """An argument that was a tensor, with its optional dtype (strings like "torch.bool")."""
 
-    __slots__ = ("value", "dtype")
+    __slots__ = ("dtype", "value")
 
     def __init__(self, value: Any, dtype: str | None):
         self.value, self.dtype = value, dtype
@@ -98,13 +99,6 @@ def full_like(be, shape, v: Any) -> np.ndarray:
     out = np.empty(tuple(shape), dtype=object if be.symbolic else np.float64)
     out.fill(scalar(be, v))
     return out
-
-
-def operand(be, v: Any, like: np.ndarray | None = None) -> np.ndarray:
-    """A tensor or a scalar argument of an elementwise op, as an array."""
-    if isinstance(v, np.ndarray):
-        return v
-    return full_like(be, () if like is None else (), v)
 
 
 def out_shape(ctx: NodeCtx, k: int = 0, default=None) -> tuple[int, ...]:

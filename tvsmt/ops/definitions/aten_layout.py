@@ -12,8 +12,16 @@ from __future__ import annotations
 import numpy as np
 
 from tvsmt.ops.definitions._common import mul, require
-from tvsmt.ops.definitions.aten_call import (TensorRef, aten, axis, full_like, is_bool, number,
-                                             out_shape, scale_position)
+from tvsmt.ops.definitions.aten_call import (
+    TensorRef,
+    aten,
+    axis,
+    full_like,
+    is_bool,
+    number,
+    out_shape,
+    scale_position,
+)
 from tvsmt.ops.definitions.layout import view_shape
 from tvsmt.ops.registry import ShapeConstraints, ShapeRuleError, TShape
 

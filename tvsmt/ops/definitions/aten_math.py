@@ -13,8 +13,17 @@ from functools import reduce
 import numpy as np
 
 from tvsmt.ops.definitions._common import broadcast_rule, nontrivial, require, sum_axes, times
-from tvsmt.ops.definitions.aten_call import (TensorRef, aten, axes, axis, is_bool, is_neg_inf,
-                                             number, original_count, scalar)
+from tvsmt.ops.definitions.aten_call import (
+    TensorRef,
+    aten,
+    axes,
+    axis,
+    is_bool,
+    is_neg_inf,
+    number,
+    original_count,
+    scalar,
+)
 from tvsmt.ops.definitions.aten_layout import broadcast_to
 from tvsmt.ops.registry import TShape
 
@@ -192,10 +201,13 @@ aten("aten.minimum.default", lambda be, ctx, x, y: be.scale(be.maximum(
 
 # ----------------------------------------------------------------------------- comparisons
 
+def _comparison(op: str):
+    return lambda be, ctx, x, y: be.compare(x, arr(be, y), op)
+
+
 for _op in ("lt", "le", "gt", "ge", "eq", "ne"):
     for _ov in ("Scalar", "Tensor"):
-        aten(f"aten.{_op}.{_ov}", (lambda op: lambda be, ctx, x, y: be.compare(
-            x, arr(be, y), op))(_op), broadcast_of,
+        aten(f"aten.{_op}.{_ov}", _comparison(_op), broadcast_of,
              doc=f"1 where x {_op} y else 0 (exact ite on the real values; token ids are "
                  "compared as the values they are, so a vocabulary-range mask is exact)")
 
@@ -216,6 +228,10 @@ def _xor(be, a, b):
     return be.compare(_truth(be, a), _truth(be, b), "ne")
 
 
+def _logical(f):
+    return lambda be, ctx, a, b: f(be, a, b)
+
+
 def _bitwise(f, what):
     """A bitwise op on bool tensors (the only dtype where it is the logical op)."""
 
@@ -229,8 +245,7 @@ def _bitwise(f, what):
 
 
 for _name, _f, _what in (("and", _and, "and"), ("or", _or, "or"), ("xor", _xor, "xor")):
-    aten(f"aten.logical_{_name}.default", (lambda f: lambda be, ctx, a, b: f(be, a, b))(_f),
-         broadcast_of, doc=f"logical {_what} of x != 0 and y != 0 (0/1)")
+    aten(f"aten.logical_{_name}.default", _logical(_f), broadcast_of, doc=f"logical {_what} of x != 0 and y != 0 (0/1)")
     aten(f"aten.bitwise_{_name}.Tensor", _bitwise(_f, _name),
          lambda c, outs, a, b: broadcast_rule(c, [getattr(r, "value", r) for r in (a, b)
                                                   if isinstance(getattr(r, "value", r), TShape)],
@@ -253,7 +268,7 @@ def _bitwise_not(be, x: TensorRef):
 def _where(be, ctx, cond, x, y):
     x, y = arr(be, x), arr(be, y)
     shape = np.broadcast(cond, x, y).shape
-    b = lambda v: np.array(np.broadcast_to(v, shape))  # noqa: E731
+    b = lambda v: np.array(np.broadcast_to(v, shape))
     return be.where(b(cond), b(x), b(y))
 
 
@@ -300,7 +315,8 @@ aten("aten.sum.dim_IntList", _sum, lambda c, outs, x, dim=None, keepdim=False, d
 aten("aten.sum.default", _sum, lambda c, outs, x, dtype=None: _reduced(c, outs, x, None, False),
      doc="sum of all elements (0-d)")
 aten("aten.mean.dim", _mean, lambda c, outs, x, dim=None, keepdim=False, dtype=None:
-     _reduced(c, outs, x, dim, keepdim), doc="mean over dim, 1/N exact, N the ORIGINAL count (aten_call.original_count)")
+     _reduced(c, outs, x, dim, keepdim),
+     doc="mean over dim, 1/N exact, N the ORIGINAL count (aten_call.original_count)")
 aten("aten.mean.default", _mean, lambda c, outs, x, dtype=None: _reduced(c, outs, x, None, False),
      doc="mean of all elements (0-d), 1/N exact, N the original count")
 

@@ -22,8 +22,17 @@ from fractions import Fraction
 import numpy as np
 
 from tvsmt.ops.definitions._common import broadcast_rule, nontrivial, require, sum_axes, times
-from tvsmt.ops.definitions.aten_call import (TensorRef, aten, axes, axis, full_like, is_bool,
-                                             number, original_count, scalar)
+from tvsmt.ops.definitions.aten_call import (
+    TensorRef,
+    aten,
+    axes,
+    axis,
+    full_like,
+    is_bool,
+    number,
+    original_count,
+    scalar,
+)
 from tvsmt.ops.definitions.aten_layout import fix, same_dims
 from tvsmt.ops.registry import TShape
 
@@ -477,7 +486,7 @@ def _nll_forward(be, ctx, x, target, weight, reduction, ignore_index):
 
 
 def _nll_backward(be, ctx, g, x, target, weight, reduction, ignore_index, total_weight):
-    picked, w = _nll_parts(be, x, target, weight, ignore_index)
+    _, w = _nll_parts(be, x, target, weight, ignore_index)
     x2 = x.reshape(1, -1) if x.ndim == 1 else x
     n, classes = x2.shape
     red = _REDUCTIONS.get(int(reduction))
@@ -523,7 +532,8 @@ aten("aten.nll_loss_forward.default", _nll_forward, _nll_forward_rule, n_outputs
          "(0 where t_n == ignore_index; exact selection by target value, the class dim is "
          "never reduced), reduced by none/mean/sum; mean divides by total_weight = sum of the "
          "weights (be.div), exactly as torch normalises; under shape reduction total_weight "
-         "is scaled by original / reduced samples (counts at their original value)", abstracts=("uf_div",))
+         "is scaled by original / reduced samples (counts at their original value)",
+     abstracts=("uf_div",))
 aten("aten.nll_loss_backward.default", _nll_backward, _nll_backward_rule,
      doc="[g, x, targets, w?, total_weight] -> g_x with g_x[n, t_n] = -w_n g (/ total_weight "
          "for mean), 0 elsewhere and for ignored targets", abstracts=("uf_div",))
@@ -612,7 +622,7 @@ def _sdpa_bw(be, ctx, g: TensorRef, q: TensorRef, k: TensorRef, v: TensorRef, ou
     s = _sdpa_scores(be, qv, kv, is_causal, mask, scale, attn_mask)
     e = be.exp(s)
     p = be.div(e, sum_axes(e, (s.ndim - 1,), True))
-    t = lambda a: np.swapaxes(a, -1, -2)  # noqa: E731
+    t = lambda a: np.swapaxes(a, -1, -2)
     gp = gv @ t(vv)
     gs = p * (gp - sum_axes(gp * p, (p.ndim - 1,), True))
     sc = number(scale) if scale is not None else number(1 / math.sqrt(qv.shape[-1]))
