@@ -706,6 +706,18 @@ def test_refused_forms_raise_value_errors():
     with pytest.raises(ValueError, match="as_strided"):
         ops["aten.as_strided.default"].forward(NB, [np.ones(6)], _call(
             {"tensor": 0}, [2, 2], [2, 1], 1), NodeCtx())
+    with pytest.raises(ValueError, match="truncates"):
+        ops["aten.copy.default"].forward(NB, [x, x * 0.5], _call(
+            {"tensor": 0, "dtype": "torch.int64"}, {"tensor": 1}), NodeCtx())
+    with pytest.raises(ValueError, match="truncates"):
+        ops["aten.fill.Scalar"].forward(NB, [x], _call(
+            {"tensor": 0, "dtype": "torch.int64"}, 0.5), NodeCtx())
+    with pytest.raises(ValueError, match="truncates"):
+        ops["aten.full.default"].forward(NB, [], _call([2], 0.5, dtype="torch.int64"),
+                                         NodeCtx(((2,),)))
+    with pytest.raises(ValueError, match="lacks its dtype"):
+        ops["aten.index_put.default"].forward(NB, [x, x > 0, np.zeros(())], _call(
+            {"tensor": 0}, [{"tensor": 1}], {"tensor": 2}), NodeCtx())
     with pytest.raises(ValueError, match="rounding_mode"):
         ops["aten.div.Tensor_mode"].forward(NB, [x, x], _call(
             {"tensor": 0}, {"tensor": 1}, rounding_mode="floor"), NodeCtx())

@@ -126,7 +126,7 @@ class Backend:
     def where(self, cond, a, b): raise NotImplementedError  # cond != 0 ? a : b
     def maximum(self, x, y): raise NotImplementedError  # x >= y ? x : y (exact, via ite)
 
-    def constant_ints(self, x) -> "np.ndarray | None":
+    def constant_ints(self, x) -> np.ndarray | None:
         """x as an int array when every element is a known integer constant, else None."""
         raise NotImplementedError
 
@@ -316,9 +316,9 @@ class SymbolicBackend(Backend):
         c = self._term(c)
         if c.is_ite():
             p, a, b = c.args()
-            if a.is_constant() and b.is_constant():
-                if a.constant_value() == 1 and b.constant_value() == 0:
-                    return p
+            if (a.is_constant() and b.is_constant() and a.constant_value() == 1
+                    and b.constant_value() == 0):
+                return p
         if c.is_constant():
             return m.Bool(c.constant_value() != 0)
         return m.Not(m.Equals(c, self.const(0)))

@@ -18,6 +18,7 @@ from tvsmt.ops.definitions.aten_call import (
     axis,
     full_like,
     is_bool,
+    is_neg_inf,
     number,
     out_shape,
     scale_position,
@@ -203,17 +204,27 @@ aten("aten._to_copy.default", lambda be, ctx, x, dtype=None, **kw: _cast(be, x, 
      refs=True)
 
 
-def _copy_fw(be, ctx, self, src, non_blocking=False):
-    return np.array(np.broadcast_to(src, self.shape))
+def _integer(ref: TensorRef) -> bool:
+    return ref.dtype in _INT_DTYPES
+
+
+def _copy_fw(be, ctx, self: TensorRef, src: TensorRef, non_blocking=False):
+    if _integer(self) and not (_integer(src) or is_bool(src)):
+        raise ValueError("copy of a floating tensor into an integer one truncates (not modelled)")
+    if is_bool(self) and not is_bool(src):
+        return be.compare(np.array(np.broadcast_to(src.value, self.value.shape)),
+                          be.zeros(()), "ne")
+    return np.array(np.broadcast_to(src.value, self.value.shape))
 
 
 def _copy_rule(c, outs, self, src, non_blocking=False):
-    broadcast_to(c, [src], self)
-    same_dims(c, self, outs[0])
+    broadcast_to(c, [src.value], self.value)
+    same_dims(c, self.value, outs[0])
 
 
-aten("aten.copy.default", _copy_fw, _copy_rule,
-     doc="functional copy_: the values of src broadcast to self's shape")
+aten("aten.copy.default", _copy_fw, _copy_rule, refs=True,
+     doc="functional copy_: src broadcast to self's shape, converted to self's dtype (to bool: "
+         "!= 0; float into an integer tensor is refused: truncation is not modelled)")
 
 
 # ----------------------------------------------------------------------------- slices
@@ -454,8 +465,25 @@ def _fill(value):
     return lambda be, ctx, size, *rest, **kw: full_like(be, out_shape(ctx, 0, size), value)
 
 
-aten("aten.full.default", lambda be, ctx, size, fill_value, **kw: full_like(
-    be, out_shape(ctx, 0, size), fill_value),
+def _integral_fill(value, dtype) -> None:
+    """A non-integer value in an integer tensor would be truncated: refused."""
+    if dtype in _INT_DTYPES and not is_neg_inf(value) and number(value).denominator != 1:
+        raise ValueError(f"filling a {dtype} tensor with {value!r} truncates (not modelled)")
+
+
+def _full_fw(be, ctx, size, fill_value, dtype=None, **kw):
+    _integral_fill(fill_value, dtype)
+    return full_like(be, out_shape(ctx, 0, size), fill_value)
+
+
+def _fill_fw(be, ctx, x: TensorRef, value):
+    _integral_fill(value, x.dtype)
+    if is_bool(x):
+        return be.compare(full_like(be, x.value.shape, value), be.zeros(()), "ne")
+    return full_like(be, x.value.shape, value)
+
+
+aten("aten.full.default", _full_fw,
      _created_rule(lambda size, fill_value, **kw: size),
      doc="a tensor of the (reduced) output shape filled with fill_value (-inf allowed)")
 aten("aten.zeros.default", _fill(0), _created_rule(lambda size, **kw: size),
@@ -464,8 +492,9 @@ aten("aten.ones.default", _fill(1), _created_rule(lambda size, **kw: size),
      doc="ones of the (reduced) output shape")
 aten("aten.scalar_tensor.default", lambda be, ctx, s, **kw: full_like(be, (), s),
      _created_rule(lambda s, **kw: ()), doc="a 0-d tensor holding s")
-aten("aten.fill.Scalar", lambda be, ctx, x, value: full_like(be, x.shape, value), identity_rule,
-     doc="functional fill_: x's shape filled with value")
+aten("aten.fill.Scalar", _fill_fw, lambda c, outs, x, value: same_dims(c, x.value, outs[0]),
+     refs=True, doc="functional fill_: x's shape filled with value (in x's dtype: a bool tensor "
+                    "gets value != 0, a non-integer value for an integer tensor is refused)")
 aten("aten.zero.default", lambda be, ctx, x: be.zeros(x.shape), identity_rule,
      doc="functional zero_: zeros of x's shape")
 aten("aten.zeros_like.default", lambda be, ctx, x, **kw: be.zeros(x.shape), identity_rule,
