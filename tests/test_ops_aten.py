@@ -293,6 +293,7 @@ def direct_calls():
                                         aten.div.Tensor_mode(x, x1.abs() + 1, rounding_mode=None),
                                         aten.rsub.Tensor(x, x1),
                                         aten.max.dim(x, 0, True), aten.max.default(x),
+                                        aten.amax.default(x), aten.sum.dim_IntList(x, []),
                                         aten.add.Scalar(x, 2.5), aten.sub.Scalar(x, 1.5),
                                         aten.eq.Scalar(x > 0, 1), aten.le.Tensor(x, x1),
                                         aten.ne.Tensor(x, x1),

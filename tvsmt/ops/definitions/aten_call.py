@@ -7,9 +7,11 @@ Convention of the PyTorch capture (issue 11; the capture writes it, these entrie
   no entry has a backward rule of its own;
 * node inputs = the tensor arguments in call order (tensor lists flattened in order);
 * attrs = {"args": [...], "kwargs": {...}} where each tensor is replaced by {"tensor": k}
-  (k = index into the inputs; optional "dtype": "torch.bool" where the entry needs it, as
-  for the index tensors of index/index_put) and non-JSON values are strings ("torch.float32",
-  "-inf");
+  (k = index into the inputs) and non-JSON values are strings ("torch.float32", "-inf");
+  a reference to a tensor that is not floating point also carries its dtype,
+  {"tensor": k, "dtype": "torch.bool"}: a bool mask and 0/1 integer indices mean different
+  things, so index/index_put (and integer casts, bitwise ops, copies into integer tensors)
+  refuse a reference without it rather than guess;
 * outputs = every tensor output of the schema, in order (null where unused).
 
 `bind` puts the input arrays (or, in shape rules, the `TShape`s) back in place of the
@@ -120,7 +122,7 @@ def axis(d: int, ndim: int) -> int:
 
 def axes(dims: Any, ndim: int) -> tuple[int, ...]:
     """A dim / dim-list argument (None or [] = every axis) as sorted axes."""
-    if dims is None or dims == []:
+    if dims is None or (isinstance(dims, (list, tuple)) and not dims):
         return tuple(range(ndim))
     if isinstance(dims, int):
         dims = [dims]
