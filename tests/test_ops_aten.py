@@ -443,6 +443,13 @@ def test_shape_rule_accepts_traced_shapes(op):
             if t is not None:
                 solver.add(*[d == n for d, n in zip(t.dims, a.shape)])
         assert solver.check() == z3.sat, f"{op} ({s.program}): rule rejects the traced shapes"
+        # as the plan checks run it: plain ints for the dims (tvsmt/lineage/checks.py)
+        plain = ShapeConstraints()
+        spec.shape(plain, [None if a is None else TShape(list(a.shape), a.shape)
+                           for a in s.inputs],
+                   [None if a is None else TShape(list(a.shape), a.shape) for a in s.outputs],
+                   s.attrs)
+        assert not [x for x in plain.constraints if x is False], f"{op} ({s.program})"
 
 
 @pytest.mark.parametrize("op", ATEN_OPS)
@@ -759,3 +766,85 @@ def test_aten_terms_print_as_smtlib_that_z3_reads():
     s = z3.Solver()
     s.from_string(printed.text.replace("(check-sat)", ""))
     assert s.check() == z3.sat  # the pairs can differ: a real, parseable obligation
+
+
+# ----------------------------------------------------------------------------- through verify
+
+
+def _ref(k, dtype=None):
+    return {"tensor": k, **({"dtype": dtype} if dtype else {})}
+
+
+def _vocab_plans(wrong_start_rank: int | None = None):
+    """Single: embedding of token ids in a vocabulary of 8 rows. Parallel (2 ranks): the
+    Megatron vocabulary-parallel embedding as the capture writes it in ATen ops (mask the ids
+    outside [start, start + 4), look up, zero the masked rows, all-reduce)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from handmade import PlanDict
+
+    b, s, d, vocab, shard = 2, 4, 4, 8, 4
+    single = PlanDict("single", "vocab_single", {"dp": 1, "tp": 1, "pp": 1, "mb": 1, "ranks": 1})
+    single.t("tok", [b, s], "input"), single.t("W", [vocab, d], "param")
+    single.t("e", [b, s, d])
+    single.n("emb", "aten.embedding.default", ["W", "tok"], ["e"],
+             args=[_ref(0), _ref(1, "torch.int64")], kwargs={})
+    single.d["outputs"] = ["e"]
+
+    par = PlanDict("parallel", "vocab_parallel", {"dp": 1, "tp": 2, "pp": 1, "mb": 1, "ranks": 2})
+    for r in range(2):
+        x = f"@{r}"
+        start = r * shard + (1 if r == wrong_start_rank else 0)
+        par.t("tok" + x, [b, s], "input"), par.t("W" + x, [shard, d], "param")
+        for name, shape in (("lt", [b, s]), ("ge", [b, s]), ("out", [b, s]), ("sub", [b, s]),
+                            ("ids", [b, s]), ("emb", [b, s, d]), ("zero", [1]),
+                            ("masked", [b, s, d]), ("e", [b, s, d])):
+            par.t(name + x, shape)
+        i64, bl = "torch.int64", "torch.bool"
+        par.n("lt" + x, "aten.lt.Scalar", ["tok" + x], ["lt" + x], rank=r,
+              args=[_ref(0, i64), start], kwargs={})
+        par.n("ge" + x, "aten.ge.Scalar", ["tok" + x], ["ge" + x], rank=r,
+              args=[_ref(0, i64), start + shard], kwargs={})
+        par.n("or" + x, "aten.bitwise_or.Tensor", ["lt" + x, "ge" + x], ["out" + x], rank=r,
+              args=[_ref(0, bl), _ref(1, bl)], kwargs={})
+        par.n("sub" + x, "aten.sub.Tensor", ["tok" + x], ["sub" + x], rank=r,
+              args=[_ref(0, i64), start], kwargs={})
+        par.n("fill" + x, "aten.masked_fill.Scalar", ["sub" + x, "out" + x], ["ids" + x],
+              rank=r, args=[_ref(0, i64), _ref(1, bl), 0], kwargs={})
+        par.n("emb" + x, "aten.embedding.default", ["W" + x, "ids" + x], ["emb" + x], rank=r,
+              args=[_ref(0), _ref(1, i64)], kwargs={})
+        par.n("zero" + x, "aten.zeros.default", [], ["zero" + x], rank=r, args=[[1]],
+              kwargs={"dtype": "torch.float32"})
+        par.n("put" + x, "aten.index_put.default", ["emb" + x, "out" + x, "zero" + x],
+              ["masked" + x], rank=r, args=[_ref(0), [_ref(1, bl)], _ref(2)], kwargs={})
+    for r in range(2):
+        par.n(f"ar@{r}", "all_reduce", ["masked@0", "masked@1"], [f"e@{r}"], pass_=None,
+              rank=r, ranks=[0, 1])
+    whole = lambda shape: [(0, n) for n in shape]  # noqa: E731
+    par.lineage("tok", [(whole([b, s]), [f"tok@{r}"]) for r in range(2)])
+    par.lineage("W", [([(r * shard, (r + 1) * shard), (0, d)], [f"W@{r}"]) for r in range(2)])
+    par.lineage("e", [(whole([b, s, d]), [f"e@{r}"]) for r in range(2)])
+    return single.d, par.d
+
+
+def _verify(single: dict, parallel: dict):
+    from tvsmt.plan import plan_from_dict
+    from tvsmt.plan.reader import check_pair
+    from tvsmt.verify import Options, verify_plans
+
+    s, p = plan_from_dict(single, "single.json"), plan_from_dict(parallel, "parallel.json")
+    check_pair(s, p)
+    return verify_plans(s, p, Options(jobs=1))
+
+
+def test_vocab_parallel_embedding_in_aten_ops_is_proven_equivalent():
+    report = _verify(*_vocab_plans())
+    assert report.verdict == "equivalent", report.failures
+
+
+def test_a_wrong_vocabulary_range_on_one_rank_is_a_violation():
+    report = _verify(*_vocab_plans(wrong_start_rank=1))
+    assert report.verdict == "violation", report.failures
+    assert report.failures[0].tensor == "e"

@@ -33,7 +33,7 @@ from tvsmt.ops.definitions.aten_call import (
     original_count,
     scalar,
 )
-from tvsmt.ops.definitions.aten_layout import fix, same_dims
+from tvsmt.ops.definitions.aten_layout import broadcast_to, fix, same_dims
 from tvsmt.ops.registry import TShape
 
 # ----------------------------------------------------------------------------- softmax family
@@ -388,8 +388,7 @@ def _index_put_rule(c, outs, x: TensorRef, indices, values: TensorRef, accumulat
         m = refs[0].value
         same_dims(c, m, TShape(list(xs.dims[:len(m)]), xs.orig[:len(m)]))
         tail = TShape(list(xs.dims[len(m):]), xs.orig[len(m):])
-        if len(values.value):
-            broadcast_rule(c, [values.value], tail)
+        broadcast_to(c, [values.value], tail)
         return
     for d, r in enumerate(refs):
         if r is not None:
