@@ -822,7 +822,7 @@ def _vocab_plans(wrong_start_rank: int | None = None):
     for r in range(2):
         par.n(f"ar@{r}", "all_reduce", ["masked@0", "masked@1"], [f"e@{r}"], pass_=None,
               rank=r, ranks=[0, 1])
-    whole = lambda shape: [(0, n) for n in shape]  # noqa: E731
+    whole = lambda shape: [(0, n) for n in shape]
     par.lineage("tok", [(whole([b, s]), [f"tok@{r}"]) for r in range(2)])
     par.lineage("W", [([(r * shard, (r + 1) * shard), (0, d)], [f"W@{r}"]) for r in range(2)])
     par.lineage("e", [(whole([b, s, d]), [f"e@{r}"]) for r in range(2)])
