@@ -255,6 +255,14 @@ def attention_pieces(q, k, v, bias):
     return (loss,) + grads(loss, [q, k, v])
 
 
+def statistics(x):
+    """logsumexp, var/std/var_mean with corrections, log1p, expm1."""
+    v, m = torch.var_mean(x, dim=-1, correction=0, keepdim=True)
+    loss = (torch.logsumexp(x, dim=-1).sum() + x.var(dim=0).sum() + x.std(dim=-1).sum()
+            + (v * m).sum() + torch.log1p(x.abs()).sum() + torch.expm1(x).sum())
+    return (loss,) + grads(loss, [x])
+
+
 def fills(x):
     """In-place fill_/zero_, made functional."""
     filled = x.detach().clone().fill_(0.5) + x.detach().clone().zero_()
@@ -346,6 +354,7 @@ def _programs():
                 (rnd(2, 2, 4, 4), True), (rnd(2, 2, 4, 4), True), (rnd(2, 2, 4, 4), True),
                 (rnd(4, 4), False))], None),
         "fills": (fills, [rnd(3, 4)], "mutations"),
+        "statistics": (statistics, [rnd(3, 4)], "mutations"),
         "gather": (gather_and_scatter, [rnd(3, 4), torch.tensor([[0, 3], [1, 1], [2, 0]]),
                                         rnd(4, 2), rnd(3, 2), torch.tensor([1, 3, 1])],
                    "mutations"),

@@ -410,3 +410,51 @@ aten("aten.addmm.default", lambda be, ctx, self, a, b, beta=1, alpha=1: _scaled_
 aten("aten.baddbmm.default", lambda be, ctx, self, a, b, beta=1, alpha=1: _scaled_sum(
     be, self, a @ b, beta, alpha), _addmm_rule(1),
      doc="beta * self + alpha * (a @ b) batched, self broadcast")
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def _logsumexp(be, ctx, x, dim, keepdim=False):
+    return be.log(sum_axes(be.exp(x), axes(dim, x.ndim), bool(keepdim)))
+
+
+aten("aten.logsumexp.default", _logsumexp, lambda c, outs, x, dim, keepdim=False: _reduced(
+    c, outs, x, dim, keepdim), doc="log(sum(exp(x), dim)) (no max shift: equal on reals)",
+     abstracts=("uf_exp", "uf_log"))
+
+
+def _variance(be, ctx, x, dim=None, correction=None, keepdim=False):
+    """(var, mean) over dim with Bessel's correction (default 1), counts at their original
+    value (aten_call.original_count)."""
+    red = axes(dim, x.ndim)
+    n = original_count(ctx, x, red)
+    corr = Fraction(1) if correction is None else number(correction)
+    if n - corr <= 0:
+        raise ValueError(f"variance of {n} elements with correction {corr}")
+    mean = times(be, sum_axes(x, red, True), Fraction(1, n))
+    xc = x - mean
+    var = times(be, sum_axes(xc * xc, red, bool(keepdim)), 1 / (n - corr))
+    if not keepdim:
+        mean = mean.reshape(var.shape)
+    return var, mean
+
+
+def _stat_rule(c, outs, x, dim=None, *rest, correction=None, keepdim=False):
+    for y in outs:
+        if y is not None:
+            _reduced(c, [y], x, dim, keepdim)
+
+
+aten("aten.var.correction", lambda be, ctx, x, dim=None, *, correction=None, keepdim=False:
+     _variance(be, ctx, x, dim, correction, keepdim)[0], _stat_rule,
+     doc="variance over dim with correction (default 1), exact")
+aten("aten.var_mean.correction", lambda be, ctx, x, dim=None, *, correction=None,
+     keepdim=False: list(_variance(be, ctx, x, dim, correction, keepdim)), _stat_rule,
+     n_outputs=2, doc="(variance, mean) over dim, exact")
+aten("aten.std.correction", lambda be, ctx, x, dim=None, *, correction=None, keepdim=False:
+     be.sqrt(_variance(be, ctx, x, dim, correction, keepdim)[0]), _stat_rule,
+     doc="sqrt of the variance (uf_sqrt)", abstracts=("uf_sqrt",))
+_unary("aten.log1p.default", lambda be, x: be.log(x + be.const(1)), "log(1 + x) (uf_log)",
+       ("uf_log",))
+_unary("aten.expm1.default", lambda be, x: be.exp(x) - be.const(1), "exp(x) - 1 (uf_exp)",
+       ("uf_exp",))
