@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from tvsmt.ops.backend import exact
-from tvsmt.ops.registry import NodeCtx, OpSpec, ShapeConstraints, TShape, register
+from tvsmt.ops.registry import AttrError, NodeCtx, OpSpec, ShapeConstraints, TShape, register
 
 NO_BACKWARD = "the trace contains its backward as ATen ops"
 
@@ -53,7 +53,7 @@ def _bind(a: Any, ins, keep_refs: bool):
     if _is_ref(a):
         k = a["tensor"]
         if not isinstance(k, int) or not 0 <= k < len(ins):
-            raise ValueError(f"tensor reference {a!r} is not an input index")
+            raise AttrError(f"tensor reference {a!r} is not an input index")
         return TensorRef(ins[k], a.get("dtype")) if keep_refs else ins[k]
     if isinstance(a, list):
         return [_bind(b, ins, keep_refs) for b in a]
@@ -63,7 +63,7 @@ def _bind(a: Any, ins, keep_refs: bool):
 def bind(attrs: dict, ins, keep_refs: bool = False) -> tuple[list, dict]:
     """(args, kwargs) of the captured call with the inputs in place of the references."""
     if "args" not in attrs:
-        raise ValueError("an ATen node needs attrs.args (the captured call)")
+        raise AttrError("an ATen node needs attrs.args (the captured call)")
     args = [_bind(a, ins, keep_refs) for a in attrs["args"]]
     kwargs = {k: _bind(v, ins, keep_refs) for k, v in (attrs.get("kwargs") or {}).items()
               if k not in IGNORED_KWARGS}
@@ -86,7 +86,7 @@ def number(v: Any) -> Fraction:
         try:
             v = float(v)
         except ValueError:
-            raise ValueError(f"{v!r} is not a number") from None
+            raise AttrError(f"{v!r} is not a number") from None
     return exact(v)
 
 
@@ -108,7 +108,7 @@ def out_shape(ctx: NodeCtx, k: int = 0, default=None) -> tuple[int, ...]:
     if len(ctx.out_shapes) > k and ctx.out_shapes[k] is not None:
         return tuple(ctx.out_shapes[k])
     if default is None:
-        raise ValueError(f"output {k}: the node's output shape is needed")
+        raise AttrError(f"output {k}: the node's output shape is needed")
     return tuple(default)
 
 
@@ -116,7 +116,7 @@ def axis(d: int, ndim: int) -> int:
     """A dim argument as a non-negative axis (a 0-d tensor counts as 1-d, as in torch)."""
     n = max(ndim, 1)
     if not isinstance(d, int) or isinstance(d, bool) or not -n <= d < n:
-        raise ValueError(f"dim={d!r} is not an axis of a {ndim}-d tensor")
+        raise AttrError(f"dim={d!r} is not an axis of a {ndim}-d tensor")
     return d % n
 
 
@@ -140,7 +140,7 @@ def scale_position(pos: int, orig: int, reduced: int) -> int:
         return pos
     scaled = Fraction(pos * reduced, orig)
     if scaled.denominator != 1:
-        raise ValueError(f"position {pos} of {orig} is not a whole position at size {reduced}")
+        raise AttrError(f"position {pos} of {orig} is not a whole position at size {reduced}")
     return int(scaled)
 
 

@@ -24,7 +24,7 @@ from tvsmt.ops.definitions.aten_call import (
     scale_position,
 )
 from tvsmt.ops.definitions.layout import view_shape
-from tvsmt.ops.registry import ShapeConstraints, ShapeRuleError, TShape
+from tvsmt.ops.registry import AttrError, ShapeConstraints, ShapeRuleError, TShape
 
 
 def same_dims(c: ShapeConstraints, a: TShape, b: TShape, skip: tuple[int, ...] = ()) -> None:
@@ -194,7 +194,7 @@ def _cast(be, x: TensorRef, dtype):
         return be.compare(x.value, be.zeros(()), "ne")
     if dtype in _INT_DTYPES and (is_bool(x) or x.dtype in _INT_DTYPES):
         return x.value.copy()
-    raise ValueError(f"cast of a {x.dtype or 'floating'} tensor to {dtype} is not modelled")
+    raise AttrError(f"cast of a {x.dtype or 'floating'} tensor to {dtype} is not modelled")
 
 
 aten("aten._to_copy.default", lambda be, ctx, x, dtype=None, **kw: _cast(be, x, dtype),
@@ -210,7 +210,7 @@ def _integer(ref: TensorRef) -> bool:
 
 def _copy_fw(be, ctx, self: TensorRef, src: TensorRef, non_blocking=False):
     if _integer(self) and not (_integer(src) or is_bool(src)):
-        raise ValueError("copy of a floating tensor into an integer one truncates (not modelled)")
+        raise AttrError("copy of a floating tensor into an integer one truncates (not modelled)")
     if is_bool(self) and not is_bool(src):
         return be.compare(np.array(np.broadcast_to(src.value, self.value.shape)),
                           be.zeros(()), "ne")
@@ -234,7 +234,7 @@ def _bounds(n: int, start, end, step) -> tuple[int, int, int]:
     """torch's clamped [start, end) of a slice of a dim of size n."""
     step = 1 if step is None else int(step)
     if step <= 0:
-        raise ValueError(f"slice step {step} must be positive")
+        raise AttrError(f"slice step {step} must be positive")
     start = 0 if start is None else int(start)
     end = n if end is None else int(end)
     start, end = (s + n if s < 0 else s for s in (start, end))
@@ -247,7 +247,7 @@ def _slice_positions(full: int, reduced: int, start, end, step) -> slice:
     if full == reduced:
         return slice(s, e, st)
     if st != 1:
-        raise ValueError("a strided slice of a reduced dim (its shape rule keeps it whole)")
+        raise AttrError("a strided slice of a reduced dim (its shape rule keeps it whole)")
     return slice(scale_position(s, full, reduced), scale_position(e, full, reduced))
 
 
@@ -389,7 +389,7 @@ def _pieces(n: int, sizes) -> list[tuple[int, int]]:
 
 def _split_sizes(n: int, split_size: int) -> list[int]:
     if split_size <= 0:
-        raise ValueError(f"split size {split_size}")
+        raise AttrError(f"split size {split_size}")
     return [min(split_size, n - o) for o in range(0, n, split_size)] or [0]
 
 
@@ -468,7 +468,7 @@ def _fill(value):
 def _integral_fill(value, dtype) -> None:
     """A non-integer value in an integer tensor would be truncated: refused."""
     if dtype in _INT_DTYPES and not is_neg_inf(value) and number(value).denominator != 1:
-        raise ValueError(f"filling a {dtype} tensor with {value!r} truncates (not modelled)")
+        raise AttrError(f"filling a {dtype} tensor with {value!r} truncates (not modelled)")
 
 
 def _full_fw(be, ctx, size, fill_value, dtype=None, **kw):
@@ -592,7 +592,7 @@ def _contiguous_whole(x_orig, size, stride, offset) -> None:
     ok = (offset or 0) == 0 and int(np.prod(size)) == int(np.prod(x_orig)) and all(
         s == w for s, w, n in zip(stride, want, size) if n != 1)
     if not ok:
-        raise ValueError(f"as_strided(size={size}, stride={stride}, offset={offset}) is not a "
+        raise AttrError(f"as_strided(size={size}, stride={stride}, offset={offset}) is not a "
                          "reshape of the whole tensor (only that form is modelled)")
 
 

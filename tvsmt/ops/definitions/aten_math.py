@@ -25,7 +25,7 @@ from tvsmt.ops.definitions.aten_call import (
     scalar,
 )
 from tvsmt.ops.definitions.aten_layout import broadcast_to
-from tvsmt.ops.registry import TShape
+from tvsmt.ops.registry import AttrError, TShape
 
 # ----------------------------------------------------------------------------- elementwise
 
@@ -67,11 +67,11 @@ def _mul(be, ctx, x, y):
 
 def _div(be, ctx, x, y, rounding_mode=None):
     if rounding_mode is not None:
-        raise ValueError(f"div: rounding_mode={rounding_mode!r} is not modelled")
+        raise AttrError(f"div: rounding_mode={rounding_mode!r} is not modelled")
     if not isinstance(y, np.ndarray):
         c = number(y)
         if c == 0:
-            raise ValueError("division by the constant 0")
+            raise AttrError("division by the constant 0")
         return times(be, arr(be, x), 1 / c)
     return be.div(arr(be, x), y)
 
@@ -146,13 +146,13 @@ _unary("aten.sign.default", lambda be, x: be.compare(x, be.zeros(()), "gt")
 
 def _gelu(be, ctx, x, approximate="none"):
     if approximate not in ("none", "tanh"):
-        raise ValueError(f"gelu: approximate={approximate!r}")
+        raise AttrError(f"gelu: approximate={approximate!r}")
     return be.apply_uf("uf_gelu" if approximate == "none" else "uf_gelu_tanh", x)
 
 
 def _gelu_backward(be, ctx, g, x, approximate="none"):
     if approximate not in ("none", "tanh"):
-        raise ValueError(f"gelu_backward: approximate={approximate!r}")
+        raise AttrError(f"gelu_backward: approximate={approximate!r}")
     return g * be.apply_uf("uf_gelu_grad" if approximate == "none" else "uf_gelu_tanh_grad", x)
 
 
@@ -238,7 +238,7 @@ def _bitwise(f, what):
     def fw(be, ctx, a: TensorRef, b: TensorRef):
         for r in (a, b):
             if isinstance(r, TensorRef) and not is_bool(r):
-                raise ValueError(f"bitwise_{what} of a non-bool tensor is not modelled")
+                raise AttrError(f"bitwise_{what} of a non-bool tensor is not modelled")
         return f(be, arr(be, getattr(a, "value", a)), arr(be, getattr(b, "value", b)))
 
     return fw
@@ -261,7 +261,7 @@ aten("aten.bitwise_not.default", lambda be, ctx, x: _bitwise_not(be, x),
 
 def _bitwise_not(be, x: TensorRef):
     if not is_bool(x):
-        raise ValueError("bitwise_not of a non-bool tensor is not modelled")
+        raise AttrError("bitwise_not of a non-bool tensor is not modelled")
     return be.compare(x.value, be.zeros(()), "eq")
 
 
@@ -430,7 +430,7 @@ def _variance(be, ctx, x, dim=None, correction=None, keepdim=False):
     n = original_count(ctx, x, red)
     corr = Fraction(1) if correction is None else number(correction)
     if n - corr <= 0:
-        raise ValueError(f"variance of {n} elements with correction {corr}")
+        raise AttrError(f"variance of {n} elements with correction {corr}")
     mean = times(be, sum_axes(x, red, True), Fraction(1, n))
     xc = x - mean
     var = times(be, sum_axes(xc * xc, red, bool(keepdim)), 1 / (n - corr))

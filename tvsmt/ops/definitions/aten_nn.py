@@ -34,7 +34,7 @@ from tvsmt.ops.definitions.aten_call import (
     scalar,
 )
 from tvsmt.ops.definitions.aten_layout import broadcast_to, fix, same_dims
-from tvsmt.ops.registry import TShape
+from tvsmt.ops.registry import AttrError, TShape
 
 # ----------------------------------------------------------------------------- softmax family
 
@@ -184,7 +184,7 @@ def select_rows(be, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
     ints = be.constant_ints(idx)
     if ints is not None:
         if ints.size and (ints.min() < 0 or ints.max() >= x.shape[0]):
-            raise ValueError(f"index {int(ints.min())}..{int(ints.max())} out of range "
+            raise AttrError(f"index {int(ints.min())}..{int(ints.max())} out of range "
                              f"[0, {x.shape[0]})")
         return x[ints].copy()
     shape = idx.shape + x.shape[1:]
@@ -217,7 +217,7 @@ aten("aten.embedding.default", _embedding, _embedding_rule,
 
 def _embedding_bw(be, ctx, g, indices, num_weights, padding_idx=-1, scale_grad_by_freq=False):
     if scale_grad_by_freq:
-        raise ValueError("embedding_dense_backward: scale_grad_by_freq is not modelled")
+        raise AttrError("embedding_dense_backward: scale_grad_by_freq is not modelled")
     d = g.shape[-1]
     flat_g, flat_i = g.reshape(-1, d), indices.reshape(-1)
     ints = be.constant_ints(flat_i)
@@ -263,7 +263,7 @@ def _require_dtypes(refs) -> None:
     mean different things."""
     for r in refs:
         if r is not None and r.dtype is None:
-            raise ValueError("an index tensor reference lacks its dtype (the capture writes "
+            raise AttrError("an index tensor reference lacks its dtype (the capture writes "
                              "{'tensor': k, 'dtype': ...} for non-floating tensors)")
 
 
@@ -273,7 +273,7 @@ def _index_parts(x, indices):
     _require_dtypes(refs)
     for r in refs:
         if r is not None and is_bool(r):
-            raise ValueError("indexing by a boolean mask has a data-dependent shape")
+            raise AttrError("indexing by a boolean mask has a data-dependent shape")
     dims = [d for d, r in enumerate(refs) if r is not None]
     require(bool(dims) and len(refs) <= x.ndim, "index: no index tensors")
     shape = np.broadcast_shapes(*(refs[d].value.shape for d in dims))
@@ -289,7 +289,7 @@ def _gather_all(be, x, dims, arrays, shape):
     if all(i is not None for i in ints):
         for d, i in zip(dims, ints):
             if i.size and (i.min() < -x.shape[d] or i.max() >= x.shape[d]):
-                raise ValueError(f"index out of range for dim {d} of size {x.shape[d]}")
+                raise AttrError(f"index out of range for dim {d} of size {x.shape[d]}")
         return xt[tuple(ints)].copy()
     full = tuple(shape) + rest_shape
     sel = [np.broadcast_to(a.reshape(tuple(shape) + (1,) * len(rest)), full) for a in arrays]
@@ -470,7 +470,7 @@ def _nll_forward(be, ctx, x, target, weight, reduction, ignore_index):
     total = np.sum(w)
     red = _REDUCTIONS.get(int(reduction))
     if red is None:
-        raise ValueError(f"nll_loss: reduction={reduction!r}")
+        raise AttrError(f"nll_loss: reduction={reduction!r}")
     total_arr = np.array(total, dtype=object if be.symbolic else np.float64)
     # at the original count, like every other normalising count (aten_call.original_count)
     n_orig, n_now = original_count(ctx, target, range(target.ndim)), max(target.size, 1)
@@ -599,7 +599,7 @@ def _sdpa_scores(be, q, k, is_causal, attn_mask, scale, ref_mask):
 
 def _sdpa_args(dropout_p, scale):
     if dropout_p not in (0, 0.0):
-        raise ValueError(f"attention dropout {dropout_p} is random and not modelled")
+        raise AttrError(f"attention dropout {dropout_p} is random and not modelled")
 
 
 def _sdpa_fw(be, ctx, q: TensorRef, k: TensorRef, v: TensorRef, dropout_p=0.0,
