@@ -130,9 +130,10 @@ def test_a_lying_solver_never_makes_a_buggy_plan_pass(tmp_path, buggy_pair):
     data = json.loads(out.read_text())
     assert data["verdict"] == "inconclusive"
     assert data["stages_proven"] < data["stages_total"]
-    # the stage the bug breaks (hs = h / const on rank 2) is the one the liar got wrong
-    assert any(f["kind"] == "inconclusive" and f["tensor"] == "hs" for f in data["failures"]), \
-        data["failures"]
+    # the stage the bug breaks (hs = h / const on rank 2) is the one the liar got wrong: a
+    # solver failure (the policy's inconclusive kind for an unsat the evaluation contradicts)
+    assert any(f["kind"] == "solver-failure" and f["tensor"] == "hs"
+               for f in data["failures"]), data["failures"]
 
 
 def _liar_as(tmp_path, name: str, answer: str) -> dict:
