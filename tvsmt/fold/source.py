@@ -30,6 +30,7 @@ from tvsmt.fold.units import (
     UnitMap,
     WorldUnits,
     assign_units,
+    node_units,
 )
 from tvsmt.plan.model import Node, Plan
 
@@ -54,7 +55,7 @@ def flatten_sum_chains(parallel: Plan, sum_ops: frozenset[str]) -> Plan:
     Sums over units are then one node each, as folding needs (folder.py)."""
     wu = WorldUnits.of(parallel.world)
     try:
-        umap = assign_units(parallel, wu, sum_ops)
+        node_unit, _ = node_units(parallel, wu, sum_ops)
     except NoUnits:
         return parallel
     producer: dict[str, int] = {}
@@ -68,7 +69,7 @@ def flatten_sum_chains(parallel: Plan, sum_ops: frozenset[str]) -> Plan:
     for lin in parallel.lineages:
         for p in lin.parts:
             named.update(p.sum_of)
-    spanning = [n.op in sum_ops and umap.node_unit[i][1] is None
+    spanning = [n.op in sum_ops and node_unit[i][1] is None
                 for i, n in enumerate(parallel.nodes)]
     inputs: dict[int, tuple] = {}
     dropped: set[int] = set()

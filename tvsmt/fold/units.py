@@ -78,8 +78,9 @@ class UnitMap:
         return self.tensor_unit[tid], self.number[tid]
 
 
-def assign_units(plan: Plan, wu: WorldUnits, sum_ops: frozenset[str]) -> UnitMap:
-    """Units of a loaded plan's nodes and tensors, from ranks, micro-batches and dataflow."""
+def node_units(plan: Plan, wu: WorldUnits, sum_ops: frozenset[str]
+               ) -> tuple[list[Unit], dict[str, Unit]]:
+    """Each node's unit, and the unit of each tensor a node produces."""
     try:
         mesh = Mesh.of({k: v for k, v in plan.world.items() if k in ("dp", "pp", "tp")})
     except (TypeError, ValueError) as e:
@@ -106,6 +107,12 @@ def assign_units(plan: Plan, wu: WorldUnits, sum_ops: frozenset[str]) -> UnitMap
         for x in n.outputs:
             if x is not None:
                 produced[x] = u
+    return node_unit, produced
+
+
+def assign_units(plan: Plan, wu: WorldUnits, sum_ops: frozenset[str]) -> UnitMap:
+    """Units of a loaded plan's nodes and tensors, from ranks, micro-batches and dataflow."""
+    node_unit, produced = node_units(plan, wu, sum_ops)
     consumers: dict[str, set] = {}
     for n, u in zip(plan.nodes, node_unit):
         for x in n.inputs:
