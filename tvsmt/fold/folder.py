@@ -4,18 +4,19 @@ A plan with dp replicas and mb micro-batches repeats one unit of work dp*mb time
 Verifying every copy costs time and memory linear in dp*mb, with nothing new to learn after
 the first few. The folder
 
-1. checks every unit against the representative unit (0, 0) (or (0, None) for replica
-   units): after renaming (units.py), the unit's tensors (id, shape), nodes (id, op,
-   pass, rank, micro-batch, inputs, outputs, semantic attributes) and lineage parts (sum_of,
-   scale, slice) must be exactly the representative's, except that a part's slice may be
+1. checks every unit (found by structure: units.py) against the representative unit (0, 0)
+   (or (0, None) for replica units): relative to its unit (table.py), the unit's tensors
+   (shapes, by local number), nodes (op, pass, rank, micro-batch, inputs, outputs as local
+   numbers, semantic attributes) and lineage parts (sum_of, scale, slice) must be exactly the
+   representative's, except that a part's slice may be
    translated along one dimension: the unit's *piece* of the batch. Every unit must hold the
    same piece index in every lineage, and the units' pieces must tile the batch;
 2. keeps the units of the first `2 + extra` replicas and micro-batches, and every unit that is
    not a copy (an *exception*, together with the rest of its replica), and drops the others;
 3. restricts every sum that spans units (grad_accum over micro-batches, reducer and loss
    all_reduce over replicas, lineage parts summing every instance) to the kept units. Such a
-   sum must take exactly one copy of the same tensor from every unit of its level, else
-   nothing is folded;
+   sum must take exactly one tensor from every unit of its level, the same one (local
+   number) from every unit that is a copy, else nothing is folded;
 4. shrinks the single plan's batch accordingly (rebatch.py): the kept pieces are packed.
 
 Why this is sound. The operators are SIMD-like along the batch, which shape reduction already
@@ -28,8 +29,11 @@ exceptions, the verifier proves a second fold with one more uniform replica and 
 kept (`extra=1`): two different counts of the uniform class make c = 0, and the exceptions'
 constants then sum to zero too. So a proof of the fold (both folds when there are
 exceptions) is a proof of the whole plan. Everything that does not fit this pattern (a
-partial sum over units, an unrecognised id, a reference from a kept unit into a dropped one,
-an inconsistent piece) makes the folder refuse, and the plan is verified unfolded.
+partial sum over units, a rank or micro-batch outside the world, a reference from a kept unit
+into a dropped one, an inconsistent piece) makes the folder refuse, and the plan is verified
+unfolded. Ids are never read: a unit is compared through local tensor numbers, and two units
+are copies when the positional correspondence of their nodes and numbered tensors preserves
+every operator, attribute, shape, slice and edge, which is all the SIMD argument needs.
 """
 
 from __future__ import annotations

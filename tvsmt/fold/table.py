@@ -89,8 +89,22 @@ def _csr(lists: list[list[tuple]]) -> tuple[np.ndarray, np.ndarray]:
     return ptr, np.array(flat, dtype=np.int64).reshape(-1, 4)
 
 
+_ATTRS_SEEN: dict[tuple[str, str], tuple[str, list[int]]] = {}
+
+
 def semantic_attrs(node: Node) -> tuple[str, list[int]]:
-    """(attribute text with rank numbers taken out, those rank numbers)."""
+    """(attribute text with rank numbers taken out, those rank numbers); memoised on the
+    attributes' repr (equal reprs are equal attributes; most nodes repeat a few)."""
+    key = (node.op, repr(node.attrs))
+    hit = _ATTRS_SEEN.get(key)
+    if hit is None:
+        if len(_ATTRS_SEEN) > 100_000:
+            _ATTRS_SEEN.clear()
+        hit = _ATTRS_SEEN[key] = _semantic_attrs(node)
+    return hit[0], list(hit[1])
+
+
+def _semantic_attrs(node: Node) -> tuple[str, list[int]]:
     reads = get_op(node.op).semantic_attrs
     attrs = node.attrs if reads is None else reads(node.attrs)
     if not attrs:
