@@ -201,3 +201,24 @@ def test_two_units_claiming_the_same_rows_are_not_folded(pair, single):
         fold_plans(single, plan_from_dict(broken, "p"))
     report = _verify(single, broken)
     assert report.verdict == "violation" and "tile" in report.fold_note
+
+
+def test_a_replica_giving_a_reducer_another_tensor_is_not_folded(pair, single):
+    """Every reducer of one weight takes replica 3's gradient of another weight (same shape):
+    each replica unit alone still looks like a copy, but the sum over replicas does not take
+    the same tensor from every replica, so nothing is folded."""
+    broken = copy.deepcopy(pair[1])
+    shape = {t: tuple(i["shape"]) for t, i in broken["tensors"].items()}
+    reducers = [n for n in broken["nodes"] if n["op"] == "reducer"]
+    first = reducers[0]
+    other = next(n for n in reducers if n["rank"] == first["rank"]
+                 and n["inputs"] != first["inputs"]
+                 and shape[n["inputs"][3]] == shape[first["inputs"][3]])
+    old, new = first["inputs"][3], other["inputs"][3]
+    group = [n for n in reducers if n["inputs"] == first["inputs"]]
+    assert len(group) == WORLD["dp"]
+    for n in group:
+        n["inputs"][3] = new
+    with pytest.raises(FoldRefused, match="another tensor"):
+        fold_plans(single, plan_from_dict(broken, "p"))
+    assert old != new
