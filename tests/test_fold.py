@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from tvsmt.fold import FoldRefused, fold_plans
-from tvsmt.fold.table import OTHER, Interner, decode_id, encode_id, rename_ids, rename_ranks
-from tvsmt.fold.units import WorldUnits, parse_id
+from tvsmt.fold.folder import SUM_OPS
+from tvsmt.fold.table import OTHER, rename_ranks
+from tvsmt.fold.units import WorldUnits, assign_units
 from tvsmt.frontends import generate_pair
 from tvsmt.frontends.mutations import MUTATIONS, NotApplicable, apply
 from tvsmt.plan import plan_from_dict
@@ -38,22 +39,33 @@ def _verify(single, parallel: dict, fold: bool = True):
     return verify_plans(single, plan_from_dict(parallel, "parallel"), Options(jobs=1, fold=fold))
 
 
-def test_ids_and_renaming():
-    assert parse_id("x@r12m3") == ("x", (12,), 3)
-    assert parse_id("w@r5") == ("w", (5,), None)
-    assert parse_id("msg@r0>r4m1") == ("msg", (0, 4), 1)
-    assert parse_id("plain") is None and parse_id("t@r-8m0") is None
-    wu = WorldUnits(dp=4, mb=4, per_replica=4)
-    assert wu.unit_of("x@r13m2") == (3, 2) and wu.unit_of("w@r13") == (3, None)
-    assert wu.unit_of("msg@r3>r4m0") is None  # a message between replicas: no unit
-    intern = Interner()
-    ids = ["x@r13m2", "w@r13", "x@r13m1", "x@r1m2", "msg@r12>r14m2", "plain"]
-    rows = np.array([encode_id(x, intern) for x in ids])
-    out = rename_ids(rows, (3, 2), 4)  # unit (replica 3, micro-batch 2) -> (0, 0)
-    got = [decode_id(r, intern) if r[1] < OTHER else "other" for r in out]
-    # the replica's weights map with the instance; another micro-batch or another replica
-    # is another unit; an id of no unit stays as it is
-    assert got == ["x@r1m0", "w@r1", "other", "other", "msg@r0>r2m0", "plain"]
+def test_units_come_from_ranks_micro_batches_and_dataflow(pair):
+    """Units are read from node fields and dataflow, never from ids: a node's unit is
+    (replica of its rank, mb); a sum over units (grad_accum, reducer) is its replica's; a
+    weight (a graph input read by one replica's micro-batches) is its replica's; an in-flight
+    message is its sender's."""
+    p = plan_from_dict(pair[1], "p")
+    umap = assign_units(p, WorldUnits.of(p.world), SUM_OPS)
+    by_id = {n.id: (n, u) for n, u in zip(p.nodes, umap.node_unit)}
+    for n, u in by_id.values():
+        assert u[0] == n.rank // PER_REPLICA, n.id
+        if n.op in ("reducer", "grad_accum") and len(n.inputs) > 1:
+            assert u[1] is None, n.id
+        elif n.mb >= 0 and u[1] is None:  # e.g. the loss all_reduce over every instance
+            assert n.op in SUM_OPS and len({umap.tensor_unit[x] for x in n.inputs}) > 1, n.id
+        elif n.mb >= 0:
+            assert u[1] == n.mb, n.id
+    produced = {x for n in p.nodes for x in n.outputs}
+    readers: dict = {}
+    for n in p.nodes:
+        for x in n.inputs:
+            readers.setdefault(x, set()).add((n.rank // PER_REPLICA, n.mb))
+    weights = [x for x, us in readers.items() if x not in produced and len(us) > 1
+               and {d for d, _ in us} == {3}]
+    assert weights and all(umap.tensor_unit[x] == (3, None) for x in weights)
+    move = next(n for n in p.nodes if n.op == "move" and n.rank // PER_REPLICA == 2
+                and n.mb == 1 and ">" in n.outputs[0])
+    assert umap.tensor_unit[move.outputs[0]] == (2, 1)
     assert list(rename_ranks(np.array([14, 2]), 3, 4)) == [2, 2 + OTHER]
 
 
@@ -88,10 +100,11 @@ def _place(parallel: dict, bug: str) -> tuple[dict, dict]:
             broken, record = apply(parallel, bug, seed=seed)
         except NotApplicable:
             break
-        parsed = parse_id(record["target"])  # the target node may have been deleted
-        if parsed is None:
+        target = next((n for n in parallel["nodes"] if n["id"] == record["target"]), None)
+        if target is None:  # the target node may have been deleted
             continue
-        d, m = parsed[1][0] // PER_REPLICA, parsed[2]
+        d, m = target["rank"] // PER_REPLICA, target["mb"]
+        m = None if m < 0 else m
         if d >= 2 and (m is None or m >= 2):
             return broken, record
         if d >= 2 or (m or 0) >= 2:
@@ -142,12 +155,17 @@ def test_a_reducer_missing_a_replica_is_not_folded(pair, single):
 
 
 def test_a_benign_difference_is_verified_twice(pair, single):
-    """A unit that is not a copy (here: one node renamed) is kept and verified; the plan is
-    still equivalent, and the second fold (one more uniform replica) was run."""
+    """A unit that is not a copy (here: one residual add with its operands swapped) is kept
+    and verified; the plan is still equivalent, and the second fold (one more uniform
+    replica) was run. Renaming a node is not a difference: ids are never compared."""
     broken = copy.deepcopy(pair[1])
-    node = next(n for n in broken["nodes"] if n["op"] == "linear" and n["pass"] == "fw"
-                and n["rank"] // PER_REPLICA == 3 and n["mb"] == 3)
-    node["id"] = node["id"].replace(":linear@", ":renamed_linear@")
+    node = next(n for n in broken["nodes"] if n["op"] == "add" and n["pass"] == "fw"
+                and n["rank"] // PER_REPLICA == 3 and n["mb"] == 3
+                and len(set(n["inputs"])) == 2)
+    node["inputs"] = node["inputs"][::-1]
+    renamed = next(n for n in broken["nodes"] if n["op"] == "linear"
+                   and n["rank"] // PER_REPLICA == 2 and n["mb"] == 2)
+    renamed["id"] += "~renamed"
     report = _verify(single, broken)
     assert report.verdict == "equivalent"
     assert report.fold["exceptions"] == ["replica 3 micro-batch 3"]
@@ -177,9 +195,11 @@ def test_two_units_claiming_the_same_rows_are_not_folded(pair, single):
     broken = copy.deepcopy(pair[1])
     rows = pair[0]["tensors"]["tokens"]["shape"][0] // (WORLD["dp"] * WORLD["mb"])
     moved = 0
+    p = plan_from_dict(broken, "p")
+    umap = assign_units(p, WorldUnits.of(p.world), SUM_OPS)
     for lin in broken["lineages"]:
         for part in lin["parts"]:
-            units = {WorldUnits.of(broken["world"]).unit_of(t) for t in part["sum_of"]}
+            units = {umap.tensor_unit[t] for t in part["sum_of"]}
             if units == {(3, 3)} and part["slice"] and part["slice"][0][0] == 15 * rows:
                 part["slice"][0] = [14 * rows, 15 * rows]
                 moved += 1
@@ -188,3 +208,24 @@ def test_two_units_claiming_the_same_rows_are_not_folded(pair, single):
         fold_plans(single, plan_from_dict(broken, "p"))
     report = _verify(single, broken)
     assert report.verdict == "violation" and "tile" in report.fold_note
+
+
+def test_a_replica_giving_a_reducer_another_tensor_is_not_folded(pair, single):
+    """Every reducer of one weight takes replica 3's gradient of another weight (same shape):
+    each replica unit alone still looks like a copy, but the sum over replicas does not take
+    the same tensor from every replica, so nothing is folded."""
+    broken = copy.deepcopy(pair[1])
+    shape = {t: tuple(i["shape"]) for t, i in broken["tensors"].items()}
+    reducers = [n for n in broken["nodes"] if n["op"] == "reducer"]
+    first = reducers[0]
+    other = next(n for n in reducers if n["rank"] == first["rank"]
+                 and n["inputs"] != first["inputs"]
+                 and shape[n["inputs"][3]] == shape[first["inputs"][3]])
+    old, new = first["inputs"][3], other["inputs"][3]
+    group = [n for n in reducers if n["inputs"] == first["inputs"]]
+    assert len(group) == WORLD["dp"]
+    for n in group:
+        n["inputs"][3] = new
+    with pytest.raises(FoldRefused, match="another tensor"):
+        fold_plans(single, plan_from_dict(broken, "p"))
+    assert old != new

@@ -4,18 +4,19 @@ A plan with dp replicas and mb micro-batches repeats one unit of work dp*mb time
 Verifying every copy costs time and memory linear in dp*mb, with nothing new to learn after
 the first few. The folder
 
-1. checks every unit against the representative unit (0, 0) (or (0, None) for replica
-   units): after renaming (units.py), the unit's tensors (id, shape), nodes (id, op,
-   pass, rank, micro-batch, inputs, outputs, semantic attributes) and lineage parts (sum_of,
-   scale, slice) must be exactly the representative's, except that a part's slice may be
+1. checks every unit (found by structure: units.py) against the representative unit (0, 0)
+   (or (0, None) for replica units): relative to its unit (table.py), the unit's tensors
+   (shapes, by local number), nodes (op, pass, rank, micro-batch, inputs, outputs as local
+   numbers, semantic attributes) and lineage parts (sum_of, scale, slice) must be exactly the
+   representative's, except that a part's slice may be
    translated along one dimension: the unit's *piece* of the batch. Every unit must hold the
    same piece index in every lineage, and the units' pieces must tile the batch;
 2. keeps the units of the first `2 + extra` replicas and micro-batches, and every unit that is
    not a copy (an *exception*, together with the rest of its replica), and drops the others;
 3. restricts every sum that spans units (grad_accum over micro-batches, reducer and loss
    all_reduce over replicas, lineage parts summing every instance) to the kept units. Such a
-   sum must take exactly one copy of the same tensor from every unit of its level, else
-   nothing is folded;
+   sum must take exactly one tensor from every unit of its level, the same one (local
+   number) from every unit that is a copy, else nothing is folded;
 4. shrinks the single plan's batch accordingly (rebatch.py): the kept pieces are packed.
 
 Why this is sound. The operators are SIMD-like along the batch, which shape reduction already
@@ -28,8 +29,11 @@ exceptions, the verifier proves a second fold with one more uniform replica and 
 kept (`extra=1`): two different counts of the uniform class make c = 0, and the exceptions'
 constants then sum to zero too. So a proof of the fold (both folds when there are
 exceptions) is a proof of the whole plan. Everything that does not fit this pattern (a
-partial sum over units, an unrecognised id, a reference from a kept unit into a dropped one,
-an inconsistent piece) makes the folder refuse, and the plan is verified unfolded.
+partial sum over units, a rank or micro-batch outside the world, a reference from a kept unit
+into a dropped one, an inconsistent piece) makes the folder refuse, and the plan is verified
+unfolded. Ids are never read: a unit is compared through local tensor numbers, and two units
+are copies when the positional correspondence of their nodes and numbered tensors preserves
+every operator, attribute, shape, slice and edge, which is all the SIMD argument needs.
 """
 
 from __future__ import annotations
@@ -37,24 +41,21 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Callable, Iterable
+from typing import Callable
 
 import numpy as np
 
 from tvsmt.errors import PlanError
 from tvsmt.fold.rebatch import rebatch_single
 from tvsmt.fold.table import (
-    OTHER,
     GroupError,
     Interner,
     UnitTable,
     canonical_inputs,
-    encode_id,
     group_level,
-    group_representative,
-    rename_ids,
     rename_ranks,
 )
+from tvsmt.fold.table import OTHER
 from tvsmt.fold.units import REPRESENTATIVE, REPRESENTATIVE_REPLICA, Unit, WorldUnits
 from tvsmt.plan.model import Lineage, LineagePart, Node, Plan, TensorInfo
 from tvsmt.plan.reader import check_pair
@@ -75,6 +76,8 @@ class UnitRecords:
     tensors: list[TensorInfo] = field(default_factory=list)
     nodes: list[tuple[int, Node]] = field(default_factory=list)  # (position in plan, node)
     parts: list[tuple[int, int, LineagePart]] = field(default_factory=list)  # (lineage, pos, part)
+    # global records only: per part, (unit, local number) of each of its tensors
+    part_refs: list[list[tuple[Unit | None, int]]] = field(default_factory=list)
 
 
 @dataclass
@@ -108,31 +111,28 @@ class Canon:
 
     def __init__(self, wu: WorldUnits):
         self.wu = wu
-        self._intern = Interner()  # only for encoding ids; the bases are not compared
+        self.deviations: list[tuple[int, int]] = []  # as Checker.deviations
 
-    def group(self, ids: Iterable[str | None], where: str) -> tuple | None:
-        """("group", level, representative id, unit keys), or None when the ids all belong
-        to one unit (or to none); the unit keys (see unit_keys) say which unit each id
-        belongs to. A sum that does not
-        take one copy of the same tensor from every unit of a level cannot be folded."""
-        rows = np.array([encode_id(x, self._intern) for x in ids], dtype=np.int64)
-        rows = rows.reshape(-1, 4)
-        has = rows[:, 1] >= 0
-        d, m = rows[:, 1] // self.wu.per_replica, rows[:, 3]
-        if len(set(zip(np.where(has, d, -1).tolist(), m.tolist()))) <= 1:
+    def group(self, refs: list[tuple[Unit | None, int]], where: str) -> np.ndarray | None:
+        """The unit keys (see unit_keys) of a part's tensors, or None when they all belong to
+        one unit (or to none). A sum that does not take one copy of the same tensor from
+        every unit of a level cannot be folded."""
+        units = {u for u, _ in refs}
+        if len(units) <= 1:
             return None
-        if not has.all():
+        if None in units:
             raise FoldRefused(f"{where}: a sum over tensors that are not one per replica or "
                               "micro-batch")
-        level = group_level(rows, self.wu)
+        d = np.array([u[0] for u, _ in refs], dtype=np.int64)
+        m = np.array([-1 if u[1] is None else u[1] for u, _ in refs], dtype=np.int64)
+        level = group_level(list(zip(d.tolist(), m.tolist())), self.wu, -1)
         if level is None or level < 0:
-            raise FoldRefused(f"{where}: a sum over {len(rows)} replicas/micro-batches that "
+            raise FoldRefused(f"{where}: a sum over {len(refs)} replicas/micro-batches that "
                               "misses some of them")
-        rep = group_representative(rows, level, self.wu)
-        if rep is None:
-            raise FoldRefused(f"{where}: a sum over units that do not contribute the same "
-                              "tensor")
-        return ("group", level, tuple(rep.tolist()), self.unit_keys(d, m))
+        ks = Counter(k for _, k in refs)
+        k = ks.most_common(1)[0][0]
+        self.deviations += [(int(a), int(b)) for (_, kk), a, b in zip(refs, d, m) if kk != k]
+        return self.unit_keys(d, m)
 
     def unit_keys(self, d: np.ndarray, m: np.ndarray) -> np.ndarray:
         """One small integer per unit (d, m), m = -1 for a replica unit."""
@@ -142,25 +142,24 @@ class Canon:
 # ----------------------------------------------------------------------------- the folder
 
 
-def _canonical(tab: UnitTable, unit: Unit, wu: WorldUnits, sum_ops: np.ndarray) -> dict:
-    """The table renamed to the representative (everything but the slices)."""
+def _canonical(tab: UnitTable, unit: Unit, wu: WorldUnits, sum_ops: np.ndarray,
+               deviations: list) -> dict:
+    """The table relative to its unit (everything but the slices)."""
     per = wu.per_replica
     d, m_u = unit
     try:
-        ins, in_ptr = canonical_inputs(tab, unit, wu, sum_ops)
+        ins, in_ptr, _ = canonical_inputs(tab, unit, wu, sum_ops, deviations)
     except GroupError as e:
-        n = int(e.args[0])
-        raise FoldRefused(f"node #{int(tab.n_pos[n])}: a sum over replicas/micro-batches "
-                          "that misses some of them or mixes tensors") from None
+        n, why = e.args
+        raise FoldRefused(f"node #{int(tab.n_pos[n])}: {why}") from None
     mb = tab.n_mb if m_u is None else np.where(tab.n_mb == m_u, 0, tab.n_mb + OTHER)
     return {
-        "t_ids": rename_ids(tab.t_ids, unit, per), "t_shape": tab.t_shape,
-        "n_ids": rename_ids(tab.n_ids, unit, per), "n_op": tab.n_op, "n_pass": tab.n_pass,
+        "t_shape": tab.t_shape, "n_op": tab.n_op, "n_pass": tab.n_pass,
         "n_rank": rename_ranks(tab.n_rank, d, per), "n_mb": mb, "n_attrs": tab.n_attrs,
         "n_attr_ptr": tab.n_attr_ptr, "n_attr_ranks": rename_ranks(tab.n_attr_ranks, d, per),
-        "n_in": ins, "n_in_ptr": in_ptr, "n_out": rename_ids(tab.n_out, unit, per),
+        "n_in": ins, "n_in_ptr": in_ptr, "n_out": tab.n_out,
         "n_out_ptr": tab.n_out_ptr, "p_lin": tab.p_lin, "p_scale": tab.p_scale,
-        "p_sum_ptr": tab.p_sum_ptr, "p_sum": rename_ids(tab.p_sum, unit, per),
+        "p_sum_ptr": tab.p_sum_ptr, "p_sum": tab.p_sum,
     }
 
 
@@ -178,9 +177,13 @@ class Checker:
         self.piece_len = np.zeros(lineages, dtype=np.int64)
         self.nodiff_undecided = np.zeros(lineages, dtype=bool)
         self.frozen = False
+        # units (replica, micro-batch or -1) that give a sum over units another tensor than
+        # the other units do: each must be an exception (Folder.finish checks)
+        self.deviations: list[tuple[int, int]] = []
 
     def set_representative(self, unit: Unit, tab: UnitTable) -> None:
-        self.rep[unit] = (_canonical(tab, unit, self.wu, self.sum_ops), tab.p_slice)
+        self.rep[unit] = (_canonical(tab, unit, self.wu, self.sum_ops, self.deviations),
+                          tab.p_slice)
 
     def compare(self, unit: Unit, tab: UnitTable) -> tuple[bool, int | None]:
         """(is a copy, its piece of the batch)."""
@@ -188,7 +191,7 @@ class Checker:
         if rep not in self.rep:
             raise FoldRefused(f"unit {unit} arrived before its representative {rep}")
         ref, ref_slices = self.rep[rep]
-        canon = _canonical(tab, unit, self.wu, self.sum_ops)
+        canon = _canonical(tab, unit, self.wu, self.sum_ops, self.deviations)
         if not all(np.array_equal(canon[k], ref[k]) for k in ref):
             return False, None
         return self._translated(unit, tab, ref_slices)
@@ -296,12 +299,13 @@ class Folder:
         g.tensors += recs.tensors
         g.nodes += recs.nodes
         g.parts += recs.parts
-        for _, n in recs.nodes:  # validate the sums now (raises FoldRefused)
-            if n.op in SUM_OPS:
-                self.canon.group(n.inputs, f"node {n.id}")
-        for lin, _, p in recs.parts:  # and remember each part's units for finish()
-            group = self.canon.group(p.sum_of, f"lineage #{lin}")
-            self.global_part_units.append(None if group is None else group[3])
+        if recs.nodes:
+            raise FoldRefused(f"node {recs.nodes[0][1].id} belongs to no unit")
+        if len(recs.part_refs) != len(recs.parts):
+            raise FoldRefused("global lineage parts without the units of their tensors")
+        for (lin, _, _), refs in zip(recs.parts, recs.part_refs):
+            # validate the sums now (raises FoldRefused), and remember their units
+            self.global_part_units.append(self.canon.group(refs, f"lineage #{lin}"))
 
     def add_unit(self, unit: Unit, tab: UnitTable,
                  records: UnitRecords | Callable[[], UnitRecords]) -> bool:
@@ -340,6 +344,11 @@ class Folder:
         """Build the folded pair. Units kept only because their replica holds an exception
         were compared and dropped earlier; `fetch` gives their records again."""
         wu = self.wu
+        odd = {(d, None if m < 0 else m)
+               for d, m in self.checker.deviations + self.canon.deviations}
+        for u in sorted(odd - set(self.exceptions), key=str):
+            raise FoldRefused(f"unit {u} gives a sum over units another tensor than the "
+                              "other units, yet is a copy of its representative")
         replicas, kept = self.kept_units()
         for u in sorted((u for u in kept if u not in self.records and u in self.seen),
                         key=str):
@@ -355,17 +364,14 @@ class Folder:
             for t in recs.tensors:
                 kept_tensors[t.id] = t
 
-        kept_set = set(kept)
-
         kept_keys = self.canon.unit_keys(
             np.array([u[0] for u in kept]), np.array([-1 if u[1] is None else u[1] for u in kept]))
 
         def keep_sum(ids):
-            """A sum over units restricted to the kept ones (sums were checked when added)."""
-            units = [wu.unit_of(x) for x in ids]
-            if len(set(units)) <= 1:
-                return tuple(ids)
-            return tuple(x for x, u in zip(ids, units) if u in kept_set)
+            """A sum over units restricted to the kept ones. Every sum over units was checked
+            (table.group_row) to take one copy from every unit of its level, and a tensor
+            belongs to one unit, so its kept inputs are exactly those of the kept units."""
+            return tuple(x for x in ids if x is None or x in kept_tensors)
 
         def keep_global_sum(ids, keys):
             if keys is None:
@@ -377,8 +383,11 @@ class Folder:
         for recs in [self.global_records] + [self.records[u] for u in kept]:
             glob = recs is self.global_records
             for pos, n in recs.nodes:
-                if n.op in SUM_OPS:
-                    n = _replace_inputs(n, keep_sum(n.inputs))
+                if n.op in SUM_OPS and len(n.inputs) > 1:
+                    ins = keep_sum(n.inputs)
+                    if not ins:
+                        raise FoldRefused(f"node {n.id} sums only folded-away units")
+                    n = _replace_inputs(n, ins)
                 for x in n.inputs:
                     if x is not None and x not in kept_tensors:
                         raise FoldRefused(f"node {n.id} of a kept unit reads {x}, which "
@@ -386,7 +395,7 @@ class Folder:
                 nodes.append((pos, n))
             for j, (lin, pos, p) in enumerate(recs.parts):
                 sum_of = (keep_global_sum(p.sum_of, self.global_part_units[j]) if glob
-                          else keep_sum(p.sum_of))
+                          else tuple(p.sum_of))
                 if not sum_of:
                     continue
                 for x in sum_of:

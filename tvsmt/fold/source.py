@@ -14,15 +14,25 @@ fix each lineage's batch dimension), then the rest, in worker processes when `jo
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
+from dataclasses import replace
 from typing import Protocol
 
 from joblib import Parallel, delayed
 
-from tvsmt.fold.folder import Checker, Folded, Folder, FoldRefused, UnitRecords
+from tvsmt.fold.folder import SUM_OPS, Checker, Folded, Folder, FoldRefused, UnitRecords
 from tvsmt.fold.table import Interner, UnitTable, build_table
-from tvsmt.fold.units import REPRESENTATIVE, REPRESENTATIVE_REPLICA, Unit, WorldUnits
-from tvsmt.plan.model import Plan
+from tvsmt.fold.units import (
+    REPRESENTATIVE,
+    REPRESENTATIVE_REPLICA,
+    NoUnits,
+    Unit,
+    UnitMap,
+    WorldUnits,
+    assign_units,
+    node_units,
+)
+from tvsmt.plan.model import Node, Plan
 
 
 class UnitSource(Protocol):
@@ -37,25 +47,85 @@ class UnitSource(Protocol):
     def worker_view(self) -> "UnitSource": ...  # what worker processes need (picklable)
 
 
-def split_units(parallel: Plan, wu: WorldUnits) -> tuple[dict[Unit, UnitRecords], UnitRecords]:
-    """Group a loaded plan's records by unit (records of no unit are global). A node belongs
-    to the unit of its first output, a lineage part to the unit of its tensors."""
+def flatten_sum_chains(parallel: Plan, sum_ops: frozenset[str]) -> Plan:
+    """Chains of two-input sums over units (nnScaler accumulates micro-batch gradients as
+    g1 + g2, then (g1 + g2) + g3, ...) rewritten as one sum of all the chain's inputs. Exact
+    (addition is associative), and applied only where each intermediate sum is read by the
+    next one alone and named by no lineage or output, so nothing else can see the change.
+    Sums over units are then one node each, as folding needs (folder.py)."""
+    wu = WorldUnits.of(parallel.world)
+    try:
+        node_unit, _ = node_units(parallel, wu, sum_ops)
+    except NoUnits:
+        return parallel
+    producer: dict[str, int] = {}
+    readers: Counter = Counter()
+    for i, n in enumerate(parallel.nodes):
+        for x in n.outputs:
+            if x is not None:
+                producer[x] = i
+        readers.update(x for x in n.inputs if x is not None)
+    named = set(parallel.outputs)
+    for lin in parallel.lineages:
+        for p in lin.parts:
+            named.update(p.sum_of)
+    spanning = [n.op in sum_ops and node_unit[i][1] is None
+                for i, n in enumerate(parallel.nodes)]
+    inputs: dict[int, tuple] = {}
+    dropped: set[int] = set()
+    for i, n in enumerate(parallel.nodes):
+        if not spanning[i]:
+            continue
+        flat: list = []
+        changed = False
+        for x in n.inputs:
+            j = producer.get(x) if x is not None else None
+            if (j is not None and spanning[j] and j not in dropped
+                    and parallel.nodes[j].op == n.op and parallel.nodes[j].rank == n.rank
+                    and len(parallel.nodes[j].outputs) == 1 and readers[x] == 1
+                    and x not in named):
+                flat += inputs.get(j, parallel.nodes[j].inputs)
+                dropped.add(j)
+                changed = True
+            else:
+                flat.append(x)
+        if changed:
+            inputs[i] = tuple(flat)
+    if not dropped:
+        return parallel
+    gone = {parallel.nodes[j].outputs[0] for j in dropped}
+    nodes = [n if i not in inputs else Node(n.id, n.op, n.pass_, n.rank, n.mb, inputs[i],
+                                            n.outputs, n.attrs, n.source)
+             for i, n in enumerate(parallel.nodes) if i not in dropped]
+    tensors = {t: info for t, info in parallel.tensors.items() if t not in gone}
+    return replace(parallel, nodes=nodes, tensors=tensors)
+
+
+def split_units(parallel: Plan, wu: WorldUnits, sum_ops: frozenset[str]
+                ) -> tuple[dict[Unit, UnitRecords], UnitRecords, UnitMap]:
+    """Group a loaded plan's records by unit (units.py); records of no unit are global."""
+    try:
+        umap = assign_units(parallel, wu, sum_ops)
+    except NoUnits as e:
+        raise FoldRefused(str(e)) from None
     units: dict[Unit, UnitRecords] = defaultdict(UnitRecords)
     glob = UnitRecords()
-    unit_of = wu.unit_of
-    for t in parallel.tensors.values():
-        u = unit_of(t.id)
+    tu, num = umap.tensor_unit, umap.number
+    for t in sorted(parallel.tensors.values(), key=lambda t: num[t.id]):
+        u = tu[t.id]
         (glob if u is None else units[u]).tensors.append(t)
-    for pos, n in enumerate(parallel.nodes):
-        out = next((x for x in n.outputs if x is not None), None)
-        u = unit_of(out)
-        (glob if u is None else units[u]).nodes.append((pos, n))
+    for u, idx in umap.order.items():
+        units[u].nodes = [(i, parallel.nodes[i]) for i in idx]
     for lin in parallel.lineages:
         for pos, p in enumerate(lin.parts):
-            us = {unit_of(x) for x in p.sum_of}
+            us = {tu[x] for x in p.sum_of}
             u = us.pop() if len(us) == 1 else None
-            (glob if u is None else units[u]).parts.append((lin.index, pos, p))
-    return units, glob
+            if u is None:
+                glob.parts.append((lin.index, pos, p))
+                glob.part_refs.append([umap.locate(x) for x in p.sum_of])
+            else:
+                units[u].parts.append((lin.index, pos, p))
+    return units, glob, umap
 
 
 def unit_order(units) -> list[Unit]:
@@ -68,12 +138,13 @@ class LoadedPlan:
     """A loaded parallel plan as a unit source."""
 
     def __init__(self, single: Plan, parallel: Plan):
+        parallel = flatten_sum_chains(parallel, SUM_OPS)
         self.single, self.header = single, parallel
         self.intern = Interner()
-        self._units, self._global = split_units(parallel, WorldUnits.of(parallel.world))
+        self._units, self._global, self._map = split_units(
+            parallel, WorldUnits.of(parallel.world), SUM_OPS)
         if REPRESENTATIVE not in self._units:
-            raise FoldRefused("no tensor is named like an instance of replica 0, "
-                              "micro-batch 0")
+            raise FoldRefused("replica 0 has no node of micro-batch 0")
 
     def global_records(self) -> UnitRecords:
         return self._global
@@ -83,7 +154,7 @@ class LoadedPlan:
 
     def table(self, unit: Unit) -> UnitTable:
         r = self._units[unit]
-        return build_table(r.tensors, r.nodes, r.parts, self.intern)
+        return build_table(unit, r.tensors, r.nodes, r.parts, self._map.locate, self.intern)
 
     def records(self, unit: Unit) -> UnitRecords:
         return self._units[unit]
@@ -92,13 +163,14 @@ class LoadedPlan:
         return None  # tables are built from records here: no parallel checking
 
 
-def _check_chunk(view, checker: Checker, units: list[Unit]) -> list[tuple]:
+def _check_chunk(view, checker: Checker, units: list[Unit]) -> tuple[list[tuple], list]:
     out = []
+    start = len(checker.deviations)
     for u in units:
         tab = view.table(u)
         ok, piece = checker.compare(u, tab)
         out.append((u, ok, piece, len(tab.t_shape), len(tab.n_op), len(tab.p_lin)))
-    return out
+    return out, checker.deviations[start:]
 
 
 def fold_source(source: UnitSource, extra: int = 0, jobs: int = 1) -> Folded:
@@ -120,9 +192,11 @@ def fold_source(source: UnitSource, extra: int = 0, jobs: int = 1) -> Folded:
     checker.frozen = True
     size = -(-len(rest) // (4 * jobs))
     chunks = [rest[i:i + size] for i in range(0, len(rest), size)]
+    before = list(checker.deviations)
     results = Parallel(n_jobs=jobs)(delayed(_check_chunk)(view, checker, c) for c in chunks)
     checker.frozen = False
-    for u, ok, piece, *counts in (r for chunk in results for r in chunk):
+    checker.deviations = before + [x for _, dev in results for x in dev]
+    for u, ok, piece, *counts in (r for chunk, _ in results for r in chunk):
         if ok:
             folder.accept(u, piece, *counts)
         else:  # an exception, or a unit a frozen checker could not decide: check it here

@@ -1,48 +1,48 @@
-"""Replica units and the renamings that map one unit onto the representative unit.
+"""Replica units, recognised from the plan's structure (never from tensor or node names).
 
 A parallel plan with dp data-parallel replicas and mb micro-batches repeats the same work
 dp*mb times. tvsmt names each repetition a *unit*:
 
 * the instance unit (d, m): what replica d does for micro-batch m (forward, backward, the
-  tensor- and pipeline-parallel communication inside the replica);
+  tensor- and pipeline-parallel communication inside the replica, in-flight messages);
 * the replica unit (d, None): what replica d holds across micro-batches (its weights, the
-  accumulated gradients, the reducers and the loss all-reduce on its ranks).
+  accumulated gradients, the reducers).
 
-Units are recognised from tensor ids of the form `<base>@r<rank>m<mb>` (instance) and
-`<base>@r<rank>` (replica), the convention of the spec's examples, of the nnScaler exports and
-of tvsmt's generator, with rank = d*(pp*tp) + pp_stage*tp + tp_index. Nothing relies on the
-convention for soundness: a record that does not fit it simply fails to match its
-representative, and the unit it belongs to is then verified as it is (see folder.py).
+Which unit a record belongs to is read from the nodes' `rank` and `mb` fields (through the
+world's `Mesh`) and from the dataflow:
 
-The renaming that maps unit (d, m) onto the representative (0, 0), and (d, None) onto
-(0, None), is ranks r -> r - d*pp*tp and micro-batch m -> 0; ids of other units and global ids
-are left alone (table.rename_ids does it on integer columns).
+* a node's unit is (Mesh.replica_of(rank), mb), except that it is the replica unit
+  (replica_of(rank), None) when its mb is -1 or when it is a sum over units: an operator whose
+  registry entry says `unit_sum` (grad_accum, reducer, all_reduce) reading tensors of more
+  than one unit;
+* a tensor's unit is its producer's (an in-flight message is its sender's); a graph input's
+  is its consumers' unit when they are all in one, the replica unit when they are all in one
+  replica, else it belongs to no unit (a global tensor);
+* a lineage part belongs to the unit of its tensors when they are all in one, else it is
+  global.
+
+Inside a unit, tensors are numbered by first use (scanning the plan's nodes in order, inputs
+then outputs): first uses by the unit's own nodes, then by nodes of its replica, then by any
+node; those no node uses follow in the plan's tensor order. A unit is compared with its
+representative through these numbers (table.py), so a producer's naming never matters. Nothing
+relies on this for soundness: a record that does not fit simply fails to match its
+representative, and its unit is then verified as it is (see folder.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tvsmt.plan.mesh import Mesh
+from tvsmt.plan.model import Plan
+
 Unit = tuple[int, "int | None"]  # (replica d, micro-batch m or None for the replica unit)
 REPRESENTATIVE: Unit = (0, 0)
 REPRESENTATIVE_REPLICA: Unit = (0, None)
 
 
-def parse_id(tid: str) -> tuple[str, tuple[int, ...], int | None] | None:
-    """`base@r12m3` -> ("base", (12,), 3); `base@r12` -> ("base", (12,), None); an in-flight
-    message `base@r0>r4m1` -> ("base", (0, 4), 1); anything else -> None."""
-    base, at, suffix = tid.rpartition("@")
-    if not at or len(suffix) < 2 or suffix[0] != "r":
-        return None
-    ranks, sep, mb = suffix.partition("m")
-    if sep and not mb.isdigit():
-        return None
-    out = []
-    for tok in ranks.split(">"):
-        if len(tok) < 2 or tok[0] != "r" or not tok[1:].isdigit():
-            return None
-        out.append(int(tok[1:]))
-    return base, tuple(out), (int(mb) if sep else None)
+class NoUnits(Exception):
+    """The plan's records cannot be put into units (a rank or micro-batch outside the world)."""
 
 
 @dataclass(frozen=True)
@@ -58,19 +58,151 @@ class WorldUnits:
         def get(key: str) -> int:
             value = world.get(key, 1)
             return value if isinstance(value, int) and value > 0 else 1
-        return cls(get("dp"), get("mb"), get("pp") * get("tp"))
-
-    def unit_of(self, tid: str | None) -> Unit | None:
-        parsed = parse_id(tid) if tid is not None else None
-        if parsed is None:
-            return None
-        _, ranks, m = parsed
-        d = ranks[0] // self.per_replica
-        if d >= self.dp or (m is not None and m >= self.mb):
-            return None
-        if any(r // self.per_replica != d for r in ranks):
-            return None  # a message between replicas belongs to no unit
-        return (d, m)
+        mesh = Mesh(get("dp"), get("pp"), get("tp"))
+        return cls(mesh.dp, get("mb"), mesh.per_replica)
 
     def instance_units(self) -> list[Unit]:
         return [(d, m) for d in range(self.dp) for m in range(self.mb)]
+
+
+@dataclass
+class UnitMap:
+    """Where every record of a plan belongs (see the module docstring)."""
+
+    node_unit: list[Unit]  # per node, in plan order
+    tensor_unit: dict[str, Unit | None]  # None: a global tensor
+    number: dict[str, int]  # local number inside its unit (global tensors: among globals)
+    order: dict[Unit, list[int]]  # each unit's nodes (plan positions) in canonical order
+
+    def locate(self, tid: str) -> tuple[Unit | None, int]:
+        return self.tensor_unit[tid], self.number[tid]
+
+
+def node_units(plan: Plan, wu: WorldUnits, sum_ops: frozenset[str]
+               ) -> tuple[list[Unit], dict[str, Unit]]:
+    """Each node's unit, and the unit of each tensor a node produces."""
+    try:
+        mesh = Mesh.of({k: v for k, v in plan.world.items() if k in ("dp", "pp", "tp")})
+    except (TypeError, ValueError) as e:
+        raise NoUnits(f"the plan's world: {e}") from None
+    produced: dict[str, Unit] = {}
+    node_unit: list[Unit] = []
+    for n in plan.nodes:
+        try:
+            d = mesh.replica_of(n.rank)
+        except ValueError:
+            raise NoUnits(f"node {n.id}: rank {n.rank} outside the world") from None
+        if n.mb == -1:
+            u: Unit = (d, None)
+        elif not 0 <= n.mb < wu.mb:
+            raise NoUnits(f"node {n.id}: micro-batch {n.mb} outside the world")
+        else:
+            u = (d, n.mb)
+            if n.op in sum_ops and len(n.inputs) > 1:
+                units = {produced.get(x) for x in n.inputs if x is not None}
+                units.discard(None)
+                if len(units) > 1:
+                    u = (d, None)  # a sum over units belongs to its replica
+        node_unit.append(u)
+        for x in n.outputs:
+            if x is not None:
+                produced[x] = u
+    return node_unit, produced
+
+
+def assign_units(plan: Plan, wu: WorldUnits, sum_ops: frozenset[str]) -> UnitMap:
+    """Units of a loaded plan's nodes and tensors, from ranks, micro-batches and dataflow."""
+    node_unit, produced = node_units(plan, wu, sum_ops)
+    consumers: dict[str, set] = {}
+    for n, u in zip(plan.nodes, node_unit):
+        for x in n.inputs:
+            if x is not None and x not in produced:
+                consumers.setdefault(x, set()).add(u)
+    tensor_unit: dict[str, Unit | None] = dict(produced)
+    for x, us in consumers.items():
+        if len(us) == 1:
+            tensor_unit[x] = next(iter(us))
+        else:
+            ds = {d for d, _ in us}
+            tensor_unit[x] = (ds.pop(), None) if len(ds) == 1 else None
+    for x in plan.tensors:
+        tensor_unit.setdefault(x, None)
+    order, number = _canonical_order(plan, wu, node_unit, tensor_unit)
+    return UnitMap(node_unit, tensor_unit, number, order)
+
+
+def _canonical_order(plan: Plan, wu: WorldUnits, node_unit: list[Unit],
+                     tensor_unit: dict[str, Unit | None]
+                     ) -> tuple[dict[Unit, list[int]], dict[str, int]]:
+    """Each unit's nodes in a canonical order and its tensors' local numbers.
+
+    The plan's order is one topological order of the whole world, so it may interleave
+    replicas differently (nnScaler lists a replica's reducers among its accumulations in
+    another order on each replica). Instance units keep their nodes' plan order per rank
+    relative to the replica. Replica units are ordered by dataflow: level by level (a node's
+    level is 1 + the highest level of its producers inside the unit), and inside a level by
+    (relative rank, op, the local numbers it reads, plan order); a replica unit's tensors that
+    its instance units read first (weights) are numbered first, in those units' order."""
+    per = wu.per_replica
+    nodes = plan.nodes
+    members: dict[Unit, list[int]] = {}
+    for i, u in enumerate(node_unit):
+        members.setdefault(u, []).append(i)
+    counters: dict[Unit | None, int] = {}
+    number: dict[str, int] = {}
+
+    def num(x: str | None, want: Unit | None) -> None:
+        if x is not None and x not in number and tensor_unit[x] == want:
+            k = counters.get(want, 0)
+            number[x] = k
+            counters[want] = k + 1
+
+    order: dict[Unit, list[int]] = {}
+    for u, idx in members.items():
+        if u[1] is None:
+            continue
+        idx.sort(key=lambda i: (nodes[i].rank - u[0] * per, i))
+        order[u] = idx
+        for i in idx:
+            for x in nodes[i].inputs:
+                num(x, u)
+            for x in nodes[i].outputs:
+                num(x, u)
+    replicas = sorted(u for u in members if u[1] is None)
+    for u in replicas:  # what the replica's instance units read first (its weights)
+        for m in range(wu.mb):
+            for i in order.get((u[0], m), ()):
+                for x in nodes[i].inputs:
+                    num(x, u)
+    level: dict[int, int] = {}
+    producer: dict[str, int] = {}
+    for u in replicas:
+        for i in members[u]:
+            n = nodes[i]
+            level[i] = 1 + max((level[producer[x]] for x in n.inputs
+                                if x is not None and x in producer), default=-1)
+            for x in n.outputs:
+                if x is not None:
+                    producer[x] = i
+    top = max(level.values(), default=-1)
+    for u in replicas:
+        order[u] = []
+    for lev in range(top + 1):
+        for u in replicas:
+            def key(i: int, u=u):
+                n = nodes[i]
+                read = sorted(number.get(x, -1) for x in n.inputs if x is not None)
+                return (n.rank - u[0] * per, n.op, read, i)
+            idx = sorted((i for i in members[u] if level[i] == lev), key=key)
+            order[u] += idx
+            for i in idx:
+                for x in nodes[i].inputs:
+                    num(x, u)
+                for x in nodes[i].outputs:
+                    num(x, u)
+    for n in nodes:  # global tensors, then whatever no node touches
+        for x in n.inputs:
+            num(x, None)
+    for x in plan.tensors:
+        num(x, tensor_unit[x])
+    return order, number

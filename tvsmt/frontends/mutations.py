@@ -126,10 +126,9 @@ class PlanView:
 
 
 def _tagged(name: str, tag: str) -> str:
-    """`x@r2m0` -> `x~bug1@r2m0`: the tag goes before the rank/micro-batch suffix, so the new
-    tensor or node keeps the naming of the (replica, micro-batch) it belongs to."""
-    head, at, tail = name.rpartition("@")
-    return f"{head}{tag}@{tail}" if at and tail.startswith("r") else f"{name}{tag}"
+    """`x@r2m0` -> `x@r2m0~bug1`: a new tensor or node is named after the one it comes from;
+    ids are opaque (a record's unit comes from its node's rank and micro-batch)."""
+    return f"{name}{tag}"
 
 
 def _node(nid: str, op: str, pass_: str | None, rank: int, mb: int, inputs, outputs,

@@ -14,32 +14,64 @@ loss all_reduce) widened to the full world; the lineage parts that sum every ins
 widened the same way. `tests/test_stream.py` checks, on worlds small enough to trace, that
 this is exactly the plan the tracer gives, record for record.
 
+Folding never reads ids, but the records of the units a fold keeps need them: the stream is
+the generator, so it names a moved unit's tensors and nodes with the generator's own id
+grammar (`_move_id`: the `@r<rank>[>r<rank>][m<mb>]` suffix that frontends/spmd.py writes),
+and nowhere else is that grammar read.
+
 A bug can be injected into one unit (`mutation=(bug, unit, node prefix)`): that unit is then
 taken from a trace in which the bug was applied to unit (0, 0).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import numpy as np
 
-from tvsmt.fold.folder import Checker, FoldRefused, UnitRecords
+from tvsmt.fold.folder import SUM_OPS, Checker, FoldRefused, UnitRecords
 from tvsmt.fold.source import split_units, unit_order
 from tvsmt.fold.table import (
+    GROUP,
+    NO_MB,
+    OTHER,
+    UNIT,
+    GroupError,
     Interner,
     UnitTable,
     build_table,
-    encode_id,
+    canonical_inputs,
     group_level,
-    table_records,
 )
-from tvsmt.fold.units import Unit, WorldUnits, parse_id
+from tvsmt.fold.units import Unit, WorldUnits
 from tvsmt.frontends.generator import ModelConfig, _world_dict, build_pair, default_batch
 from tvsmt.frontends.mutations import apply as apply_mutation
 from tvsmt.frontends.spmd import World
 from tvsmt.plan import plan_from_dict
-from tvsmt.plan.model import Plan
+from tvsmt.plan.model import LineagePart, Node, Plan, TensorInfo
+
+_SUFFIX = re.compile(r"@r(\d+)(?:>r(\d+))?(?:m(\d+))?")
+
+
+def _move_id(tid: str | None, shift: int, mb=None, rank=None) -> str | None:
+    """A generator id moved to another unit: ranks + shift (or the rank `rank(r)`), the
+    micro-batch replaced by `mb(m)` when given (the generator's own naming)."""
+    if tid is None:
+        return None
+
+    def sub(mt: re.Match) -> str:
+        r1 = int(mt.group(1))
+        r1 = rank(r1) if rank is not None else r1 + shift
+        out = f"@r{r1}"
+        if mt.group(2) is not None:
+            out += f">r{int(mt.group(2)) + shift}"
+        if mt.group(3) is not None:
+            m = int(mt.group(3))
+            out += f"m{mb(m) if mb is not None else m}"
+        return out
+
+    return _SUFFIX.sub(sub, tid, count=1)
 
 
 class StreamedPlan:
@@ -66,15 +98,16 @@ class StreamedPlan:
         self.wu = WorldUnits.of(world)
         self.rep_wu = WorldUnits.of(rep.world)
         self.intern = Interner()
-        units, glob = split_units(rep, self.rep_wu)
+        units, glob, umap = split_units(rep, self.rep_wu, SUM_OPS)
         if glob.tensors or glob.nodes:
             raise FoldRefused("the representative trace has records of no unit")
         self._rep = {u: units[u] for u in ((0, 0), (0, None))}
-        self._tables = {u: build_table(r.tensors, r.nodes, r.parts, self.intern)
-                        for u, r in self._rep.items()}
+        self._tables = {u: build_table(u, r.tensors, r.nodes, r.parts, umap.locate,
+                                       self.intern) for u, r in self._rep.items()}
         self._global = self._widen_global(glob)
-        self._learn_batch_dims(units)
-        self._levels = _levels(self._tables[(0, None)], self.rep_wu)
+        self._learn_batch_dims(units, umap)
+        self._levels = _levels(self._tables[(0, None)], self.rep_wu, self.intern)
+        self._pick = _part_pick(self._tables[(0, None)], self.rep_wu.mb, self.wu.mb)
         self.mutated_unit = None
         if mutation is not None:
             bug, unit, prefix = mutation
@@ -84,16 +117,18 @@ class StreamedPlan:
             if where is None:
                 raise ValueError(f"no node of replica 0, micro-batch 0 starts with {prefix!r}")
             broken, self.mutation_record = apply_mutation(rep_parallel, bug, where=where)
-            bunits, _ = split_units(plan_from_dict(broken, "mutated"), self.rep_wu)
+            bunits, _, bmap = split_units(plan_from_dict(broken, "mutated"), self.rep_wu,
+                                          SUM_OPS)
             kind = (0, 0) if unit[1] is not None else (0, None)
             self._mutated = bunits[kind]
-            self._mutated_table = build_table(self._mutated.tensors, self._mutated.nodes,
-                                              self._mutated.parts, self.intern)
+            self._mutated_table = build_table(kind, self._mutated.tensors,
+                                              self._mutated.nodes, self._mutated.parts,
+                                              bmap.locate, self.intern)
         del rep, units, rep_parallel, rep_single
 
     # -- the representative trace
 
-    def _learn_batch_dims(self, units) -> None:
+    def _learn_batch_dims(self, units, umap) -> None:
         """Which dimension of each lineage the micro-batch moves, and by how much: from the
         representative trace's units (0, 0) and (0, 1) (or (1, 0))."""
         chk = Checker(self.rep_wu, np.array([], dtype=np.int64), len(self.header.lineages))
@@ -101,8 +136,8 @@ class StreamedPlan:
         for other in ((0, 1), (1, 0)):
             if other in units:
                 r = units[other]
-                ok, _ = chk.compare(other, build_table(r.tensors, r.nodes, r.parts,
-                                                       self.intern))
+                ok, _ = chk.compare(other, build_table(other, r.tensors, r.nodes, r.parts,
+                                                       umap.locate, self.intern))
                 if not ok:
                     raise FoldRefused(f"the representative trace's unit {other} is not a copy")
         self._fold_dim, self._piece_len = chk.fold_dim, chk.piece_len
@@ -111,22 +146,25 @@ class StreamedPlan:
         """Lineage parts that sum every instance (or every replica) over the full world."""
         out = UnitRecords()
         wu, rep_wu = self.wu, self.rep_wu
-        for lin, pos, p in glob.parts:
-            rows = np.array([encode_id(x, self.intern) for x in p.sum_of], dtype=np.int64)
-            level = group_level(rows, rep_wu)
-            if level == 1 and rep_wu.dp == 1:
-                level = 2  # every micro-batch of the only replica: every instance
+        per = wu.per_replica
+        for (lin, pos, p), refs in zip(glob.parts, glob.part_refs):
+            pairs = [(u[0], -1 if u[1] is None else u[1]) for u, _ in refs]
+            if any(u is None for u, _ in refs) or len({k for _, k in refs}) != 1:
+                raise FoldRefused(f"lineage #{lin}: the representative trace has a sum over "
+                                  "units that is not one copy per unit")
+            level = group_level(pairs, rep_wu, -1)
             if level not in (0, 2):
                 raise FoldRefused(f"lineage #{lin}: the representative trace has a sum of "
                                   f"level {level} over units")
-            base, ranks, m = parse_id(p.sum_of[0])
-            rank = ranks[0] % wu.per_replica
+            k, first = refs[0][1], p.sum_of[0]
             if level == 0:
-                ids = tuple(f"{base}@r{rank + d * wu.per_replica}" for d in range(wu.dp))
+                units = [(d, None) for d in range(wu.dp)]
             else:
-                ids = tuple(f"{base}@r{rank + d * wu.per_replica}m{mm}"
-                            for mm in range(wu.mb) for d in range(wu.dp))
+                units = [(d, mm) for mm in range(wu.mb) for d in range(wu.dp)]
+            ids = tuple(_move_id(first, 0, rank=lambda r, d=d: r % per + d * per,
+                                 mb=lambda _, mm=mm: mm) for d, mm in units)
             out.parts.append((lin, pos, replace(p, sum_of=ids)))
+            out.part_refs.append([(u, k) for u in units])
         return out
 
     # -- the unit source interface
@@ -156,10 +194,7 @@ class StreamedPlan:
     def table(self, unit: Unit) -> UnitTable:
         d, m = unit
         tab = self._base(unit).copy()
-        per = self.wu.per_replica
-        shift = d * per
-        for ids in (tab.t_ids, tab.n_ids, tab.n_in, tab.n_out, tab.p_sum):
-            _shift_ids(ids, shift, m)
+        shift = d * self.wu.per_replica
         tab.n_rank += shift
         tab.n_attr_ranks += shift
         if m is not None:
@@ -173,6 +208,11 @@ class StreamedPlan:
             return tab
         return self._widen_replica(tab, d)
 
+    def _levels_of(self, unit: Unit) -> dict[int, int]:
+        if unit == self.mutated_unit:
+            return _levels(self._mutated_table, self.rep_wu, self.intern)
+        return self._levels
+
     def _widen_replica(self, tab: UnitTable, d: int) -> UnitTable:
         """A replica unit: sums over micro-batches and replicas widened to the full world,
         the last micro-batch of the trace becomes the last one of the world, and parts listed
@@ -182,20 +222,18 @@ class StreamedPlan:
         last_rep, last = rep_wu.mb - 1, wu.mb - 1
         if last_rep > 0:
             tab.n_mb[tab.n_mb == last_rep] = last
-            tab.n_ids[tab.n_ids[:, 3] == last_rep, 3] = last
+            for refs in (tab.n_in, tab.n_out, tab.p_sum):
+                refs[(refs[:, 3] == UNIT) & (refs[:, 2] == last_rep), 2] = last
+        levels = self._levels_of((d, None))
         new_in, new_ptr = [], [0]
         new_ar, new_aptr = [], [0]
         for i in range(len(tab.n_op)):
             seg = tab.n_in[tab.n_in_ptr[i]:tab.n_in_ptr[i + 1]]
             ranks = tab.n_attr_ranks[tab.n_attr_ptr[i]:tab.n_attr_ptr[i + 1]]
-            level = self._levels[i]
-            if level == 1:  # one per micro-batch of this replica
-                seg = np.repeat(seg[:1], wu.mb, axis=0)
-                seg[:, 3] = np.arange(wu.mb)
-            elif level == 0 or level == 2:  # one per replica (level 2: with one micro-batch)
-                seg = np.repeat(seg[:1], wu.dp, axis=0)
-                seg[:, 1] = seg[0, 1] % per + per * np.arange(wu.dp)
-                if len(ranks) == rep_wu.dp:
+            level = levels.get(i)
+            if level is not None:
+                seg = _group_refs(seg[0, 0], level, d, wu)
+                if level != 1 and len(ranks) == rep_wu.dp:
                     ranks = ranks[0] % per + per * np.arange(wu.dp)
             new_in.append(seg)
             new_ptr.append(new_ptr[-1] + len(seg))
@@ -205,7 +243,7 @@ class StreamedPlan:
         tab.n_in_ptr = np.array(new_ptr, dtype=np.int64)
         tab.n_attr_ranks = np.concatenate(new_ar) if new_ar else tab.n_attr_ranks
         tab.n_attr_ptr = np.array(new_aptr, dtype=np.int64)
-        return _repeat_parts(tab, rep_wu.mb, wu.mb)
+        return _take_parts(tab, self._pick)
 
     def records(self, unit: Unit) -> UnitRecords:
         d, m = unit
@@ -213,56 +251,102 @@ class StreamedPlan:
         base = self._mutated if unit == self.mutated_unit else \
             self._rep[(0, 0) if m is not None else (0, None)]
         wu, per = self.wu, self.wu.per_replica
+        shift = d * per
+        if m is not None:
+            def move(x):
+                return _move_id(x, shift, mb=lambda _: m)
+        else:
+            last_rep, last = self.rep_wu.mb - 1, wu.mb - 1
 
-        def attrs_of(i: int) -> dict:
-            attrs = dict(base.nodes[i][1].attrs)
+            def move(x):
+                return _move_id(x, shift, mb=lambda mm: last if mm == last_rep else mm)
+        levels = self._levels_of(unit) if m is None else {}
+
+        def attrs_of(i: int, n: Node) -> dict:
+            attrs = dict(n.attrs)
             if "ranks" in attrs:
-                if m is None and self._levels[i] in (0, 2):  # a group over every replica
+                if m is None and levels.get(i) in (0, 2):  # a group over every replica
                     attrs["ranks"] = [attrs["ranks"][0] % per + per * dd for dd in range(wu.dp)]
                 else:
-                    attrs["ranks"] = [r + d * per for r in attrs["ranks"]]
+                    attrs["ranks"] = [r + shift for r in attrs["ranks"]]
             for key in ("src", "dst"):
                 if isinstance(attrs.get(key), int):
-                    attrs[key] += d * per
+                    attrs[key] += shift
             if m is not None and "batch_index" in attrs:
                 attrs.update(dp=d, mb=m, num_dp=wu.dp, num_mb=wu.mb,
                              batch_index=d * wu.mb + m, num_batches=wu.dp * wu.mb)
             return attrs
 
-        tensors, nodes, parts = table_records(tab, self.intern, attrs_of)
+        tensors = [TensorInfo(move(t.id), t.shape, t.role) for t in base.tensors]
+        nodes = []
+        for i, (pos, n) in enumerate(base.nodes):
+            level = levels.get(i)
+            if level is None:
+                inputs = tuple(move(x) for x in n.inputs)
+            else:
+                inputs = tuple(_group_ids(n.inputs[0], level, d, wu))
+            nodes.append((pos, Node(move(n.id), n.op, n.pass_, n.rank + shift,
+                                    int(tab.n_mb[i]), inputs,
+                                    tuple(move(x) for x in n.outputs), attrs_of(i, n),
+                                    n.source)))
+        picked = range(len(base.parts)) if m is not None else self._pick
+        parts = []
+        for row, j in enumerate(picked):
+            lin, pos, p = base.parts[j]
+            srow = tab.p_slice[row].tolist()
+            slc = tuple((srow[2 * k], srow[2 * k + 1]) for k in range(len(p.slice)))
+            parts.append((lin, pos, LineagePart(slc, tuple(move(x) for x in p.sum_of),
+                                                p.scale)))
         return UnitRecords(tensors, nodes, parts)
 
 
-def _shift_ids(ids: np.ndarray, shift: int, m: int | None) -> None:
-    has = ids[:, 1] >= 0
-    ids[has, 1] += shift
-    ids[has & (ids[:, 2] >= 0), 2] += shift
-    if m is not None:
-        ids[has & (ids[:, 3] == 0), 3] = m
+def _group_pairs(level: int, d: int, wu: WorldUnits) -> list[tuple[int, int | None]]:
+    if level == 1:
+        return [(d, mm) for mm in range(wu.mb)]
+    if level == 0:
+        return [(dd, None) for dd in range(wu.dp)]
+    return [(dd, mm) for dd in range(wu.dp) for mm in range(wu.mb)]
 
 
-def _levels(tab: UnitTable, wu: WorldUnits) -> list[int | None]:
-    """Per node of a replica unit of the trace: the level of its sum over units (see
-    table.group_level), None for an ordinary node."""
-    out = []
-    for i in range(len(tab.n_op)):
-        seg = tab.n_in[tab.n_in_ptr[i]:tab.n_in_ptr[i + 1]]
-        level = group_level(seg, wu) if len(seg) > 1 and (seg[:, 1] >= 0).all() else None
-        if level == 2 and wu.mb == 1:
-            pass  # one per (replica, micro-batch) with one micro-batch: one per replica
-        elif level is not None and level not in (0, 1):
-            raise FoldRefused(f"the representative trace has a sum of level {level} inside "
+def _group_refs(k: int, level: int, d: int, wu: WorldUnits) -> np.ndarray:
+    """The references of a sum over every unit of a level, from a table of replica unit d."""
+    return np.array([(k, 0 if dd == d else OTHER + dd, NO_MB if mm is None else mm, UNIT)
+                     for dd, mm in _group_pairs(level, d, wu)], dtype=np.int64)
+
+
+def _group_ids(first: str, level: int, d: int, wu: WorldUnits) -> list[str]:
+    per = wu.per_replica
+    return [_move_id(first, 0, rank=lambda r, dd=dd: r % per + dd * per,
+                     mb=None if mm is None else (lambda _, mm=mm: mm))
+            for dd, mm in _group_pairs(level, d, wu)]
+
+
+def _levels(tab: UnitTable, wu: WorldUnits, intern: Interner) -> dict[int, int]:
+    """Per node of a replica unit (0, None) of the trace that sums over units: its level (see
+    table.group_level)."""
+    sum_ops = np.array([intern(op) for op in sorted(SUM_OPS)], dtype=np.int64)
+    try:
+        ins, ptr, rows = canonical_inputs(tab, (0, None), wu, sum_ops)
+    except GroupError as e:
+        raise FoldRefused(f"the representative trace: {e.args[1]}") from None
+    out = {}
+    for i in rows.tolist():
+        row = ins[ptr[i]]
+        assert row[3] == GROUP
+        level = int(row[1])
+        if level == 2 and wu.mb > 1:
+            raise FoldRefused("the representative trace has a sum over every instance inside "
                               "a replica")
-        out.append(level)
+        out[i] = level
     return out
 
 
-def _repeat_parts(tab: UnitTable, rep_mb: int, mb: int) -> UnitTable:
+def _part_pick(tab: UnitTable, rep_mb: int, mb: int) -> list[int]:
     """Parts the trace lists once per micro-batch (rep_mb identical copies) are listed mb
-    times; parts listed once stay once."""
+    times; parts listed once stay once: the trace's part rows, in the world's order."""
     if rep_mb == mb or not len(tab.p_lin):
-        return tab
-    keys = {}
+        return list(range(len(tab.p_lin)))
+    keys: dict = {}
     order = []
     for i in range(len(tab.p_lin)):
         a, b = tab.p_sum_ptr[i], tab.p_sum_ptr[i + 1]
@@ -284,6 +368,12 @@ def _repeat_parts(tab: UnitTable, rep_mb: int, mb: int) -> UnitTable:
             else:
                 raise FoldRefused("the representative trace lists a part neither once nor "
                                   "once per micro-batch")
+    return pick
+
+
+def _take_parts(tab: UnitTable, pick: list[int]) -> UnitTable:
+    if pick == list(range(len(tab.p_lin))):
+        return tab
     pick_arr = np.array(pick, dtype=np.int64)
     lens = tab.p_sum_ptr[1:] - tab.p_sum_ptr[:-1]
     sums = [tab.p_sum[tab.p_sum_ptr[i]:tab.p_sum_ptr[i + 1]] for i in pick]

@@ -57,7 +57,10 @@ class Mesh:
                 "tp": rank % self.tp}
 
     def replica_of(self, rank: int) -> int:
-        return self.coords_of(rank)["dp"]
+        """The data-parallel replica holding `rank` (called once per node: kept cheap)."""
+        if not 0 <= rank < self.dp * self.pp * self.tp:
+            raise ValueError(f"rank {rank} outside the mesh {self}")
+        return rank // (self.pp * self.tp)
 
     def group(self, rank: int, axis: str) -> list[int]:
         """The ranks that differ from `rank` only along `axis` (its group on that axis)."""

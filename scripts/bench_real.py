@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Verify every real plan pair in ../shared/plans, each in its own child process, and print
+per plan: verdict (and the README's expected one), tvsmt's wall time (loading included), the
+ratio to the 8-rank llama3-ly2-dp2pp2tp2mb2 fixture measured in the same run, peak memory
+(the child and its solver processes), whether it was folded (units checked) and the
+reference verifier's time as quoted in ../shared/plans/README.md.
+
+Issue 12's target: every real plan of 64 ranks or more at most 5x the 8-rank fixture and
+under 4 GB.
+
+    python scripts/bench_real.py [--jobs 2] [--only NAME ...] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANS = ROOT.parent / "shared" / "plans"
+BASELINE = "llama3-ly2-dp2pp2tp2mb2"
+
+
+def readme_table() -> dict[str, tuple[str, str, int]]:
+    """folder -> (expected verdict, reference time, ranks) from the plans' README table."""
+    out = {}
+    for line in (PLANS / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 6 or not cells[0].startswith("`"):
+            continue
+        name = cells[0].strip("`")
+        verdict = re.search(r"`(equivalent|violation)`", cells[4])
+        ranks = re.search(r"dp(\d+)pp(\d+)tp(\d+)", name)
+        n = 1
+        if ranks:
+            for g in ranks.groups():
+                n *= int(g)
+        out[name] = (verdict.group(1) if verdict else "input error", cells[5], n)
+    return out
+
+
+def child(folder: str, jobs: int) -> None:
+    """Runs in the child: verify one pair, print one JSON line."""
+    import resource
+    import time
+
+    from tvsmt.errors import TvsmtError
+    from tvsmt.verify import Options, verify_pair
+
+    t0 = time.perf_counter()
+    row: dict = {}
+    try:
+        report = verify_pair(str(Path(folder) / "single.json.gz"),
+                             str(Path(folder) / "parallel.json.gz"),
+                             Options(jobs=jobs))
+        row.update(verdict=report.verdict, fold=report.fold, fold_note=report.fold_note,
+                   timings=report.timings, stages=report.stages_total)
+    except TvsmtError as e:
+        row.update(verdict="input error", error=str(e).splitlines()[0][:120])
+    row["seconds"] = time.perf_counter() - t0
+    kb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+             resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    row["peak_mb"] = kb / 1024
+    print("BENCH " + json.dumps(row, default=str))
+
+
+def run(name: str, jobs: int) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--child", str(PLANS / name),
+                           "--jobs", str(jobs)], capture_output=True, text=True)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH ")), None)
+    if line is None:
+        return {"verdict": f"crashed (exit {proc.returncode})",
+                "error": (proc.stderr.strip().splitlines() or [""])[-1][:120]}
+    return json.loads(line[len("BENCH "):])
+
+
+def folded(row: dict) -> str:
+    f = row.get("fold")
+    if not f:
+        note = row.get("fold_note") or ""
+        return "no" + (f" ({note[:60]})" if note else "")
+    units = f["replicas"] * f["micro_batches"]
+    return (f"yes: {units} units checked ({f['checked']['nodes']} nodes), kept "
+            f"{f['kept_units']}, exceptions {len(f['exceptions'])}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child", default=None)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.jobs)
+        return 0
+    table = readme_table()
+    names = sorted(p.name for p in PLANS.iterdir() if (p / "parallel.json.gz").exists())
+    if args.only:
+        names = [n for n in names if n in args.only or n == BASELINE]
+    names.sort(key=lambda n: (n != BASELINE, table.get(n, ("", "", 0))[2], n))
+    rows = {}
+    for name in names:
+        rows[name] = run(name, args.jobs)
+        print(f"... {name}: {rows[name].get('verdict')} "
+              f"{rows[name].get('seconds', 0):.1f} s", file=sys.stderr, flush=True)
+    base = rows.get(BASELINE, {}).get("seconds")
+    print(f"| plan | ranks | verdict (expected) | tvsmt (s) | x {BASELINE} | peak MB | folded "
+          "| reference (s) |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | --- | ---: |")
+    for name in names:
+        r = rows[name]
+        expected, ref, ranks = table.get(name, ("?", "?", 0))
+        secs = r.get("seconds")
+        ratio = f"{secs / base:.1f}" if secs and base else "-"
+        mark = "" if r.get("verdict") == expected else " **MISMATCH**"
+        print(f"| `{name}` | {ranks} | {r.get('verdict')} ({expected}){mark} | "
+              f"{secs:.1f} | {ratio} | {r.get('peak_mb', 0):.0f} | {folded(r)} | {ref} |"
+              if secs is not None else
+              f"| `{name}` | {ranks} | {r.get('verdict')} ({expected}) | - | - | - | - | {ref} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

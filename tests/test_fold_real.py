@@ -1,0 +1,149 @@
+"""Replica folding on real nnScaler plans (../shared/plans): units are found by structure
+(ranks, micro-batches, dataflow), whatever the producer calls its tensors, and folding keeps
+soundness there too: a bug placed in a unit that the fold drops is still caught."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from dataclasses import replace
+
+import pytest
+from conftest import fixture_pair
+
+from tvsmt.fold import FoldRefused, fold_plans
+from tvsmt.fold.folder import SUM_OPS, Folder
+from tvsmt.fold.source import LoadedPlan
+from tvsmt.fold.units import WorldUnits, assign_units
+from tvsmt.frontends.mutations import apply
+from tvsmt.plan import plan_from_dict
+from tvsmt.verify import Options, verify_plans
+
+SMALL = "llama3-ly2-dp2pp2tp2mb2"  # 8 ranks: 2 replicas x 2 micro-batches
+BIG = "llama3-ly2-dp16pp4tp1mb8"  # 64 ranks: 16 replicas x 8 micro-batches
+
+
+def _raw(name: str) -> tuple[dict, dict]:
+    return tuple(json.load(gzip.open(p)) for p in fixture_pair(name))
+
+
+@pytest.fixture(scope="module")
+def small():
+    return _raw(SMALL)
+
+
+@pytest.fixture(scope="module")
+def big():
+    return _raw(BIG)
+
+
+@pytest.fixture(scope="module")
+def big_plans(big):
+    return plan_from_dict(big[0], "single"), plan_from_dict(big[1], "parallel")
+
+
+def _opaque(parallel: dict, seed: int = 0) -> dict:
+    """The plan with every tensor and node id replaced by a random string."""
+    rng = random.Random(seed)
+    names: dict[str, str] = {}
+
+    def new(x):
+        if x is None:
+            return None
+        if x not in names:
+            names[x] = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(12))
+        return names[x]
+
+    out = dict(parallel)
+    out["tensors"] = {new(t): info for t, info in parallel["tensors"].items()}
+    out["nodes"] = [dict(n, id=new(n["id"]), inputs=[new(x) for x in n["inputs"]],
+                         outputs=[new(x) for x in n["outputs"]]) for n in parallel["nodes"]]
+    out["outputs"] = [new(x) for x in parallel.get("outputs") or []]
+    out["lineages"] = [dict({k: v for k, v in lin.items() if k != "aligned"},
+                            parts=[dict(p, sum_of=[new(x) for x in p["sum_of"]])
+                                   for p in lin["parts"]])
+                       for lin in parallel["lineages"]]
+    return out
+
+
+def _units_checked(single: dict, parallel: dict):
+    """Every unit compared with its representative (the 8-rank plan is below the size at
+    which verify folds, so the folder is driven directly)."""
+    s, p = plan_from_dict(single, "single"), plan_from_dict(parallel, "parallel")
+    src = LoadedPlan(s, p)
+    folder = Folder(s, src.header, src.intern)
+    folder.add_global(src.global_records())
+    copies = {u: folder.add_unit(u, src.table(u), lambda u=u: src.records(u))
+              for u in src.units()}
+    return copies, folder.finish(src.records).info, len(p.nodes)
+
+
+@pytest.mark.parametrize("opaque", [False, True])
+def test_every_unit_of_the_real_8_rank_plan_is_a_copy(small, opaque):
+    parallel = _opaque(small[1]) if opaque else small[1]
+    copies, info, nodes = _units_checked(small[0], parallel)
+    assert set(copies) == {(d, m) for d in (0, 1) for m in (0, 1, None)}
+    assert all(copies.values()) and info.exceptions == []
+    assert info.checked["nodes"] == nodes  # every node belongs to a unit and was compared
+
+
+def test_units_of_a_real_plan(big_plans):
+    """nnScaler's fields: every node has mb >= 0; the accumulation chains and reducers are
+    sums over units (replica units); weights are read by one replica's micro-batches; an
+    in-flight message (a negative rank in its id) belongs to its sender's unit."""
+    _, p = big_plans
+    wu = WorldUnits.of(p.world)
+    umap = assign_units(p, wu, SUM_OPS)
+    per = wu.per_replica
+    for n, u in zip(p.nodes, umap.node_unit):
+        assert u[0] == n.rank // per
+        if n.op == "reducer":
+            assert u[1] is None
+    sends = [(n, u) for n, u in zip(p.nodes, umap.node_unit)
+             if n.op == "move" and n.rank == n.attrs.get("src") != n.attrs.get("dst")]
+    assert sends
+    for n, u in sends:  # the message in flight is its sender's
+        assert u == (n.rank // per, n.mb) and umap.tensor_unit[n.outputs[0]] == u
+
+
+def test_a_big_real_plan_with_opaque_ids_folds_the_same_and_is_equivalent(big, big_plans):
+    single, parallel = big_plans
+    plain = fold_plans(single, parallel).info
+    assert plain.replicas == 16 and plain.micro_batches == 8 and plain.exceptions == []
+    renamed = plan_from_dict(_opaque(big[1], seed=3), "opaque")
+    report = verify_plans(single, renamed, Options(jobs=1))
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+    assert report.fold == plain.to_json()
+
+
+def _dropped_node(parallel: dict, op: str, pass_: str) -> str:
+    """A node of a unit that folding drops (replica >= 2, micro-batch >= 2)."""
+    per = parallel["world"]["pp"] * parallel["world"]["tp"]
+    return next(n["id"] for n in reversed(parallel["nodes"])
+                if n["op"] == op and n["pass"] == pass_ and n["rank"] // per >= 2
+                and n["mb"] >= 2)
+
+
+@pytest.mark.parametrize("bug,op,pass_", [("grad-scale-wrong", "linear", "bw"),
+                                          ("bw-wrong-input", "silu", "bw")])
+def test_a_bug_in_a_folded_away_unit_of_a_real_plan_is_caught(big, big_plans, bug, op, pass_):
+    where = _dropped_node(big[1], op, pass_)
+    node = next(n for n in big[1]["nodes"] if n["id"] == where)
+    broken, _ = apply(big[1], bug, where=where)
+    report = verify_plans(big_plans[0], plan_from_dict(broken, "broken"), Options(jobs=1))
+    assert report.verdict == "violation"
+    per = big[1]["world"]["pp"] * big[1]["world"]["tp"]
+    unit = f"replica {node['rank'] // per} micro-batch {node['mb']}"
+    assert report.fold is not None and unit in report.fold["exceptions"], report.fold_note
+
+
+def test_a_reducer_of_a_real_plan_missing_a_replica_is_not_folded(big_plans):
+    single, parallel = big_plans
+    per = parallel.world["pp"] * parallel.world["tp"]
+    i = next(i for i, n in enumerate(parallel.nodes)
+             if n.op == "reducer" and n.rank // per == 5)
+    nodes = list(parallel.nodes)
+    nodes[i] = replace(nodes[i], inputs=nodes[i].inputs[:-1])
+    with pytest.raises(FoldRefused, match="misses"):
+        fold_plans(single, replace(parallel, nodes=nodes))
