@@ -187,16 +187,22 @@ MUTATIONS: tuple[Mutation, ...] = (
         "cache-previous-hash",
         "a cached verdict is looked up under the stage's previous obligation hash",
         "caching",
-        (Patch("tvsmt/verify.py",
+        (Patch("tvsmt/solving/dispatch.py",
                "    if corpus is not None:\n"
                "        store_in_corpus(corpus, unique, outcomes, parallel)\n",
-               "    previous = dict(corpus.stages) if corpus is not None else {}\n"
+               "    from tvsmt.solving.corpus import pair_key\n"
+               "    previous = (dict(corpus.pairs.get(pair_key(parallel.path), {}))\n"
+               "                if corpus is not None else {})\n"
                "    if corpus is not None:\n"
                "        store_in_corpus(corpus, unique, outcomes, parallel)\n"),
-         Patch("tvsmt/verify.py",
-               "cached = [corpus.lookup(dg, name) for name in solvers]",
-               "cached = [corpus.lookup(previous.get(ob.meta['stage'], dg), name) "
-               "for name in solvers]")),
+         Patch("tvsmt/solving/dispatch.py",
+               "                why = corpus.refusal(dg, name, version=version, profile=digest)",
+               "                why = corpus.refusal(previous.get(ob.meta['stage'], dg), name,\n"
+               "                                     version=version, profile=digest)"),
+         Patch("tvsmt/solving/dispatch.py",
+               "                cached = [corpus.lookup(dg, name, version=version, profile=digest)",
+               "                cached = [corpus.lookup(previous.get(ob.meta['stage'], dg), name,\n"
+               "                                        version=version, profile=digest)")),
         ("tests/test_shortcut_guards.py::test_a_corpus_never_answers_for_another_obligation",),
         fast=True),
     Mutation(

@@ -91,16 +91,18 @@ PAIRS = {
 
 @pytest.mark.parametrize("case", sorted(PAIRS))
 def test_a_corpus_never_answers_for_another_obligation(tmp_path, case):
-    """The same corpus, first for a correct plan, then for a buggy one whose stages have the
-    same ids: the changed stage's new obligation must be solved, not answered with the
-    verdict recorded for the stage's old obligation."""
+    """The same corpus and the same plan files, first holding a correct plan, then edited into
+    a buggy one whose stages have the same ids (the corpus's stage map for this pair still
+    points at the old obligations): the changed stage's new obligation must be solved, not
+    answered with the verdict recorded for the stage's old obligation."""
     corpus = tmp_path / "corpus"
     good_plans, bad_plans = PAIRS[case]
-    good = write_pair_dicts(tmp_path / "good", *good_plans())
-    bad = write_pair_dicts(tmp_path / "bad", *bad_plans())
+    good = write_pair_dicts(tmp_path / "plans", *good_plans())
     run = CliRunner().invoke
     first = run(main, ["verify", *good, "--corpus", str(corpus)])
     assert first.exit_code == 0, first.output
+    bad = write_pair_dicts(tmp_path / "plans", *bad_plans())  # the same files, edited
+    assert bad == good
     out = tmp_path / "bad.json"
     second = run(main, ["verify", *bad, "--corpus", str(corpus), "--report", str(out)])
     assert second.exit_code == 1, second.output
