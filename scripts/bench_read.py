@@ -75,12 +75,12 @@ def best(fn, path, repeat):
     return min(times), n
 
 
-def generated(spec: str, folder: str) -> tuple[str, str]:
+def generated(spec: str, folder: str, layers: int = 4) -> tuple[str, str]:
     from tvsmt.frontends.builder import write_plan
     from tvsmt.frontends.generator import generate_pair
 
     dp, tp, pp, mb = (int(x) for x in spec.split(","))
-    _, parallel = generate_pair("llama3", layers=4, dp=dp, tp=tp, pp=pp, mb=mb)
+    _, parallel = generate_pair("llama3", layers=layers, dp=dp, tp=tp, pp=pp, mb=mb)
     doc = write_plan(os.path.join(folder, "parallel.json.gz"), parallel)
     lines = write_plan(os.path.join(folder, "parallel.jsonl.gz"), parallel)
     return doc, lines
@@ -91,15 +91,17 @@ def main() -> None:
     ap.add_argument("--plans", default=str(ROOT.parent / "shared" / "plans"))
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--generated", default="8,2,2,8", help="dp,tp,pp,mb of the generated plan")
+    ap.add_argument("--layers", type=int, default=4, help="layers of the generated plan")
     ap.add_argument("--only", default="", help="only the real plans whose name contains this")
     args = ap.parse_args()
     rows = []
     plans = [p for p in sorted(Path(args.plans).glob("*/parallel.json.gz"))
              if args.only in p.parent.name]
     with tempfile.TemporaryDirectory() as tmp:
-        doc, lines = generated(args.generated, tmp)
+        doc, lines = generated(args.generated, tmp, args.layers)
         targets = [(p.parent.name, str(p), None) for p in plans]
-        targets.append((f"generated llama3 ly4 dp/tp/pp/mb {args.generated}", doc, lines))
+        targets.append((f"generated llama3 ly{args.layers} dp/tp/pp/mb {args.generated}", doc,
+                        lines))
         for name, path, jsonl in targets:
             try:
                 load_plan(path)

@@ -177,9 +177,12 @@ def write_unit_source(path: str | os.PathLike, source) -> str:
     heapq.heapify(ready)
     parts: dict[int, list] = {}
 
-    def keep_parts(recs) -> None:
+    def keep_parts(recs, unit=(-1, -1)) -> None:
+        # the tracer's order: micro-batch, then replica, then position within the unit
+        d, m = unit
+        key = (-1 if m is None else m, d)
         for lin, pos, p in recs.parts:
-            parts.setdefault(lin, []).append((pos, part_dict(p)))
+            parts.setdefault(lin, []).append(((*key, pos), part_dict(p)))
 
     def satisfied(t: str) -> None:
         for k in waiting.pop(t, ()):
@@ -214,13 +217,14 @@ def write_unit_source(path: str | os.PathLike, source) -> str:
             for t in recs.tensors:  # a unit's tensor that it did not write: a graph input
                 if t.id in waiting and t.id not in held_outputs:
                     satisfied(t.id)
-            keep_parts(recs)
+            keep_parts(recs, u)
             drain(w)
         left = [k for k, c in enumerate(missing) if c > 0]
         for k in left:  # nothing will unblock these: written as they come (the reader judges)
             w.node(node_dict(held[k]))
-        for recs in (*replica_recs, glob):
-            keep_parts(recs)
+        for u, recs in zip(replicas, replica_recs):
+            keep_parts(recs, u)
+        keep_parts(glob)
         w.section("lineages")
         for lin in header.lineages:
             entry = {"single": lin.single,

@@ -95,9 +95,10 @@ def read_document(path: str, f, limit: int) -> bytes:
         st = os.fstat(raw.fileno())
         if stat.S_ISREG(st.st_mode) and st.st_size > limit:
             raise _too_big(path, limit)
-    chunks, total = [], 0
+    chunks, total, size = [], 0, 1 << 16  # chunks grow: small plans allocate little
     while True:
-        chunk = f.read(min(_CHUNK, limit + 1 - total))
+        chunk = f.read(min(size, limit + 1 - total))
+        size = min(size * 4, _CHUNK)
         if not chunk:
             break
         if not chunks and chunk.lstrip()[:1] not in (b"{", b""):
