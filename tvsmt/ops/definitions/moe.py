@@ -27,9 +27,11 @@ the selection and the expert ranges are not SIMD-like along those axes.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 
-from tvsmt.ops.backend import TOPK_UFS
+from tvsmt.ops.backend import TOPK_UFS, exact
 from tvsmt.ops.definitions._common import nontrivial, require
 from tvsmt.ops.registry import OpSpec, register
 
@@ -246,3 +248,54 @@ register(OpSpec(
         "nothing, or twice); bw [g_y, h, idx, w, W11, W33, W22] -> [g_h, null, g_w, g_W11, "
         "g_W33, g_W22], the exact VJP, g_w[t,j] = sum_e [idx[t,j] == e] <g_y[t], F_e(h[t])>. "
         "El and k are never reduced."))
+
+
+# ----------------------------------------------------------------------------- auxiliary loss
+
+
+def _aux_terms(be, idx, attrs):
+    """Per sequence b and expert e: the one-hot (B, S, k, E) and f[b, e] = E / (k S) * (number
+    of slots of sequence b routed to e)."""
+    n_experts = int(attrs["n_routed_experts"])
+    _, s, k = idx.shape
+    hot = _onehot(be, idx, n_experts)
+    f = be.scale(np.sum(hot, axis=(1, 2)), Fraction(n_experts, k * s))
+    return hot, f
+
+
+def aux_fw(be, ins, attrs, ctx):
+    w, idx = ins[0], ins[1]
+    hot, f = _aux_terms(be, idx, attrs)
+    p = be.scale(np.sum(hot * w[..., None], axis=(1, 2)), Fraction(1, idx.shape[1]))
+    return [be.scale(np.sum(f * p, keepdims=True).reshape(1), attrs.get("alpha", 1))]
+
+
+def aux_bw(be, ins, attrs, ctx):
+    g, w, idx = ins[0], ins[1], ins[2]
+    hot, f = _aux_terms(be, idx, attrs)
+    scale = Fraction(exact(attrs.get("alpha", 1))) / idx.shape[1]
+    per_slot = np.sum(hot * f[:, None, None, :], axis=-1)  # f of the slot's expert
+    return [be.scale(per_slot * g[0], scale), None]
+
+
+def aux_shape(c, ins, outs, attrs):
+    w, idx = ins[0], ins[1]
+    require(len(w) == 3 and tuple(w.orig) == tuple(idx.orig),
+            f"moe_aux_loss: weights {list(w.orig)} and indices {list(idx.orig)} must be the "
+            "same (B, S, k)")
+    c.same(w, idx)
+    c.eq(w[2], w.orig[2])  # k is never reduced
+    if outs and outs[0] is not None:
+        require(tuple(outs[0].orig) == (1,), "moe_aux_loss: the loss has shape [1]")
+        c.eq(outs[0][0], 1)
+
+
+register(OpSpec(
+    "moe_aux_loss", aux_fw, aux_shape, aux_bw, reads_mirrors=True,
+    doc="sequence-wise auxiliary load-balancing loss (DeepSeek-V3 style, on the router's "
+        "weights), fw [weights (B,S,k), indices (B,S,k)] -> [loss (1,)]: alpha * sum_b sum_e "
+        "f[b,e] * P[b,e], f[b,e] = E/(k S) * #{(s,j): idx[b,s,j] == e} (a constant of the "
+        "routing), P[b,e] = 1/S sum_{s,j} [idx[b,s,j] == e] w[b,s,j]; E = attrs.n_routed_"
+        "experts, alpha = attrs.alpha; exact indicators. bw [g, weights, indices] -> [g * "
+        "alpha / S * f[b, idx[b,s,j]], null]. Per sequence, so splitting the batch by "
+        "sequences (dp, micro-batches) sums it exactly. k is never reduced."))
