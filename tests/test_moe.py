@@ -64,3 +64,74 @@ def test_bug_in_a_real_moe_plan_is_caught(llama3moe, bug):
 def test_real_plans_have_no_auxiliary_loss(llama3moe):
     with pytest.raises(NotApplicable):
         apply(llama3moe[1], "moe-aux-grad-scaled-by-tp")
+
+
+# ----------------------------------------------------------------------------- generated plans
+
+SMALL_MOE = dict(hidden=16, heads=4, ffn=16, vocab=16, seq=4)
+
+# (layers, dp, tp = ep, pp, mb): layer 0 is dense, the others MoE
+MOE_CONFIGS = [(2, 1, 1, 1, 1), (2, 2, 2, 1, 2), (2, 1, 4, 2, 1), (3, 2, 2, 2, 2),
+               (2, 4, 1, 2, 4), (2, 3, 2, 1, 3)]
+
+
+@pytest.mark.parametrize("layers,dp,tp,pp,mb", MOE_CONFIGS, ids=lambda v: str(v))
+def test_generated_moe_is_equivalent(layers, dp, tp, pp, mb):
+    single, parallel = generate_pair("moe", layers=layers, dp=dp, tp=tp, pp=pp, mb=mb,
+                                     **SMALL_MOE)
+    s, p = plan_from_dict(single, "single"), plan_from_dict(parallel, "parallel")
+    check_pair(s, p)
+    ops = {n.op for n in p.nodes}
+    assert {"gate_fw", "nnscaler_moe_gmm", "moe_aux_loss"} <= ops
+    report = _verify(s, p)
+    assert report.verdict == "equivalent", report.failures[:2]
+    assert report.stages_proven == report.stages_total > 0
+
+
+def test_generated_moe_lineages_hold_numerically():
+    from numeric_eval import check_pair_numeric
+
+    single, parallel = generate_pair("moe", layers=2, dp=2, tp=2, pp=2, mb=2, **SMALL_MOE)
+    assert check_pair_numeric(single, parallel) == []
+
+
+def test_expert_ranges_follow_the_tp_index():
+    _, parallel = generate_pair("moe", layers=2, dp=1, tp=4, pp=1, mb=1, **SMALL_MOE)
+    ranges = {(n["rank"], n["pass"]): (n["attrs"]["local_expert_start"],
+                                       n["attrs"]["local_expert_end"])
+              for n in parallel["nodes"] if n["op"] == "nnscaler_moe_gmm"}
+    assert ranges == {(t, ps): (2 * t, 2 * t + 2) for t in range(4) for ps in ("fw", "bw")}
+
+
+@pytest.fixture(scope="module")
+def generated_moe():
+    single, parallel = generate_pair("moe", layers=2, dp=2, tp=2, pp=1, mb=2, **SMALL_MOE)
+    return plan_from_dict(single, "single"), parallel
+
+
+@pytest.mark.parametrize("bug", MOE_BUGS)
+def test_moe_bug_in_a_generated_plan_is_caught(generated_moe, bug):
+    single, parallel = generated_moe
+    broken, record = apply(parallel, bug, seed=0)
+    report = _verify(single, plan_from_dict(broken, "broken"), timeout=5)
+    assert report.verdict == "violation", (record, report.failures[:1])
+
+
+def test_moe_bugs_that_need_a_partner_are_not_applicable_without_one():
+    _, parallel = generate_pair("moe", layers=2, dp=1, tp=1, pp=1, mb=1, **SMALL_MOE)
+    for bug in ("moe-expert-grad-wrong-group", "moe-expert-range-shifted",
+                "moe-combine-other-microbatch"):
+        with pytest.raises(NotApplicable):
+            apply(parallel, bug)
+
+
+def test_cli_generates_moe_and_refuses_a_separate_ep(tmp_path):
+    from click.testing import CliRunner
+
+    from tvsmt.cli import main
+
+    args = ["plan", "generate", "--model", "moe", "--hidden", "16", "--heads", "2", "--ffn",
+            "16", "--vocab", "16", "--seq", "4", "--tp", "2", "-o", str(tmp_path / "ok")]
+    assert CliRunner().invoke(main, args + ["--ep", "2"]).exit_code == 0
+    bad = CliRunner().invoke(main, args[:-2] + ["--ep", "4", "-o", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "ep" in bad.output
