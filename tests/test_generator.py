@@ -211,7 +211,10 @@ def llama_pair():
 @pytest.mark.parametrize("name", list(MUTATIONS))
 def test_mutation_breaks_numeric_check(name, llama_pair):
     single, parallel = llama_pair
-    mutated, record = apply(parallel, name, seed=0)
+    try:
+        mutated, record = apply(parallel, name, seed=0)
+    except NotApplicable:  # e.g. a mixture-of-experts bug in a dense model
+        pytest.skip(f"{name} does not fit this plan")
     assert parallel["name"] != mutated["name"]  # the input is not modified
     assert record["bug"] == name and record["nodes"] and record["tensors"]
     ids = {n["id"] for n in mutated["nodes"]}

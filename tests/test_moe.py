@@ -135,3 +135,14 @@ def test_cli_generates_moe_and_refuses_a_separate_ep(tmp_path):
     assert CliRunner().invoke(main, args + ["--ep", "2"]).exit_code == 0
     bad = CliRunner().invoke(main, args[:-2] + ["--ep", "4", "-o", str(tmp_path / "bad")])
     assert bad.exit_code == 2 and "ep" in bad.output
+
+
+@pytest.mark.parametrize("bug", MOE_BUGS)
+def test_moe_bug_breaks_the_numeric_check(generated_moe, bug):
+    """Independently of the verifier: the mutated plan really computes something else."""
+    from numeric_eval import check_pair_numeric
+
+    single, parallel = generated_moe
+    broken, record = apply(parallel, bug, seed=0)
+    assert set(record["nodes"]) <= {n["id"] for n in broken["nodes"]}
+    assert check_pair_numeric(single, broken), f"{bug} did not change any lineage"

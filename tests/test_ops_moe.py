@@ -20,7 +20,7 @@ from tvsmt.ops import NodeCtx, NumericBackend, SymbolicBackend, all_ops
 from tvsmt.ops.backend import UNINTERPRETED, route_topk
 from tvsmt.ops.registry import ShapeConstraints, TShape, shape_rule
 
-TESTED_OPS = {"gate_fw", "nnscaler_moe_gmm"}  # read by test_ops_torch's coverage test
+TESTED_OPS = {"gate_fw", "nnscaler_moe_gmm", "moe_aux_loss"}  # read by test_ops_torch's coverage test
 
 NB = NumericBackend()
 RNG = np.random.default_rng(77)
@@ -181,6 +181,45 @@ def test_gmm_indicators_are_exact_for_repeated_and_foreign_indices():
                      2).numpy())
 
 
+def aux_ref(w, idx, n_experts, alpha):
+    """Sequence-wise balance loss from the attributes: f from the routing counts, P from the
+    router weights routed to each expert."""
+    b, s, k = idx.shape
+    hot = F.one_hot(idx, n_experts).to(w.dtype)  # (B, S, k, E)
+    f = hot.sum((1, 2)) * n_experts / (k * s)
+    p = (hot * w[..., None]).sum((1, 2)) / s
+    return (alpha * (f * p).sum()).reshape(1)
+
+
+def aux_inputs(n_experts=8):
+    idx = np.stack([RNG.permutation(n_experts)[:3] for _ in range(6)]).reshape(2, 3, 3)
+    return [rand(2, 3, 3), idx.astype(np.float64)], {"n_routed_experts": n_experts,
+                                                     "alpha": 0.01}
+
+
+def test_aux_loss_matches_torch_forward_and_autograd():
+    (w, idx), attrs = aux_inputs()
+    spec = all_ops()["moe_aux_loss"]
+    it = torch.from_numpy(idx.astype(np.int64))
+    (loss,) = spec.forward(NB, [w, idx], attrs, CTX)
+    close(loss, aux_ref(t(w), it, 8, 0.01).detach().numpy())
+    wt = t(w, True)
+    g = rand(1)
+    (expected,) = torch.autograd.grad(aux_ref(wt, it, 8, 0.01), [wt], grad_outputs=[t(g)])
+    gw, gi = spec.backward(NB, [g, w, idx], attrs, CTX)
+    assert gi is None
+    close(gw, expected.numpy())
+
+
+def test_aux_loss_sums_over_sequences():
+    """Splitting the batch by sequences (dp, micro-batches) sums the loss exactly."""
+    (w, idx), attrs = aux_inputs()
+    spec = all_ops()["moe_aux_loss"]
+    (whole,) = spec.forward(NB, [w, idx], attrs, CTX)
+    parts = [spec.forward(NB, [w[i:i + 1], idx[i:i + 1]], attrs, CTX)[0] for i in range(2)]
+    close(parts[0] + parts[1], whole)
+
+
 # ----------------------------------------------------------------------------- symbolic
 
 
@@ -217,6 +256,18 @@ def test_gate_symbolic_with_real_functions_matches_numeric(attrs):
     sym_bw = spec.backward(be, symbols([g, None, x, wg], "b", env), attrs, CTX)
     for s, n in zip(sym_bw, num_bw):
         close(evaluated(s, env), n)
+
+
+def test_aux_symbolic_matches_numeric():
+    be, spec, env = SymbolicBackend(), all_ops()["moe_aux_loss"], {}
+    ins, attrs = aux_inputs()
+    (num,) = spec.forward(NB, ins, attrs, CTX)
+    (sym,) = spec.forward(be, symbols(ins, "x", env), attrs, CTX)
+    close(evaluated(sym, env), num)
+    g = rand(1)
+    num_bw = spec.backward(NB, [g] + ins, attrs, CTX)
+    sym_bw = spec.backward(be, symbols([g] + ins, "b", env), attrs, CTX)
+    close(evaluated(sym_bw[0], env), num_bw[0])
 
 
 def test_gmm_symbolic_matches_numeric():
@@ -311,6 +362,10 @@ def test_shape_rules_keep_experts_and_k(op):
         attrs = GATE_ATTRS[0]
         ins = gate_inputs(attrs)
         fixed, free = [(1, 0)], (0, 0)  # Wg rows (E); x rows (T)
+    elif op == "moe_aux_loss":
+        ins, attrs = aux_inputs()
+        ins = [ins[0][:, :2], ins[1][:, :2]]  # an even sequence length, to halve
+        fixed, free = [(0, 2), (1, 2)], (0, 1)  # k; the sequence length
     else:
         ins, attrs = gmm_inputs()
         fixed, free = [(3, 0), (4, 0), (5, 0), (1, 1), (2, 1)], (0, 0)
