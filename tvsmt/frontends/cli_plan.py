@@ -29,7 +29,7 @@ def plan():
 
 
 @plan.command()
-@click.option("--model", type=click.Choice(["mlp", "llama3", "moe"]), default="llama3",
+@click.option("--model", type=click.Choice(["mlp", "llama3", "moe", "deepseek-v3"]), default="llama3",
               show_default=True)
 @click.option("--layers", type=int, default=2, show_default=True)
 @click.option("--hidden", type=int, default=64, show_default=True)
@@ -53,7 +53,7 @@ def generate(model, layers, hidden, heads, ffn, vocab, seq, batch, dp, tp, pp, m
     from tvsmt.frontends.generator import generate_pair, write_pair_dicts
 
     try:
-        if ep is not None and (model != "moe" or ep != tp):
+        if ep is not None and (model not in ("moe", "deepseek-v3") or ep != tp):
             raise ValueError(f"--ep {ep}: expert parallelism exists for --model moe only and "
                              f"is folded into the tensor-parallel group (ep = tp = {tp})")
         single, parallel = generate_pair(model, layers=layers, hidden=hidden, heads=heads,

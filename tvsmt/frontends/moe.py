@@ -158,3 +158,28 @@ def forward(tr: Tracer, cfg, b: int, stage_of: list[int]) -> Val:
         loss = tr.op("add", [loss, aux], key, (1,), {"alpha": 1}, batch=False, reduce="dm",
                      role="loss")
     return loss
+
+
+# DeepSeek-V3's routing (671B: 256 routed experts, 8 active, 8 groups of which 4 may be used,
+# 1 shared expert, the first 3 layers dense); the dims are the generator's (shape reduction
+# makes the real ones cheap anyway).
+DEEPSEEK_V3 = MoEShape(experts=256, topk=8, n_groups=8, topk_groups=4, expert_ffn=16,
+                       shared_ffn=16, dense_layers=3, route_scale=2.5, aux_alpha=0.0001)
+
+
+@dataclass(frozen=True)
+class _WithShape:
+    """A model config seen through a MoE shape (attributes of both)."""
+
+    cfg: object
+    shape: MoEShape
+
+    def __getattr__(self, name):
+        if name in MoEShape.__dataclass_fields__:
+            return getattr(self.shape, name)
+        return getattr(self.cfg, name)
+
+
+def deepseek_v3_forward(tr: Tracer, cfg, b: int, stage_of: list[int]) -> Val:
+    """`forward` with DeepSeek-V3's routing hyper-parameters (model name "deepseek-v3")."""
+    return forward(tr, _WithShape(cfg, DEEPSEEK_V3), b, stage_of)

@@ -67,23 +67,33 @@ def _scores(be, x, wg, func):
     return be.div(e, np.sum(e, axis=-1, keepdims=True))
 
 
-def _onehot(be, idx, n_experts, first=0):
-    """[idx == first + e] as 0/1 values, shape idx.shape + (n_experts,), exact."""
-    one, zero = be.full(idx.shape, 1), be.zeros(idx.shape)
-    return np.stack([be.select_eq(idx, first + e, one, zero) for e in range(n_experts)], -1)
+def _pick(be, idx, values, first=0):
+    """values[..., idx - first] for each index (..., k), from values (..., n): the exact sum
+    of `[idx == first + e] ? values[..., e] : 0` (nothing for an index out of range)."""
+    zero = be.zeros(idx.shape)
+    out = zero
+    for e in range(values.shape[-1]):
+        out = out + be.select_eq(idx, first + e, values[..., e:e + 1], zero)
+    return out
+
+
+def _spread(be, idx, vals, n, first=0):
+    """out[..., e] = sum_j [idx[..., j] == first + e] ? vals[..., j] : 0 (a scatter-add of
+    vals (..., k) into n expert slots), exact."""
+    zero = be.zeros(idx.shape)
+    return np.stack([np.sum(be.select_eq(idx, first + e, vals, zero), axis=-1)
+                     for e in range(n)], -1)
 
 
 def _route(be, x, wg, attrs):
     func, k, n_groups, topk_groups, scale = _gate_attrs(attrs, wg.shape[0])
     s = _scores(be, x, wg, func)
     idx = be.topk_route(s, k, n_groups, topk_groups)
-    hot = _onehot(be, idx, wg.shape[0])  # (T, k, E)
-    v = np.sum(hot * s[:, None, :], axis=-1)  # (T, k): s at the selected experts
-    return func, scale, s, idx, hot, v
+    return func, scale, s, idx, _pick(be, idx, s)  # v (T, k): s at the selected experts
 
 
 def gate_fw(be, ins, attrs, ctx):
-    func, scale, s, idx, hot, v = _route(be, ins[0], ins[1], attrs)
+    func, scale, s, idx, v = _route(be, ins[0], ins[1], attrs)
     w = v
     if func == "sigmoid":
         w = be.div(v, np.sum(v, axis=-1, keepdims=True))
@@ -92,14 +102,14 @@ def gate_fw(be, ins, attrs, ctx):
 
 def gate_bw(be, ins, attrs, ctx):
     g, x, wg = ins[0], ins[2], ins[3]
-    func, scale, s, idx, hot, v = _route(be, x, wg, attrs)
+    func, scale, s, idx, v = _route(be, x, wg, attrs)
     g = be.scale(g, scale)
     if func == "sigmoid":
         total = np.sum(v, axis=-1, keepdims=True)
         dv = be.div(g - be.div(np.sum(g * v, axis=-1, keepdims=True), total), total)
     else:
         dv = g
-    ds = np.sum(hot * dv[:, :, None], axis=1)  # scatter_add of dv into the E slots
+    ds = _spread(be, idx, dv, wg.shape[0])  # scatter_add of dv into the E slots
     if func == "sigmoid":
         dz = ds * s * (be.scale(s, -1) + be.const(1))
     else:
@@ -166,16 +176,10 @@ def _experts(be, h, w11, w33, w22):
     return out
 
 
-def _combine(be, idx, w, start, n_local):
-    """c[t, e] = sum_j [idx[t, j] == start + e] * w[t, j], and the one-hot (T, k, El)."""
-    hot = _onehot(be, idx, n_local, start)
-    return np.sum(hot * w[:, :, None], axis=1), hot
-
-
 def gmm_fw(be, ins, attrs, ctx):
     h, idx, w, w11, w33, w22 = ins[:6]
     start = _expert_range(attrs, w11.shape[0])
-    c, _ = _combine(be, idx, w, start, w11.shape[0])
+    c = _spread(be, idx, w, w11.shape[0], start)  # combine weight of each local expert
     y = be.zeros(h.shape)
     for e, (_, _, _, _, f) in enumerate(_experts(be, h, w11, w33, w22)):
         y = y + c[:, e:e + 1] * f
@@ -185,7 +189,7 @@ def gmm_fw(be, ins, attrs, ctx):
 def gmm_bw(be, ins, attrs, ctx):
     g, h, idx, w, w11, w33, w22 = ins[:7]
     start = _expert_range(attrs, w11.shape[0])
-    c, hot = _combine(be, idx, w, start, w11.shape[0])
+    c = _spread(be, idx, w, w11.shape[0], start)
     one = be.const(1)
     g_h = be.zeros(h.shape)
     g_c, g11, g33, g22 = [], [], [], []
@@ -199,7 +203,7 @@ def gmm_bw(be, ins, attrs, ctx):
         g11.append(g_a1.T @ h)
         g33.append(g_a3.T @ h)
         g_h = g_h + g_a1 @ w11[e] + g_a3 @ w33[e]
-    g_w = np.sum(hot * np.stack(g_c, -1)[:, None, :], axis=-1)
+    g_w = _pick(be, idx, np.stack(g_c, -1), start)
     return [g_h, None, g_w, np.stack(g11), np.stack(g33), np.stack(g22)]
 
 
@@ -253,28 +257,26 @@ register(OpSpec(
 # ----------------------------------------------------------------------------- auxiliary loss
 
 
-def _aux_terms(be, idx, attrs):
-    """Per sequence b and expert e: the one-hot (B, S, k, E) and f[b, e] = E / (k S) * (number
-    of slots of sequence b routed to e)."""
+def _aux_f(be, idx, attrs):
+    """f[b, e] = E / (k S) * (number of slots of sequence b routed to e), shape (B, E)."""
     n_experts = int(attrs["n_routed_experts"])
     _, s, k = idx.shape
-    hot = _onehot(be, idx, n_experts)
-    f = be.scale(np.sum(hot, axis=(1, 2)), Fraction(n_experts, k * s))
-    return hot, f
+    counts = np.sum(_spread(be, idx, be.full(idx.shape, 1), n_experts), axis=1)
+    return be.scale(counts, Fraction(n_experts, k * s)), n_experts
 
 
 def aux_fw(be, ins, attrs, ctx):
     w, idx = ins[0], ins[1]
-    hot, f = _aux_terms(be, idx, attrs)
-    p = be.scale(np.sum(hot * w[..., None], axis=(1, 2)), Fraction(1, idx.shape[1]))
+    f, n_experts = _aux_f(be, idx, attrs)
+    p = be.scale(np.sum(_spread(be, idx, w, n_experts), axis=1), Fraction(1, idx.shape[1]))
     return [be.scale(np.sum(f * p, keepdims=True).reshape(1), attrs.get("alpha", 1))]
 
 
 def aux_bw(be, ins, attrs, ctx):
     g, w, idx = ins[0], ins[1], ins[2]
-    hot, f = _aux_terms(be, idx, attrs)
+    f, _ = _aux_f(be, idx, attrs)
     scale = Fraction(exact(attrs.get("alpha", 1))) / idx.shape[1]
-    per_slot = np.sum(hot * f[:, None, None, :], axis=-1)  # f of the slot's expert
+    per_slot = _pick(be, idx, f[:, None, :])  # f of the slot's expert, (B, S, k)
     return [be.scale(per_slot * g[0], scale), None]
 
 
