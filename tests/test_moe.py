@@ -146,3 +146,19 @@ def test_moe_bug_breaks_the_numeric_check(generated_moe, bug):
     broken, record = apply(parallel, bug, seed=0)
     assert set(record["nodes"]) <= {n["id"] for n in broken["nodes"]}
     assert check_pair_numeric(single, broken), f"{bug} did not change any lineage"
+
+
+def test_streamed_moe_plan_folds_and_a_bug_in_a_dropped_unit_is_caught():
+    """The generator's MoE plan streamed unit by unit (as the scale benchmark runs it): folded
+    and equivalent; an expert gradient scaled by EP in replica 2, micro-batch 2 is caught."""
+    from tvsmt.frontends.stream import StreamedPlan
+    from tvsmt.verify import verify_source
+
+    world = dict(layers=2, dp=3, tp=2, pp=1, mb=3, **SMALL_MOE)
+    report = verify_source(StreamedPlan("moe", **world), Options(jobs=1))
+    assert report.verdict == "equivalent", (report.fold_note, report.failures[:1])
+    assert report.fold is not None
+    bug = ("moe-expert-grad-not-divided", (2, 2), "L1.moe.experts.out:BW.nnscaler_moe_gmm@")
+    report = verify_source(StreamedPlan("moe", **world, mutation=bug), Options(jobs=1))
+    assert report.verdict == "violation", report.failures[:1]
+    assert report.fold["exceptions"]
