@@ -4,7 +4,7 @@ MoE plans verify `equivalent` across dp / tp (= ep) / pp / mb."""
 
 from __future__ import annotations
 
-import itertools
+import os
 
 import pytest
 from conftest import fixture_pair
@@ -37,6 +37,9 @@ def test_real_moe_pairs_are_equivalent(name):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("TVSMT_SLOW"), reason="verified unfolded (its chained "
+                    "micro-batch accumulation is not foldable yet): many minutes; set "
+                    "TVSMT_SLOW=1")
 def test_real_moe_128_ranks_is_equivalent():
     single, p_path = _real("moe-ly2-dp16pp2tp4mb16")
     report = verify_plans(single, load_plan(p_path), Options(jobs=2))
