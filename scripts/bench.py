@@ -41,6 +41,13 @@ CONFIGS = {
     "405B + bug in replica 37, micro-batch 5, layer 80": dict(
         layers=126, dp=64, pp=16, tp=8, mb=16,
         mutation=["grad-scale-wrong", [37, 5], "L80.ffn.up:BW.linear@"]),
+    # DeepSeek-V3-671B-shaped: 61 layers (3 dense), 256 routed experts, 8 active, ep = tp
+    "61L-dp32pp8tp8mb16 (DeepSeek-V3 671B)": dict(
+        model="deepseek-v3", layers=61, dp=32, pp=8, tp=8, mb=16),
+    "671B + expert gradient x EP in replica 21, micro-batch 9, layer 40": dict(
+        model="deepseek-v3", layers=61, dp=32, pp=8, tp=8, mb=16,
+        mutation=["moe-expert-grad-not-divided", [21, 9],
+                  "L40.moe.experts.out:BW.nnscaler_moe_gmm@"]),
 }
 NODES_PER_LAYER_REPLICA = 108  # measured on generated plans: parallel nodes / (layers*dp*tp*mb)
 DIMS = dict(hidden=64, heads=8, ffn=128, vocab=128, seq=8)
@@ -70,9 +77,10 @@ from tvsmt.verify import Options, Timer, verify_pair, verify_source
 opts = Options(jobs=2, progress=None, corpus=None)
 t0 = time.perf_counter()
 extra = {}
+model = cfg.pop("model", "llama3")
 if mode == "file":
     from tvsmt.frontends import write_pair
-    s, p = write_pair(out, "llama3", **dims, **cfg)
+    s, p = write_pair(out, model, **dims, **cfg)
     gen = time.perf_counter() - t0
     rep = verify_pair(s, p, opts)
     extra["plan_bytes"] = os.path.getsize(p)
@@ -81,7 +89,7 @@ else:
     mutation = cfg.pop("mutation", None)
     if mutation:
         mutation = (mutation[0], tuple(mutation[1]), mutation[2])
-    source = StreamedPlan("llama3", **dims, **cfg, mutation=mutation)
+    source = StreamedPlan(model, **dims, **cfg, mutation=mutation)
     gen = time.perf_counter() - t0
     rep = verify_source(source, opts)
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

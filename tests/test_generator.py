@@ -210,7 +210,10 @@ def llama_pair():
 @pytest.mark.parametrize("name", list(MUTATIONS))
 def test_mutation_breaks_numeric_check(name, llama_pair):
     single, parallel = llama_pair
-    mutated, record = apply(parallel, name, seed=0)
+    try:
+        mutated, record = apply(parallel, name, seed=0)
+    except NotApplicable:  # e.g. a mixture-of-experts bug in a dense model
+        pytest.skip(f"{name} does not fit this plan")
     assert parallel["name"] != mutated["name"]  # the input is not modified
     assert record["bug"] == name and record["nodes"] and record["tensors"]
     ids = {n["id"] for n in mutated["nodes"]}
@@ -230,7 +233,10 @@ def test_mutation_breaks_numeric_check(name, llama_pair):
 @pytest.mark.parametrize("seed", [1, 2])
 def test_mutation_other_targets(name, seed, llama_pair):
     single, parallel = llama_pair
-    mutated, record = apply(parallel, name, seed=seed)
+    try:
+        mutated, record = apply(parallel, name, seed=seed)
+    except NotApplicable:  # e.g. a mixture-of-experts bug in a dense model
+        pytest.skip(f"{name} does not fit this plan")
     if MUTATIONS[name].breaks_graph:
         with pytest.raises(UndefinedTensor):
             check_pair_numeric(single, mutated)

@@ -8,7 +8,7 @@ import pytest
 
 from tvsmt.frontends.builder import write_plan
 from tvsmt.frontends.generator import generate_pair, write_pair_dicts
-from tvsmt.frontends.mutations import MUTATIONS, apply
+from tvsmt.frontends.mutations import MUTATIONS, NotApplicable, apply
 
 from tvsmt.errors import TvsmtError
 from tvsmt.verify import verify_pair
@@ -58,7 +58,10 @@ def test_generated_mlp_is_equivalent(tmp_path):
 @pytest.mark.parametrize("name", list(MUTATIONS))
 def test_mutation_is_found_and_localized(name, pair, tmp_path):
     s_path, _, parallel, _ = pair
-    mutated, record = apply(parallel, name, seed=0)
+    try:
+        mutated, record = apply(parallel, name, seed=0)
+    except NotApplicable:  # e.g. a mixture-of-experts bug in a dense model
+        pytest.skip(f"{name} does not fit this plan")
     p_path = write_plan(tmp_path / "parallel.json.gz", mutated)
     try:
         report = verify_pair(s_path, p_path, jobs=1)

@@ -29,7 +29,7 @@ def plan():
 
 
 @plan.command()
-@click.option("--model", type=click.Choice(["mlp", "llama3"]), default="llama3",
+@click.option("--model", type=click.Choice(["mlp", "llama3", "moe", "deepseek-v3"]), default="llama3",
               show_default=True)
 @click.option("--layers", type=int, default=2, show_default=True)
 @click.option("--hidden", type=int, default=64, show_default=True)
@@ -43,6 +43,8 @@ def plan():
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel ranks.")
 @click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages.")
 @click.option("--mb", type=int, default=1, show_default=True, help="Micro-batches.")
+@click.option("--ep", type=int, default=None,
+              help="moe only: expert-parallel ranks, folded into the tp group (must be tp).")
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), required=True,
               help="Folder for single.json.gz and parallel.json.gz (or .jsonl.gz).")
 @click.option("--format", "form", type=click.Choice(["json", "jsonl"]), default="json",
@@ -51,8 +53,8 @@ def plan():
                    "per line (docs/format.md), written unit by unit for llama3 worlds with "
                    "more than 2 replicas or micro-batches, so that no plan is held whole. "
                    "Files appear only once complete.")
-def generate(model, layers, hidden, heads, ffn, vocab, seq, batch, dp, tp, pp, mb, out_dir,
-             form):
+def generate(model, layers, hidden, heads, ffn, vocab, seq, batch, dp, tp, pp, mb, ep,
+             out_dir, form):
     """Write a (single, parallel) plan pair of one training iteration."""
     from tvsmt.frontends.generator import generate_pair, write_pair_dicts
 
@@ -61,6 +63,9 @@ def generate(model, layers, hidden, heads, ffn, vocab, seq, batch, dp, tp, pp, m
                                   out_dir)
     suffix = ".jsonl.gz" if form == "jsonl" else ".json.gz"
     try:
+        if ep is not None and (model not in ("moe", "deepseek-v3") or ep != tp):
+            raise ValueError(f"--ep {ep}: expert parallelism exists for --model moe only and "
+                             f"is folded into the tensor-parallel group (ep = tp = {tp})")
         single, parallel = generate_pair(model, layers=layers, hidden=hidden, heads=heads,
                                          ffn=ffn, vocab=vocab, seq=seq, batch=batch, dp=dp,
                                          tp=tp, pp=pp, mb=mb)

@@ -40,11 +40,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from tvsmt.frontends import llama, mlp
+from tvsmt.frontends import llama, mlp, moe
 from tvsmt.frontends.builder import PlanBuilder, write_plan
 from tvsmt.frontends.spmd import Tracer, World
 
-MODELS = {"llama3": llama.forward, "mlp": mlp.forward}
+MODELS = {"llama3": llama.forward, "mlp": mlp.forward, "moe": moe.forward,
+          "deepseek-v3": moe.deepseek_v3_forward}
 SEED_KEY = "loss.grad"
 RANK_LAYOUT = "rank = dp_index*(pp*tp) + pp_stage*tp + tp_index"
 

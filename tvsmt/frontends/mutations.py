@@ -547,6 +547,139 @@ def reducer_before_last_accum(v: PlanView, rng, where):
                    replaced=old, by=early, skipped_accum=acc["id"])
 
 
+# ----------------------------------------------------------------------------- mixture of experts
+
+
+GMM = "nnscaler_moe_gmm"
+
+
+def _gmm_nodes(v: PlanView, pass_: str) -> list[dict]:
+    return [n for n in v.nodes if n["op"] == GMM and n["pass"] == pass_]
+
+
+def _expert_parts(n: dict) -> int:
+    """How many nodes share the experts: E / El (1 when this node holds them all)."""
+    a = n["attrs"]
+    total, el = a.get("n_routed_experts"), a.get("local_expert_end", 0) - a.get(
+        "local_expert_start", 0)
+    return int(total) // el if total and el > 0 else 1
+
+
+def moe_expert_range_shifted(v: PlanView, rng, where):
+    """Tokens dispatched to the wrong expert rank: one expert-parallel GEMM computes the
+    tokens routed to another rank's experts with its own weights (its range moved by El)."""
+    cands = [n for n in _gmm_nodes(v, "fw") if _expert_parts(n) > 1]
+    n = _pick(cands, rng, where, "expert-parallel nnscaler_moe_gmm (E split over ranks)")
+    a = n["attrs"]
+    s, e, total = a["local_expert_start"], a["local_expert_end"], a["n_routed_experts"]
+    new = (s + (e - s)) % total
+    a["local_expert_start"], a["local_expert_end"] = new, new + (e - s)
+    return _record(n, [n["id"]], n["outputs"], experts=[s, e], dispatched_as=[new, new + e - s])
+
+
+def moe_combine_other_microbatch(v: PlanView, rng, where):
+    """The routed experts' outputs are combined with the router weights of another
+    micro-batch (same rank, same producer, another micro-batch's tensor)."""
+    cands = []
+    for n in _gmm_nodes(v, "fw"):
+        t = n["inputs"][2]
+        p = v.producer.get(t)
+        if p is None:
+            continue
+        slot = p["outputs"].index(t)
+        for q in v.nodes:
+            if (q["op"] == p["op"] and q["rank"] == p["rank"] and q["mb"] != p["mb"]
+                    and q["pass"] == p["pass"] and len(q["outputs"]) > slot
+                    and q["outputs"][slot] is not None and v.before(q["outputs"][slot], n)
+                    and v.shape(q["outputs"][slot]) == v.shape(t)):
+                cands.append((n, q["outputs"][slot]))
+                break
+    n, other = _pick(cands, rng, where, "nnscaler_moe_gmm with another micro-batch's router "
+                     "weights on its rank (mb > 1)", node_of=lambda c: c[0])
+    old = n["inputs"][2]
+    n["inputs"][2] = other
+    v.refresh()
+    return _record(n, [n["id"]], n["outputs"], replaced=old, by=other)
+
+
+def _expert_grad(v: PlanView, t: str, depth: int = 0) -> bool:
+    """t is an expert weight gradient: a gmm backward's W11/W33/W22 output, possibly
+    accumulated over micro-batches."""
+    p = v.producer.get(t)
+    if p is None or depth > 64:
+        return False
+    if p["op"] == GMM and p["pass"] == "bw":
+        return p["outputs"].index(t) >= 3
+    if p["op"] == "grad_accum":
+        return any(_expert_grad(v, x, depth + 1) for x in p["inputs"] if x is not None)
+    return False
+
+
+def moe_expert_grad_wrong_group(v: PlanView, rng, where):
+    """Expert gradients reduced over the whole data-parallel group of the stage (every rank,
+    whatever experts it holds) instead of the expert-data-parallel group (the ranks holding
+    the same experts): other experts' gradients are added in."""
+    cands = []
+    for n in v.nodes:
+        if n["op"] != "reducer" or not n["inputs"] or not _expert_grad(v, n["inputs"][0]):
+            continue
+        t = n["inputs"][0]
+        lins = {i for i, sl in v.parts_of.get(t, [])}
+        slices = {sl for _, sl in v.parts_of.get(t, [])}
+        group = v.tp_group(v.rank_of(t))
+        first = min(v.instance(n), key=lambda m: v.pos[m["id"]])
+        sibs = [u for u, parts in v.parts_of.items()
+                if u not in n["inputs"] and v.rank_of(u) in group and v.role(u) == "grad"
+                and v.shape(u) == v.shape(t) and any(i in lins and sl not in slices
+                                                     for i, sl in parts)
+                and v.before(u, first)]
+        if sibs:
+            cands.append((n, sorted(sibs)))
+    n, sibs = _pick(cands, rng, where, "reducer of an expert-parallel expert gradient (dp > 1, "
+                    "experts split)", node_of=lambda c: c[0])
+    inst = v.instance(n)
+    for m in inst:
+        m["inputs"] = list(m["inputs"]) + sibs
+        ranks = m["attrs"].get("ranks")
+        if isinstance(ranks, list):
+            m["attrs"]["ranks"] = list(ranks) + [v.rank_of(u) for u in sibs]
+    v.refresh()
+    return _record(n, [m["id"] for m in inst], [o for m in inst for o in m["outputs"]],
+                   added=sibs)
+
+
+def _scaled_output(v: PlanView, n: dict, slot: int, c: int, why: str) -> dict:
+    t = n["outputs"][slot]
+    raw = v.fresh_tensor(t, v.shape(t), "grad")
+    n["outputs"][slot] = raw
+    mul = _node(v.fresh_node_id(_tagged(n["id"], ":mul")), "mul", "fw", n["rank"], n["mb"],
+                [raw], [t], {"consts": [c]})
+    v.insert(v.pos[n["id"]] + 1, mul)
+    v.add_to_hints(n["id"], mul["id"])
+    return _record(n, [mul["id"], n["id"]], [t], factor=c, gradient=t, why=why)
+
+
+def moe_expert_grad_not_divided(v: PlanView, rng, where):
+    """One expert weight gradient is multiplied by the expert-parallel size (summed over the
+    expert-parallel group as if it were replicated, not divided back: doubled at EP = 2)."""
+    cands = [(n, i) for n in _gmm_nodes(v, "bw") for i in (3, 4, 5)
+             if len(n["outputs"]) > i and n["outputs"][i] is not None]
+    n, slot = _pick(cands, rng, where, "nnscaler_moe_gmm backward", node_of=lambda c: c[0])
+    parts = _expert_parts(n)
+    return _scaled_output(v, n, slot, parts if parts > 1 else 2, "expert-parallel size")
+
+
+def moe_aux_grad_scaled_by_tp(v: PlanView, rng, where):
+    """The auxiliary load-balancing loss's gradient (into the router weights) is multiplied
+    by the tensor-parallel size on one rank (a loss computed redundantly on every tp rank and
+    then treated as a tp partial sum)."""
+    cands = [n for n in v.nodes if n["op"] == "moe_aux_loss" and n["pass"] == "bw"
+             and n["outputs"] and n["outputs"][0] is not None]
+    n = _pick(cands, rng, where, "moe_aux_loss backward (auxiliary load-balancing loss)")
+    tp = v.w("tp")
+    return _scaled_output(v, n, 0, tp if tp > 1 else 2, "tensor-parallel size")
+
+
 # ----------------------------------------------------------------------------- catalogue
 
 
@@ -604,6 +737,23 @@ _ALL = [
     Mutation("reducer-before-last-accum", "scheduling",
              "the data-parallel reducer reads one rank's weight gradient before the last "
              "micro-batch has been accumulated", reducer_before_last_accum),
+    Mutation("moe-expert-grad-wrong-group", "mixture of experts",
+             "expert gradients are reduced over the data-parallel group of the stage instead "
+             "of the expert-data-parallel group: other experts' gradients are added in",
+             moe_expert_grad_wrong_group),
+    Mutation("moe-expert-grad-not-divided", "mixture of experts",
+             "one expert weight gradient is multiplied by the expert-parallel size (not "
+             "divided back after an expert-parallel sum: doubled at EP = 2)",
+             moe_expert_grad_not_divided),
+    Mutation("moe-aux-grad-scaled-by-tp", "mixture of experts",
+             "the auxiliary load-balancing loss's gradient is multiplied by the tensor-parallel "
+             "size on one rank", moe_aux_grad_scaled_by_tp),
+    Mutation("moe-expert-range-shifted", "mixture of experts",
+             "tokens are dispatched to the wrong expert rank: one expert GEMM computes another "
+             "rank's experts' tokens with its own expert weights", moe_expert_range_shifted),
+    Mutation("moe-combine-other-microbatch", "mixture of experts",
+             "the routed experts' outputs are combined with the router weights of another "
+             "micro-batch", moe_combine_other_microbatch),
 ]
 
 MUTATIONS: dict[str, Mutation] = {m.name: m for m in _ALL}

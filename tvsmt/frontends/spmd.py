@@ -122,6 +122,7 @@ class Tracer:
         self.d = self.m = self.stage = 0
         self._tape: list[tuple] = []
         self._ver: dict[str, int] = defaultdict(int)
+        self._rank_attrs: dict[str, Any] = {}  # op sid -> attrs_of(tp index), see op_per_rank
 
     # ------------------------------------------------------------------ runs
 
@@ -263,6 +264,16 @@ class Tracer:
             self.hints.setdefault(v.kv, hint)
         self._tape.append(("op", op, sid, list(inputs), out_vals, attrs))
         return out_vals[0] if single_out else out_vals
+
+    def op_per_rank(self, op: str, inputs: Sequence[Val], outs, shapes, attrs_of, **kw):
+        """`op` whose attributes depend on the tp index t (`attrs_of(t)`), e.g. the expert range
+        of an expert-parallel GEMM; its backward nodes get the same per-rank attributes."""
+        first = len(self.b.nodes)
+        out = self.op(op, inputs, outs, shapes, attrs_of(0), **kw)
+        for t, node in enumerate(self.b.nodes[first:]):
+            node["attrs"] = dict(attrs_of(t))
+        self._rank_attrs[self._tape[-1][2]] = attrs_of
+        return out
 
     def _hint_for(self, sid: str, inputs: list[tuple[str, int]]) -> _Hint:
         hint = self._node_hints.get(sid)
@@ -473,7 +484,8 @@ class Tracer:
             self.b.add_node(nid, op, "bw", r, self.m,
                             [g.ids[t] if g is not None else None for g in gouts]
                             + [v.ids[t] for v in ins],
-                            [g.ids[t] if g is not None else None for g in gins], attrs)
+                            [g.ids[t] if g is not None else None for g in gins],
+                            self._rank_attrs[sid](t) if sid in self._rank_attrs else attrs)
             hint.parallel.append(nid)
         for g in gins:
             if g is not None:

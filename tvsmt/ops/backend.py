@@ -79,6 +79,42 @@ UNINTERPRETED: dict[str, Any] = {
 }
 
 
+def route_topk(scores: np.ndarray, k: int, n_groups: int, topk_groups: int) -> np.ndarray:
+    """The real MoE router selection (DeepSeek-V3 `Gate`, no bias): for each row of `scores`
+    (T, E), the indices (T, k) of the k best experts in descending order, after group
+    limiting: the E experts form `n_groups` contiguous blocks, a block scores its maximum, and
+    only the experts of the best `topk_groups` blocks may be chosen. Ties go to the lower
+    index (torch leaves them unspecified)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    t, e = scores.shape
+    sel = scores.copy()
+    if n_groups > 1:
+        if e % n_groups:
+            raise ValueError(f"router: {e} experts do not form {n_groups} groups")
+        block = sel.reshape(t, n_groups, e // n_groups).max(axis=-1)
+        best = np.argsort(-block, axis=-1, kind="stable")[:, :topk_groups]
+        keep = np.zeros((t, n_groups), dtype=bool)
+        np.put_along_axis(keep, best, True, axis=-1)
+        sel = np.where(np.repeat(keep, e // n_groups, axis=-1), sel, -np.inf)
+    return np.argsort(-sel, axis=-1, kind="stable")[:, :k]
+
+
+def _topk_index(j, k, n_groups, topk_groups, *scores) -> float:
+    """Real function of the router's selection UF: index j of route_topk on one score row."""
+    row = np.asarray(scores, dtype=np.float64)[None]
+    return float(route_topk(row, int(k), int(n_groups), int(topk_groups))[0, int(j)])
+
+
+# The selection of `route_topk` as an uninterpreted function of the WHOLE score row: one
+# function per row length E (a pysmt function has one arity), arguments (j, k, n_groups,
+# topk_groups, s_0, ..., s_{E-1}). Congruence is all a proof may use: equal rows give equal
+# selections, whatever the function is.
+MAX_ROUTED_EXPERTS = 1024
+TOPK_UFS: tuple[str, ...] = tuple(f"uf_topk{e}" for e in range(1, MAX_ROUTED_EXPERTS + 1))
+for _name in TOPK_UFS:
+    UNINTERPRETED[_name] = _topk_index
+
+
 class Backend:
     """Interface; see the two implementations below."""
 
@@ -131,6 +167,10 @@ class Backend:
 
     def constant_ints(self, x) -> np.ndarray | None:
         """x as an int array when every element is a known integer constant, else None."""
+        raise NotImplementedError
+
+    def topk_route(self, scores, k: int, n_groups: int, topk_groups: int):
+        """(T, k) expert indices chosen from the (T, E) score rows (see route_topk)."""
         raise NotImplementedError
 
 
@@ -201,6 +241,9 @@ class NumericBackend(Backend):
         if not np.all(np.isfinite(x)) or not np.all(x == np.round(x)):
             return None
         return x.astype(np.int64)
+
+    def topk_route(self, scores, k, n_groups, topk_groups):
+        return route_topk(scores, k, n_groups, topk_groups).astype(np.float64)
 
 
 class SymbolicBackend(Backend):
@@ -376,3 +419,26 @@ class SymbolicBackend(Backend):
                 return None
             out[i] = int(v)
         return out.reshape(np.shape(x))
+
+    def topk_route(self, scores, k, n_groups, topk_groups):
+        """Each index is `uf_topk<E>(j, k, n_groups, topk_groups, row...)` of its whole row:
+        only congruence ties the two plans' selections together."""
+        from pysmt.typing import FunctionType
+
+        scores = np.asarray(scores, dtype=object)
+        t, e = scores.shape
+        name = f"uf_topk{e}"
+        if name not in UNINTERPRETED:
+            raise ValueError(f"router: {e} experts, more than the {MAX_ROUTED_EXPERTS} supported")
+        key = (name, e + 4)
+        if key not in self._uf_cache:
+            self._uf_cache[key] = self.mgr.Symbol(
+                name, FunctionType(self.real, [self.real] * (e + 4)))
+        f = self._uf_cache[key]
+        params = [self.const(k), self.const(n_groups), self.const(topk_groups)]
+        out = np.empty((t, k), dtype=object)
+        for r in range(t):
+            row = list(scores[r])
+            for j in range(k):
+                out[r, j] = self.mgr.Function(f, [self.const(j)] + params + row)
+        return out

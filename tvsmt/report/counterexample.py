@@ -89,9 +89,14 @@ def screen(formula: StageFormula, seeds: int = 4) -> dict | None:
     if formula.constraints:
         return None
     names = sorted(formula.inputs)
-    for seed in range(seeds):
+    # Then small integers: a random real never equals an expert index, so a value-dependent
+    # selection (MoE routing, [idx == e]) is only exercised by integer inputs.
+    draws = [(seed, None) for seed in range(seeds)] + [(seeds + i, n)
+                                                       for i, n in enumerate((4, 16, 64))]
+    for seed, ints in draws:
         rng = random.Random(seed)
-        env = {n: rng.uniform(0.5, 1.5) for n in names}
+        env = {n: (rng.uniform(0.5, 1.5) if ints is None else float(rng.randrange(ints)))
+               for n in names}
         ev = FloatEvaluator(env)
         mismatches = []
         for comp in formula.comparisons:

@@ -1,0 +1,303 @@
+"""Mixture-of-experts operators: the router `gate_fw` and the grouped expert GEMM
+`nnscaler_moe_gmm` (slots and attributes as in `../shared/plans/OPS.md`).
+
+Routing is the one value-dependent choice in a MoE layer. The selection (top-k after group
+limiting) is an uninterpreted function of the WHOLE score row (`Backend.topk_route`,
+`uf_topk<E>` in `backend.UNINTERPRETED`, real function `backend.route_topk`); everything
+around it is exact:
+
+* the selected weights are the scores at the selected indices, `w_j = sum_e [idx_j == e] s_e`
+  (an exact indicator per expert, `ite` on an equality, so also right for an index that is
+  out of range or repeated: it selects nothing, or twice);
+* the sigmoid normalisation `w / sum(w)` and `route_scale` are exact (division by a tensor is
+  `uf_div`);
+* the backward is the exact VJP with the indices held constant (they are piecewise constant);
+* the expert GEMM sums `[idx == e] * w * F_e(h)` over its local experts exactly.
+
+Why this is sound: a proof holds for every interpretation of `uf_topk<E>`, hence for the real
+top-k. Two selections are equal in every interpretation only when their arguments are equal,
+i.e. when both plans select from equal score rows, in the same expert order, with equal
+k / n_groups / topk_groups. A plan that selects from a shard of the row, or from different
+logits, gets a different term and is not proven. A counterexample through the function is
+re-checked with `route_topk` before it is reported (the verifier's usual rule for UFs).
+
+Shape rules keep E (experts, the row length and every local expert range) and k unreduced:
+the selection and the expert ranges are not SIMD-like along those axes.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+from tvsmt.ops.backend import TOPK_UFS, exact
+from tvsmt.ops.definitions._common import nontrivial, require
+from tvsmt.ops.registry import AttrError, OpSpec, register
+
+# ----------------------------------------------------------------------------- router
+
+
+def _gate_attrs(attrs: dict, n_experts: int) -> tuple[str, int, int, int, object]:
+    if attrs.get("bias") is not None:
+        raise AttrError("gate_fw: a router bias is not supported (attrs.bias must be null)")
+    func = attrs.get("score_func", "softmax")
+    if func not in ("sigmoid", "softmax"):
+        raise AttrError(f"gate_fw: unknown score_func {func!r}")
+    k = int(attrs["topk"])
+    n_groups = int(attrs.get("n_groups") or 1)
+    topk_groups = int(attrs.get("topk_groups") or 1)
+    declared = attrs.get("n_routed_experts")
+    if declared is not None and int(declared) != n_experts:
+        raise AttrError(f"gate_fw: router weight has {n_experts} rows, attrs say "
+                         f"n_routed_experts = {declared}")
+    if n_groups > 1 and n_experts % n_groups:
+        raise AttrError(f"gate_fw: {n_experts} experts do not form {n_groups} groups")
+    if not 0 < k <= n_experts:
+        raise AttrError(f"gate_fw: topk = {k} with {n_experts} experts")
+    return func, k, n_groups, topk_groups, attrs.get("route_scale", 1.0)
+
+
+def _scores(be, x, wg, func):
+    """Router scores s (T, E): sigmoid or softmax (over all E) of x @ Wg^T."""
+    logits = x @ wg.T
+    if func == "sigmoid":
+        return be.sigmoid(logits)
+    e = be.exp(logits)
+    return be.div(e, np.sum(e, axis=-1, keepdims=True))
+
+
+def _pick(be, idx, values, first=0):
+    """values[..., idx - first] for each index (..., k), from values (..., n): the exact sum
+    of `[idx == first + e] ? values[..., e] : 0` (nothing for an index out of range)."""
+    zero = be.zeros(idx.shape)
+    out = zero
+    for e in range(values.shape[-1]):
+        out = out + be.select_eq(idx, first + e, values[..., e:e + 1], zero)
+    return out
+
+
+def _spread(be, idx, vals, n, first=0):
+    """out[..., e] = sum_j [idx[..., j] == first + e] ? vals[..., j] : 0 (a scatter-add of
+    vals (..., k) into n expert slots), exact."""
+    zero = be.zeros(idx.shape)
+    return np.stack([np.sum(be.select_eq(idx, first + e, vals, zero), axis=-1)
+                     for e in range(n)], -1)
+
+
+def _route(be, x, wg, attrs):
+    func, k, n_groups, topk_groups, scale = _gate_attrs(attrs, wg.shape[0])
+    s = _scores(be, x, wg, func)
+    idx = be.topk_route(s, k, n_groups, topk_groups)
+    return func, scale, s, idx, _pick(be, idx, s)  # v (T, k): s at the selected experts
+
+
+def gate_fw(be, ins, attrs, ctx):
+    func, scale, s, idx, v = _route(be, ins[0], ins[1], attrs)
+    w = v
+    if func == "sigmoid":
+        w = be.div(v, np.sum(v, axis=-1, keepdims=True))
+    return [be.scale(w, scale), idx]
+
+
+def gate_bw(be, ins, attrs, ctx):
+    g, x, wg = ins[0], ins[2], ins[3]
+    func, scale, s, idx, v = _route(be, x, wg, attrs)
+    g = be.scale(g, scale)
+    if func == "sigmoid":
+        total = np.sum(v, axis=-1, keepdims=True)
+        dv = be.div(g - be.div(np.sum(g * v, axis=-1, keepdims=True), total), total)
+    else:
+        dv = g
+    ds = _spread(be, idx, dv, wg.shape[0])  # scatter_add of dv into the E slots
+    if func == "sigmoid":
+        dz = ds * s * (be.scale(s, -1) + be.const(1))
+    else:
+        dz = s * (ds - np.sum(ds * s, axis=-1, keepdims=True))
+    return [dz @ wg, dz.T @ x]
+
+
+def gate_shape(c, ins, outs, attrs):
+    x, wg = ins[0], ins[1]
+    require(len(x) == 2 and len(wg) == 2, "gate_fw: x must be (T, H) and Wg (E, H)")
+    require(x.orig[1] == wg.orig[1], f"gate_fw: x {list(x.orig)} does not match Wg "
+                                     f"{list(wg.orig)}")
+    k = int(attrs["topk"])
+    c.eq(x[1], wg[1])
+    nontrivial(c, x, [1])
+    c.eq(wg[0], wg.orig[0])  # E is never reduced: the selection reads the whole row
+    for y in outs[:2]:
+        if y is None:
+            continue
+        require(tuple(y.orig) == (x.orig[0], k), f"gate_fw: output {list(y.orig)} is not "
+                                                  f"[{x.orig[0]}, {k}]")
+        c.eq(y[0], x[0])
+        c.eq(y[1], k)
+
+
+register(OpSpec(
+    "gate_fw", gate_fw, gate_shape, gate_bw, n_outputs=lambda attrs, n_in: 2,
+    abstracts=("uf_sigmoid", "uf_exp", "uf_div") + TOPK_UFS, reads_mirrors=True,
+    doc="MoE router, fw [x (T,H), Wg (E,H)] -> [weights (T,k), indices (T,k)]: s = "
+        "sigmoid(x @ Wg^T) (or softmax over E); indices = uf_topk<E>(j, k, n_groups, "
+        "topk_groups, s[t, :]) for slot j, an uninterpreted function of the WHOLE score row "
+        "(real function: top-k after group limiting, backend.route_topk); weights_j = sum_e "
+        "[idx_j == e] s_e exactly, sigmoid: / sum_j weights_j, then * route_scale. bw [g_w, "
+        "null, x, Wg] -> [g_x, g_Wg], the exact VJP with the indices constant (recomputed by "
+        "the same function of the same row). Sound: a proof holds for every selection "
+        "function, so for the real one; two selections agree only through congruence, i.e. "
+        "when both plans select from equal whole rows with equal k and groups. E and k are "
+        "never reduced."))
+
+
+# ----------------------------------------------------------------------------- grouped GEMM
+
+
+def _expert_range(attrs, n_local: int) -> int:
+    start, end = int(attrs.get("local_expert_start", 0)), attrs.get("local_expert_end")
+    end = start + n_local if end is None else int(end)
+    if end - start != n_local:
+        raise AttrError(f"nnscaler_moe_gmm: experts [{start}, {end}) but the weights hold "
+                         f"{n_local}")
+    total = attrs.get("n_routed_experts")
+    if total is not None and not 0 <= start < end <= int(total):
+        raise AttrError(f"nnscaler_moe_gmm: experts [{start}, {end}) outside [0, {total})")
+    return start
+
+
+def _experts(be, h, w11, w33, w22):
+    """Per local expert: (a1, a3, act, F) with F_e(h) = (silu(h W11_e^T) * h W33_e^T) W22_e^T."""
+    out = []
+    for e in range(w11.shape[0]):
+        a1, a3 = h @ w11[e].T, h @ w33[e].T
+        sig = be.sigmoid(a1)
+        act = a1 * sig * a3
+        out.append((a1, a3, sig, act, act @ w22[e].T))
+    return out
+
+
+def gmm_fw(be, ins, attrs, ctx):
+    h, idx, w, w11, w33, w22 = ins[:6]
+    start = _expert_range(attrs, w11.shape[0])
+    c = _spread(be, idx, w, w11.shape[0], start)  # combine weight of each local expert
+    y = be.zeros(h.shape)
+    for e, (_, _, _, _, f) in enumerate(_experts(be, h, w11, w33, w22)):
+        y = y + c[:, e:e + 1] * f
+    return [y]
+
+
+def gmm_bw(be, ins, attrs, ctx):
+    g, h, idx, w, w11, w33, w22 = ins[:7]
+    start = _expert_range(attrs, w11.shape[0])
+    c = _spread(be, idx, w, w11.shape[0], start)
+    one = be.const(1)
+    g_h = be.zeros(h.shape)
+    g_c, g11, g33, g22 = [], [], [], []
+    for e, (a1, a3, sig, act, f) in enumerate(_experts(be, h, w11, w33, w22)):
+        g_c.append(np.sum(g * f, axis=-1))
+        g_f = c[:, e:e + 1] * g
+        g22.append(g_f.T @ act)
+        g_act = g_f @ w22[e]
+        g_a3 = g_act * (a1 * sig)
+        g_a1 = g_act * a3 * (sig * (a1 * (be.scale(sig, -1) + one) + one))
+        g11.append(g_a1.T @ h)
+        g33.append(g_a3.T @ h)
+        g_h = g_h + g_a1 @ w11[e] + g_a3 @ w33[e]
+    g_w = _pick(be, idx, np.stack(g_c, -1), start)
+    return [g_h, None, g_w, np.stack(g11), np.stack(g33), np.stack(g22)]
+
+
+def gmm_shape(c, ins, outs, attrs):
+    h, idx, w, w11, w33, w22 = ins[:6]
+    require(len(h) == 2 and len(idx) == 2 and len(w) == 2,
+            "nnscaler_moe_gmm: h, indices and weights must be 2-D (T, H), (T, k), (T, k)")
+    require(len(w11) == 3 and len(w33) == 3 and len(w22) == 3,
+            "nnscaler_moe_gmm: expert weights must be 3-D")
+    el, d, hid = w11.orig
+    require(tuple(w33.orig) == (el, d, hid) and tuple(w22.orig) == (el, hid, d)
+            and h.orig[1] == hid and idx.orig == w.orig and idx.orig[0] == h.orig[0],
+            f"nnscaler_moe_gmm: shapes h {list(h.orig)}, indices {list(idx.orig)}, weights "
+            f"{list(w.orig)}, W11 {list(w11.orig)}, W33 {list(w33.orig)}, W22 "
+            f"{list(w22.orig)} do not fit")
+    start, end = attrs.get("local_expert_start"), attrs.get("local_expert_end")
+    if start is not None and end is not None:
+        require(int(end) - int(start) == el, f"nnscaler_moe_gmm: experts [{start}, {end}) "
+                                             f"but the weights hold {el}")
+    for t in (w11, w33, w22):
+        c.eq(t[0], el)  # the local expert range is never reduced
+    c.eq(idx[1], idx.orig[1])  # nor k
+    c.eq(w[1], idx[1])
+    c.eq(idx[0], h[0])
+    c.eq(w[0], h[0])
+    c.eq(w11[1], w33[1])
+    c.eq(w11[1], w22[2])
+    c.eq(w11[2], w33[2])
+    c.eq(w11[2], w22[1])
+    c.eq(h[1], w11[2])
+    nontrivial(c, w11, [1, 2])
+    y = outs[0] if outs else None
+    if y is not None:
+        require(tuple(y.orig) == tuple(h.orig), f"nnscaler_moe_gmm: output {list(y.orig)} is "
+                                                f"not h's {list(h.orig)}")
+        c.same(y, h)
+
+
+register(OpSpec(
+    "nnscaler_moe_gmm", gmm_fw, gmm_shape, gmm_bw,
+    abstracts=("uf_sigmoid",), reads_mirrors=True,
+    doc="routed experts, fw [h (T,H), indices (T,k), weights (T,k), W11, W33 (El,D,H), W22 "
+        "(El,H,D)] -> [y (T,H)]: y[t] = sum_j sum_{e in [s, s+El)} [idx[t,j] == e] w[t,j] "
+        "F_e(h[t]), F_e(v) = (silu(v W11[e-s]^T) * v W33[e-s]^T) W22[e-s]^T, s = "
+        "local_expert_start (exact indicators: an index outside the range, or repeated, adds "
+        "nothing, or twice); bw [g_y, h, idx, w, W11, W33, W22] -> [g_h, null, g_w, g_W11, "
+        "g_W33, g_W22], the exact VJP, g_w[t,j] = sum_e [idx[t,j] == e] <g_y[t], F_e(h[t])>. "
+        "El and k are never reduced."))
+
+
+# ----------------------------------------------------------------------------- auxiliary loss
+
+
+def _aux_f(be, idx, attrs):
+    """f[b, e] = E / (k S) * (number of slots of sequence b routed to e), shape (B, E)."""
+    n_experts = int(attrs["n_routed_experts"])
+    _, s, k = idx.shape
+    counts = np.sum(_spread(be, idx, be.full(idx.shape, 1), n_experts), axis=1)
+    return be.scale(counts, Fraction(n_experts, k * s)), n_experts
+
+
+def aux_fw(be, ins, attrs, ctx):
+    w, idx = ins[0], ins[1]
+    f, n_experts = _aux_f(be, idx, attrs)
+    p = be.scale(np.sum(_spread(be, idx, w, n_experts), axis=1), Fraction(1, idx.shape[1]))
+    return [be.scale(np.sum(f * p, keepdims=True).reshape(1), attrs.get("alpha", 1))]
+
+
+def aux_bw(be, ins, attrs, ctx):
+    g, w, idx = ins[0], ins[1], ins[2]
+    f, _ = _aux_f(be, idx, attrs)
+    scale = Fraction(exact(attrs.get("alpha", 1))) / idx.shape[1]
+    per_slot = _pick(be, idx, f[:, None, :])  # f of the slot's expert, (B, S, k)
+    return [be.scale(per_slot * g[0], scale), None]
+
+
+def aux_shape(c, ins, outs, attrs):
+    w, idx = ins[0], ins[1]
+    require(len(w) == 3 and tuple(w.orig) == tuple(idx.orig),
+            f"moe_aux_loss: weights {list(w.orig)} and indices {list(idx.orig)} must be the "
+            "same (B, S, k)")
+    c.same(w, idx)
+    c.eq(w[2], w.orig[2])  # k is never reduced
+    if outs and outs[0] is not None:
+        require(tuple(outs[0].orig) == (1,), "moe_aux_loss: the loss has shape [1]")
+        c.eq(outs[0][0], 1)
+
+
+register(OpSpec(
+    "moe_aux_loss", aux_fw, aux_shape, aux_bw, reads_mirrors=True,
+    doc="sequence-wise auxiliary load-balancing loss (DeepSeek-V3 style, on the router's "
+        "weights), fw [weights (B,S,k), indices (B,S,k)] -> [loss (1,)]: alpha * sum_b sum_e "
+        "f[b,e] * P[b,e], f[b,e] = E/(k S) * #{(s,j): idx[b,s,j] == e} (a constant of the "
+        "routing), P[b,e] = 1/S sum_{s,j} [idx[b,s,j] == e] w[b,s,j]; E = attrs.n_routed_"
+        "experts, alpha = attrs.alpha; exact indicators. bw [g, weights, indices] -> [g * "
+        "alpha / S * f[b, idx[b,s,j]], null]. Per sequence, so splitting the batch by "
+        "sequences (dp, micro-batches) sums it exactly. k is never reduced."))
