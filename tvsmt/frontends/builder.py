@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from tvsmt.plan import load_plan
 
-FORMAT, VERSION = "tvsmt.execplan", 1
+from tvsmt.plan.reader import FORMAT, VERSION  # the format has one home: the reader
 
 
 class PlanBuilder:
