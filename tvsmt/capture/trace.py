@@ -169,7 +169,8 @@ class _Tracer:
                                       [values[f"buffer.{n}"]]))
         for n in self.batch_names:
             inputs.append(InputTensor(n, "batch", n, tuple(values[n].shape), [values[n]]))
-        program = _Converter(gm, self.script.path, self.where).convert(inputs, pnames)
+        program = _Converter(gm, self.script.path, self.where, self.rank or 0).convert(
+            inputs, pnames)
         program.rank = self.rank
         program.aliases = dict(aliases)
         return program
@@ -228,8 +229,8 @@ def _to_json(v: Any) -> Any:
 class _Converter:
     """fx graph of one rank -> Program (SSA ids, comm nodes resolved, getitem folded)."""
 
-    def __init__(self, gm, script_path: str, where: str):
-        self.gm, self.path, self.where = gm, script_path, where
+    def __init__(self, gm, script_path: str, where: str, rank: int):
+        self.gm, self.path, self.where, self.rank = gm, script_path, where, rank
         self.env: dict[Any, Any] = {}
         self.version: dict[int, int] = {}  # storage -> current version
         self.seen_version: dict[Any, tuple[int, int]] = {}  # fx node -> (storage, version)
@@ -431,6 +432,8 @@ class _Converter:
         attrs: dict[str, Any] = {"ranks": list(ranks)}
         if kind in ("all_gather", "reduce_scatter"):
             attrs["dim"] = 0
+        if kind == "reduce_scatter":
+            attrs["idx"] = list(ranks).index(self.rank)
         if kind == "broadcast":
             attrs["src"] = src
         self.nodes.append(CapNode(out, op, [inp], [out], attrs, source_of(node, self.path),

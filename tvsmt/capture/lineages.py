@@ -1,0 +1,222 @@
+"""Lineages of a captured pair: how each rank's tensors relate to the single device's.
+
+* Inputs (parameters by qualified name, buffers, batch leaves) are assumptions. They come
+  from what the code declares (PARAM_SHARDING, Megatron-style `tensor_model_parallel` /
+  `partition_dim` attributes), else from values: the rank tensor must equal exactly one
+  aligned block of the single tensor on every random draw (at least two). A tensor whose
+  values are degenerate (constant) or that matches several blocks is refused, naming it.
+* Claims: every parameter's gradient after the step, and every returned loss.
+* Hypotheses: intermediate rank tensors that equal a block of a single tensor on the
+  concrete run. They only cut stages (`"hypothesis": true`); tvsmt.capture.driver drops the
+  ones that cannot be proven.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from tvsmt.capture.assemble import rid
+from tvsmt.capture.program import InputTensor, Program
+from tvsmt.errors import InputError, StructuralViolation
+
+Slice = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Part:
+    slice: Slice
+    sum_of: tuple[str, ...]
+    scale: tuple[int, int] | None = None
+
+
+@dataclass
+class CapLineage:
+    single: str
+    parts: list[Part]
+    hypothesis: bool
+    position: int  # where its last parallel tensor is produced (verification order)
+    kind: str  # input | claim | hypothesis
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """How one rank's input got its lineage (shown in the report)."""
+
+    tensor: str
+    rank: int
+    slice: Slice
+    how: str
+
+
+def full(shape) -> Slice:
+    return tuple((0, n) for n in shape)
+
+
+def blocks(single_shape, part_shape, dims=None) -> list[Slice]:
+    """Every aligned block of `part_shape` inside `single_shape` (dims: axes allowed to be
+    split; the others must be equal)."""
+    if len(single_shape) != len(part_shape):
+        return []
+    ranges = []
+    for d, (n, m) in enumerate(zip(single_shape, part_shape)):
+        if m == n:
+            ranges.append([(0, n)])
+        elif m and n % m == 0 and (dims is None or d in dims):
+            ranges.append([(k * m, (k + 1) * m) for k in range(n // m)])
+        else:
+            return []
+    return [tuple(c) for c in itertools.product(*ranges)]
+
+
+def _view(t: torch.Tensor, sl: Slice) -> torch.Tensor:
+    return t[tuple(slice(a, b) for a, b in sl)]
+
+
+def _degenerate(t: torch.Tensor) -> bool:
+    return t.numel() > 1 and bool((t == t.reshape(-1)[0]).all())
+
+
+def _declared_slices(script_sharding: dict, name: str, rank: int, shape) -> Slice | None:
+    spec = script_sharding.get(name)
+    if spec is None:
+        return None
+    if spec == "replicate":
+        return full(shape)
+    if callable(spec):
+        got = spec(rank)
+        return full(shape) if got is None else tuple((int(a), int(b)) for a, b in got)
+    raise InputError(f"PARAM_SHARDING[{name!r}] must be 'replicate' or a function of the rank "
+                     f"returning ((start, end), ...) per dimension", tensor=name)
+
+
+def input_lineage(single: InputTensor, rank: int, mine: InputTensor, sharding: dict,
+                  path: str) -> Provenance:
+    """The slice of `single` that rank `rank`'s input `mine` holds, and how it was found."""
+    name = single.name if single.kind != "batch" else single.id
+    declared = _declared_slices(sharding, name, rank, single.shape) if single.kind != "batch" \
+        else None
+    if declared is not None:
+        shape = tuple(b - a for a, b in declared)
+        if shape != mine.shape:
+            raise InputError(f"PARAM_SHARDING gives rank {rank} a {list(shape)} slice but the "
+                             f"rank holds {list(mine.shape)}", file=path, tensor=name)
+        return Provenance(single.id, rank, declared, "declared (PARAM_SHARDING)")
+    dims = None
+    how = f"inferred from values ({len(mine.draws)} random draws)"
+    if isinstance(mine.declared, dict) and "megatron_partition_dim" in mine.declared:
+        dims = {mine.declared["megatron_partition_dim"]}
+        how = (f"Megatron attributes (partition_dim={next(iter(dims))}), block found from "
+               f"values ({len(mine.draws)} draws)")
+    candidates = blocks(single.shape, mine.shape, dims)
+    if not candidates:
+        raise InputError(f"rank {rank} holds a {list(mine.shape)} tensor that is no block of "
+                         f"the single {list(single.shape)} tensor; declare it in "
+                         f"PARAM_SHARDING", file=path, tensor=name)
+    if len(mine.draws) < 2 or len(single.draws) < 2:
+        raise InputError("inference by value needs two random draws", file=path, tensor=name)
+    for s_val, r_val in zip(single.draws, mine.draws):
+        if _degenerate(r_val) or _degenerate(s_val):
+            raise InputError(f"rank {rank}'s values are degenerate (constant), so its slice "
+                             f"cannot be inferred; declare it in PARAM_SHARDING", file=path,
+                             tensor=name)
+    if all(torch.equal(a, b) for a, b in zip(single.draws, single.draws[1:])) and \
+            single.draws[0].numel() > 1 and single.kind != "buffer":
+        raise InputError("both random draws gave the same values (does the script seed the "
+                         "generator itself?); inference by value needs independent draws",
+                         file=path, tensor=name)
+    hits = [sl for sl in candidates
+            if all(torch.equal(_view(s, sl), r) for s, r in zip(single.draws, mine.draws))]
+    if not hits:
+        raise InputError(f"rank {rank}'s tensor equals no block of the single tensor on the "
+                         f"random draws; declare it in PARAM_SHARDING", file=path, tensor=name)
+    if len(hits) > 1:
+        raise InputError(f"rank {rank}'s tensor matches {len(hits)} blocks of the single "
+                         f"tensor (ambiguous); declare it in PARAM_SHARDING", file=path,
+                         tensor=name)
+    return Provenance(single.id, rank, hits[0], how)
+
+
+def input_and_claim_lineages(single: Program, ranks: dict[int, Program], sharding: dict,
+                             path: str) -> tuple[list[CapLineage], list[Provenance]]:
+    """Assumptions for every input of every rank, claims for gradients and losses."""
+    s_inputs = {i.id: i for i in single.inputs}
+    provenance: list[Provenance] = []
+    assumptions: dict[str, list[Part]] = {}
+    claims: dict[str, list[Part]] = {}
+    for r, prog in sorted(ranks.items()):
+        for inp in prog.inputs:
+            s = s_inputs.get(inp.id)
+            if s is None:
+                raise InputError(f"rank {r} has input {inp.name} ({inp.kind}) that the single "
+                                 f"model does not have", file=path, tensor=inp.name)
+            prov = input_lineage(s, r, inp, sharding, path)
+            provenance.append(prov)
+            assumptions.setdefault(s.id, []).append(Part(prov.slice, (rid(r, inp.id),)))
+        by_input = {p.tensor: p.slice for p in provenance if p.rank == r}
+        names = set(single.grads) | set(single.aliases)
+        for name in sorted(names):
+            s_grad = single.grads.get(single.aliases.get(name, name))
+            if s_grad is None:
+                continue
+            own = prog.aliases.get(name, name)
+            if own not in prog.grads:
+                raise InputError(f"rank {r} has no parameter {name}", file=path, tensor=name)
+            r_grad = prog.grads[own]
+            if r_grad is None:
+                raise StructuralViolation(f"rank {r} computes no gradient for {name} (its "
+                                          f".grad is None after train_step)", tensor=name)
+            sl = by_input[f"param.{own}"]
+            part = Part(sl, (rid(r, r_grad),))
+            if part not in claims.setdefault(s_grad, []):
+                claims[s_grad].append(part)
+        if single.loss is not None and prog.loss is not None:
+            claims.setdefault(single.loss, []).append(
+                Part(full(single.shapes[single.loss]), (rid(r, prog.loss),)))
+    out = [CapLineage(t, parts, False, -1, "input") for t, parts in assumptions.items()]
+    out += [CapLineage(t, parts, False, 0, "claim") for t, parts in claims.items()]
+    return out, provenance
+
+
+def hypotheses(single: Program, s_values: dict, order_ids: list[str], p_values: dict,
+               p_shapes: dict[str, tuple[int, ...]], exclude: set[str],
+               s_order: list[str]) -> list[CapLineage]:
+    """Intermediate rank tensors that equal a block of a single tensor on the concrete run.
+
+    order_ids: the parallel tensors in production order; s_order: the single's. A tensor
+    with constant or non-float values is never hypothesised (it would match anything).
+    """
+    by_shape: dict[tuple, list[str]] = {}
+    for t in s_order:
+        v = s_values.get(t)
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and not _degenerate(v):
+            by_shape.setdefault(tuple(v.shape), []).append(t)
+    s_pos = {t: i / max(1, len(s_order)) for i, t in enumerate(s_order)}
+    grouped: dict[str, list[tuple[Part, int]]] = {}
+    n = max(1, len(order_ids))
+    for pos, t in enumerate(order_ids):
+        if t in exclude:
+            continue
+        v = p_values.get(t)
+        if not (isinstance(v, torch.Tensor) and v.is_floating_point()) or _degenerate(v):
+            continue
+        best = None
+        for shape, names in by_shape.items():
+            sls = blocks(shape, tuple(v.shape))
+            if not sls:
+                continue
+            for s in names:
+                sv = s_values[s]
+                for sl in sls:
+                    block = _view(sv, sl)
+                    if torch.allclose(block, v, rtol=1e-3, atol=1e-5 * (1 + float(
+                            block.abs().max()))):
+                        score = abs(s_pos[s] - pos / n)
+                        if best is None or score < best[0]:
+                            best = (score, s, sl)
+        if best is not None:
+            grouped.setdefault(best[1], []).append((Part(best[2], (t,)), pos))
+    return [CapLineage(s, [p for p, _ in items], True, max(pos for _, pos in items),
+                       "hypothesis") for s, items in grouped.items()]
