@@ -67,6 +67,9 @@ def _used(nodes: list[CapNode], inputs: list[str]) -> list[str]:
 
 def capture_pair(script: str | Any, *, with_hypotheses: bool = True) -> CapturedPair:
     """Trace the script's single step and every rank's step; build the plan pair."""
+    from tvsmt.capture.aten_fallback import register_missing
+
+    register_missing()
     sc: CaptureScript = load_script(script)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -95,7 +98,10 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True) -> Captured
                        {rid(r, i.id): i.draws[0] for r, p in ranks.items() for i in p.inputs})
         p_shapes = {rid(r, t): s for r, p in ranks.items() for t, s in p.shapes.items()}
         s_order = [t for n in s_nodes for t in n.outputs if t is not None]
-        hyps = hypotheses(single, s_values, produced, p_values, p_shapes, claim_ids, s_order)
+        s_ops = {t: n.op for n in s_nodes for t in n.outputs if t is not None}
+        p_ops = {t: pn.node.op for pn in p_nodes for t in pn.node.outputs if t is not None}
+        hyps = hypotheses(single, s_values, produced, p_values, p_shapes, claim_ids, s_order,
+                          s_ops, p_ops)
         n_hyp = len(hyps)
         lineages += hyps
     for lin in lineages:

@@ -182,12 +182,16 @@ def input_and_claim_lineages(single: Program, ranks: dict[int, Program], shardin
 
 def hypotheses(single: Program, s_values: dict, order_ids: list[str], p_values: dict,
                p_shapes: dict[str, tuple[int, ...]], exclude: set[str],
-               s_order: list[str]) -> list[CapLineage]:
+               s_order: list[str], s_ops: dict[str, str] | None = None,
+               p_ops: dict[str, str] | None = None) -> list[CapLineage]:
     """Intermediate rank tensors that equal a block of a single tensor on the concrete run.
 
-    order_ids: the parallel tensors in production order; s_order: the single's. A tensor
-    with constant or non-float values is never hypothesised (it would match anything).
+    order_ids: the parallel tensors in production order; s_order: the single's; s_ops/p_ops:
+    the op producing each tensor. Only a single tensor made by the same ATen op is taken (a
+    value match across different ops, such as x and 1*x, cuts stages where the two graphs
+    do not correspond). A tensor with constant or non-float values is never hypothesised.
     """
+    s_ops, p_ops = s_ops or {}, p_ops or {}
     by_shape: dict[tuple, list[str]] = {}
     for t in s_order:
         v = s_values.get(t)
@@ -208,6 +212,8 @@ def hypotheses(single: Program, s_values: dict, order_ids: list[str], p_values: 
             if not sls:
                 continue
             for s in names:
+                if s_ops.get(s) != p_ops.get(t):
+                    continue
                 sv = s_values[s]
                 for sl in sls:
                     block = _view(sv, sl)
@@ -218,5 +224,9 @@ def hypotheses(single: Program, s_values: dict, order_ids: list[str], p_values: 
                             best = (score, s, sl)
         if best is not None:
             grouped.setdefault(best[1], []).append((Part(best[2], (t,)), pos))
+    # Only single tensors that every rank holds a piece of: a lineage naming some ranks only
+    # would cut the single graph where the other ranks' graphs are not cut.
+    world = {t.split(":", 1)[0] for t in order_ids}
     return [CapLineage(s, [p for p, _ in items], True, max(pos for _, pos in items),
-                       "hypothesis") for s, items in grouped.items()]
+                       "hypothesis") for s, items in grouped.items()
+            if {p.sum_of[0].split(":", 1)[0] for p, _ in items} == world]

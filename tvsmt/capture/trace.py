@@ -173,7 +173,7 @@ class _Tracer:
             inputs, pnames)
         program.rank = self.rank
         program.aliases = dict(aliases)
-        return program
+        return _readable(program)
 
 
 def _declared(p) -> Any:
@@ -498,3 +498,28 @@ class _Converter:
             self.define(node, self.read(a[0], node))
         else:
             self.fail(node, f"collective {name} is not supported yet")
+
+
+def _readable(program: Program) -> Program:
+    """Name the results after what they are: `loss`, `grad.<parameter>` (reports show them)."""
+    names = {}
+    if program.loss is not None:
+        names[program.loss] = "loss"
+    for n, g in program.grads.items():
+        if g is not None and g not in names:
+            names[g] = f"grad.{n}"
+    taken = {i.id for i in program.inputs}
+    names = {k: v for k, v in names.items() if k not in taken}
+    if not names:
+        return program
+
+    def r(t):
+        return names.get(t, t) if isinstance(t, str) else t
+
+    for node in program.nodes:
+        node.inputs = [r(t) for t in node.inputs]
+        node.outputs = [r(t) for t in node.outputs]
+    program.shapes = {r(t): s for t, s in program.shapes.items()}
+    program.loss = r(program.loss)
+    program.grads = {n: r(g) for n, g in program.grads.items()}
+    return program

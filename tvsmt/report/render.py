@@ -51,6 +51,8 @@ def render(report: Report, console: Console | None = None, max_failures: int = 1
                 shown = ", ".join(f"{n['id']} ({n['op']})" for n in nodes[:6])
                 more = f" and {len(nodes) - 6} more" if len(nodes) > 6 else ""
                 console.print(f"  {side.replace('_', ' ')}: {shown}{more}")
+        for line in _source_lines(f.parallel_nodes or f.single_nodes):
+            console.print(f"  code {line}", markup=False, highlight=False)
         cex = f.counterexample
         if cex:
             if cex.get("reduced_shape"):
@@ -65,3 +67,23 @@ def render(report: Report, console: Console | None = None, max_failures: int = 1
     if len(report.failures) > max_failures:
         console.print(f"\n... {len(report.failures) - max_failures} more failures in the JSON "
                       "report")
+
+
+def _source_lines(nodes, limit: int = 3) -> list[str]:
+    """The producer's code lines of a failure's nodes (plan key "source", set by the PyTorch
+    capture), nearest the failing tensor first, with the text of the line when readable."""
+    import linecache
+
+    out, seen = [], set()
+    for n in reversed(nodes):
+        src = n.get("source")
+        if not src or src in seen:
+            continue
+        seen.add(src)
+        file, _, line = src.rpartition(":")
+        text = linecache.getline(file, int(line)).strip() if line.isdigit() else ""
+        out.append(f"{src} (rank {n.get('rank')}): {text}" if text else
+                   f"{src} (rank {n.get('rank')})")
+        if len(out) == limit:
+            break
+    return out
