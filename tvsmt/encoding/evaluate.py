@@ -58,6 +58,12 @@ class FloatEvaluator(DagWalker):
     def walk_equals(self, formula, args, **kw):
         return close(args[0], args[1])
 
+    def walk_lt(self, formula, args, **kw):  # order comparisons (the ATen entries' ite)
+        return args[0] < args[1]
+
+    def walk_le(self, formula, args, **kw):
+        return args[0] <= args[1]
+
     def walk_not(self, formula, args, **kw):
         return not args[0]
 

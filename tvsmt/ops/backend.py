@@ -45,6 +45,15 @@ def _sigmoid(a):
     return 1.0 / (1.0 + math.exp(-a)) if a > -700 else 0.0
 
 
+def _gelu_tanh(a):
+    """torch's gelu(approximate="tanh") and its derivative."""
+    k = math.sqrt(2.0 / math.pi)
+    inner = k * (a + 0.044715 * a ** 3)
+    t = math.tanh(inner)
+    grad = 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * k * (1.0 + 3 * 0.044715 * a * a)
+    return 0.5 * a * (1.0 + t), grad
+
+
 # Every uninterpreted function of the symbolic backend, with the real function it stands for
 # (used to confirm a counterexample and to evaluate stages with the real functions).
 UNINTERPRETED: dict[str, Any] = {
@@ -55,6 +64,14 @@ UNINTERPRETED: dict[str, Any] = {
     "uf_sin": math.sin,
     "uf_div": lambda a, b: a / b if b != 0 else math.nan,
     "uf_pow": lambda a, b: a ** b if a > 0 else math.nan,
+    "uf_log": lambda a: math.log(a) if a > 0 else math.nan,
+    "uf_sqrt": lambda a: math.sqrt(a) if a >= 0 else math.nan,
+    "uf_tanh": math.tanh,
+    "uf_gelu": lambda a: 0.5 * a * (1.0 + math.erf(a / math.sqrt(2.0))),
+    "uf_gelu_grad": lambda a: (0.5 * (1.0 + math.erf(a / math.sqrt(2.0)))
+                               + a * math.exp(-0.5 * a * a) / math.sqrt(2.0 * math.pi)),
+    "uf_gelu_tanh": lambda a: _gelu_tanh(a)[0],
+    "uf_gelu_tanh_grad": lambda a: _gelu_tanh(a)[1],
 }
 
 
@@ -98,6 +115,24 @@ class Backend:
     def neg_inf(self): raise NotImplementedError  # -inf, as in an attention mask
     def select_eq(self, idx, k: int, then, other): raise NotImplementedError  # idx == k ? then : other
 
+    # Added for the ATen entries (exact, no abstraction unless named uf_*).
+    def log(self, x): raise NotImplementedError
+    def sqrt(self, x): raise NotImplementedError
+    def tanh(self, x): raise NotImplementedError
+    def apply_uf(self, name: str, x): raise NotImplementedError  # a unary UNINTERPRETED entry
+    def apply_uf2(self, name: str, x, y): raise NotImplementedError  # a binary one, broadcast
+    def compare(self, x, y, op: str): raise NotImplementedError  # 1 where `x op y`, else 0
+    def where(self, cond, a, b): raise NotImplementedError  # cond != 0 ? a : b
+    def maximum(self, x, y): raise NotImplementedError  # x >= y ? x : y (exact, via ite)
+
+    def constant_ints(self, x) -> "np.ndarray | None":
+        """x as an int array when every element is a known integer constant, else None."""
+        raise NotImplementedError
+
+
+_COMPARE = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+            "eq": np.equal, "ne": np.not_equal}
+
 
 class NumericBackend(Backend):
     symbolic = False
@@ -131,6 +166,37 @@ class NumericBackend(Backend):
 
     def select_eq(self, idx, k, then, other):
         return np.where(np.asarray(idx) == k, then, other)
+
+    def log(self, x):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.log(x)
+
+    def sqrt(self, x):
+        return np.sqrt(x)
+
+    def tanh(self, x):
+        return np.tanh(x)
+
+    def apply_uf(self, name, x):
+        return np.vectorize(UNINTERPRETED[name], otypes=[np.float64])(x)
+
+    def apply_uf2(self, name, x, y):
+        return np.vectorize(UNINTERPRETED[name], otypes=[np.float64])(x, y)
+
+    def compare(self, x, y, op):
+        return _COMPARE[op](x, y).astype(np.float64)
+
+    def where(self, cond, a, b):
+        return np.where(np.asarray(cond) != 0, a, b)
+
+    def maximum(self, x, y):
+        return np.where(np.asarray(x) >= y, x, y)
+
+    def constant_ints(self, x):
+        x = np.asarray(x, dtype=np.float64)
+        if not np.all(np.isfinite(x)) or not np.all(x == np.round(x)):
+            return None
+        return x.astype(np.int64)
 
 
 class SymbolicBackend(Backend):
@@ -200,3 +266,81 @@ class SymbolicBackend(Backend):
         kc = self.const(k)
         fn = np.frompyfunc(lambda i, a, b: self.mgr.Ite(self.mgr.Equals(i, kc), a, b), 3, 1)
         return np.asarray(fn(idx, then, other), dtype=object)
+
+    def log(self, x):
+        return self._map1("uf_log", x)
+
+    def sqrt(self, x):
+        return self._map1("uf_sqrt", x)
+
+    def tanh(self, x):
+        return self._map1("uf_tanh", x)
+
+    def apply_uf(self, name, x):
+        return self._map1(name, x)
+
+    def apply_uf2(self, name, x, y):
+        f = self._uf(name, 2)
+        fn = np.frompyfunc(lambda a, b: self.mgr.Function(f, [self._term(a), self._term(b)]), 2, 1)
+        return np.asarray(fn(x, y), dtype=object)
+
+    def _predicate(self, a, b, op):
+        m = self.mgr
+        if op == "lt":
+            return m.LT(a, b)
+        if op == "le":
+            return m.LE(a, b)
+        if op == "gt":
+            return m.LT(b, a)
+        if op == "ge":
+            return m.LE(b, a)
+        if op == "eq":
+            return m.Equals(a, b)
+        if op == "ne":
+            return m.Not(m.Equals(a, b))
+        raise ValueError(f"unknown comparison {op!r}")
+
+    def _term(self, v):
+        return v if hasattr(v, "node_type") else self.const(v)
+
+    def compare(self, x, y, op):
+        one, zero = self.const(1), self.const(0)
+        fn = np.frompyfunc(lambda a, b: self.mgr.Ite(
+            self._predicate(self._term(a), self._term(b), op), one, zero), 2, 1)
+        return np.asarray(fn(x, y), dtype=object)
+
+    def _truth(self, c):
+        """The predicate `c != 0`, read straight off a 0/1 indicator ite(p, 1, 0)."""
+        m = self.mgr
+        c = self._term(c)
+        if c.is_ite():
+            p, a, b = c.args()
+            if a.is_constant() and b.is_constant():
+                if a.constant_value() == 1 and b.constant_value() == 0:
+                    return p
+        if c.is_constant():
+            return m.Bool(c.constant_value() != 0)
+        return m.Not(m.Equals(c, self.const(0)))
+
+    def where(self, cond, a, b):
+        fn = np.frompyfunc(lambda c, u, v: self.mgr.Ite(
+            self._truth(c), self._term(u), self._term(v)), 3, 1)
+        return np.asarray(fn(cond, a, b), dtype=object)
+
+    def maximum(self, x, y):
+        fn = np.frompyfunc(lambda a, b: self.mgr.Ite(
+            self.mgr.LE(self._term(b), self._term(a)), self._term(a), self._term(b)), 2, 1)
+        return np.asarray(fn(x, y), dtype=object)
+
+    def constant_ints(self, x):
+        flat = np.asarray(x, dtype=object).ravel()
+        out = np.empty(flat.shape, dtype=np.int64)
+        for i, t in enumerate(flat):
+            t = self._term(t)
+            if not t.is_constant():
+                return None
+            v = Fraction(t.constant_value())
+            if v.denominator != 1:
+                return None
+            out[i] = int(v)
+        return out.reshape(np.shape(x))
