@@ -136,7 +136,17 @@ def _expand_fw(be, ctx, x, size, implicit=False):
 
 
 def _expand_rule(c, outs, x, size, implicit=False):
-    broadcast_rule(c, [x], outs[0])
+    # expand may add leading axes (a scalar loss seed expanded to [b, h]): align right, a
+    # size-1 input axis stays 1, every other axis equals the output's
+    y = outs[0]
+    off = len(y) - len(x)
+    require(off >= 0, "expand: the result has fewer axes than the input")
+    for i in range(len(x)):
+        if x.orig[i] == 1:
+            c.eq(x[i], 1)
+        else:
+            require(x.orig[i] == y.orig[off + i], "expand: a non-1 axis changes size")
+            c.eq(x[i], y[off + i])
 
 
 for _name in ("aten.expand.default", "aten.expand_copy.default"):
