@@ -100,8 +100,15 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True) -> Captured
         s_order = [t for n in s_nodes for t in n.outputs if t is not None]
         s_ops = {t: n.op for n in s_nodes for t in n.outputs if t is not None}
         p_ops = {t: pn.node.op for pn in p_nodes for t in pn.node.outputs if t is not None}
-        hyps = hypotheses(single, s_values, produced, p_values, p_shapes, claim_ids, s_order,
-                          s_ops, p_ops)
+        # tensors computed from constants alone (rotary tables, masks) are recomputed by any
+        # stage that needs them: never hypothesised
+        varying = {rid(r, i.id) for r, p in ranks.items() for i in p.inputs}
+        for pn in p_nodes:
+            if any(t in varying for t in pn.node.inputs if t is not None):
+                varying.update(t for t in pn.node.outputs if t is not None)
+        constant = {t for t in produced if t not in varying}
+        hyps = hypotheses(single, s_values, produced, p_values, p_shapes,
+                          claim_ids | constant, s_order, s_ops, p_ops)
         n_hyp = len(hyps)
         lineages += hyps
     for lin in lineages:
