@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from fractions import Fraction
 
 import torch
 
@@ -180,11 +181,30 @@ def input_and_claim_lineages(single: Program, ranks: dict[int, Program], shardin
     return out, provenance
 
 
+def _normalised(t: torch.Tensor) -> tuple[bytes, float]:
+    """A scale-free fingerprint of a block: values divided by the largest-magnitude one,
+    rounded (a lookup key only; every hit is checked with allclose)."""
+    flat = t.reshape(-1).double()
+    pivot = float(flat[int(flat.abs().argmax())])
+    if pivot == 0:
+        return b"", 0.0
+    return torch.round(flat / pivot * 1000).to(torch.int32).numpy().tobytes(), pivot
+
+
+def _nice(c: float) -> Fraction | None:
+    """c as a small exact ratio (a loss scale such as the number of replicas), if it is one."""
+    f = Fraction(c).limit_denominator(64)
+    if f == 0 or abs(float(f) - c) > 1e-4 * abs(c) or max(f.numerator, f.denominator) > 64:
+        return None
+    return f
+
+
 def hypotheses(single: Program, s_values: dict, order_ids: list[str], p_values: dict,
                p_shapes: dict[str, tuple[int, ...]], exclude: set[str],
                s_order: list[str], s_ops: dict[str, str] | None = None,
                p_ops: dict[str, str] | None = None) -> list[CapLineage]:
-    """Intermediate rank tensors that equal a block of a single tensor on the concrete run.
+    """Intermediate rank tensors that equal (up to a small exact factor, such as the loss
+    scale of data-parallel averaging) a block of a single tensor on the concrete run.
 
     order_ids: the parallel tensors in production order; s_order: the single's; s_ops/p_ops:
     the op producing each tensor. Only a single tensor made by the same ATen op is taken (a
@@ -192,38 +212,46 @@ def hypotheses(single: Program, s_values: dict, order_ids: list[str], p_values: 
     do not correspond). A tensor with constant or non-float values is never hypothesised.
     """
     s_ops, p_ops = s_ops or {}, p_ops or {}
-    by_shape: dict[tuple, list[str]] = {}
-    for t in s_order:
-        v = s_values.get(t)
-        if isinstance(v, torch.Tensor) and v.is_floating_point() and not _degenerate(v):
-            by_shape.setdefault(tuple(v.shape), []).append(t)
+    wanted = []
+    for t in order_ids:
+        v = p_values.get(t)
+        if t not in exclude and isinstance(v, torch.Tensor) and v.is_floating_point() \
+                and not _degenerate(v):
+            wanted.append((t, v))
+    rank_shapes = {tuple(v.shape) for _, v in wanted}
+    index: dict[tuple, list[tuple[str, Slice, float]]] = {}
+    for s in s_order:
+        sv = s_values.get(s)
+        if not (isinstance(sv, torch.Tensor) and sv.is_floating_point()) or _degenerate(sv):
+            continue
+        for shape in rank_shapes:
+            for sl in blocks(tuple(sv.shape), shape):
+                key, pivot = _normalised(_view(sv, sl))
+                if pivot:
+                    index.setdefault((s_ops.get(s), shape, key), []).append((s, sl, pivot))
     s_pos = {t: i / max(1, len(s_order)) for i, t in enumerate(s_order)}
     grouped: dict[str, list[tuple[Part, int]]] = {}
     n = max(1, len(order_ids))
-    for pos, t in enumerate(order_ids):
-        if t in exclude:
-            continue
-        v = p_values.get(t)
-        if not (isinstance(v, torch.Tensor) and v.is_floating_point()) or _degenerate(v):
-            continue
+    position = {t: i for i, t in enumerate(order_ids)}
+    for t, v in wanted:
+        key, pivot = _normalised(v)
         best = None
-        for shape, names in by_shape.items():
-            sls = blocks(shape, tuple(v.shape))
-            if not sls:
+        for s, sl, s_pivot in index.get((p_ops.get(t), tuple(v.shape), key), []):
+            factor = _nice(pivot / s_pivot)
+            if factor is None:
                 continue
-            for s in names:
-                if s_ops.get(s) != p_ops.get(t):
-                    continue
-                sv = s_values[s]
-                for sl in sls:
-                    block = _view(sv, sl)
-                    if torch.allclose(block, v, rtol=1e-3, atol=1e-5 * (1 + float(
-                            block.abs().max()))):
-                        score = abs(s_pos[s] - pos / n)
-                        if best is None or score < best[0]:
-                            best = (score, s, sl)
+            block = _view(s_values[s], sl)
+            if not torch.allclose(block * float(factor), v, rtol=1e-3,
+                                  atol=1e-5 * (1 + float(v.abs().max()))):
+                continue
+            score = (factor != 1, abs(s_pos[s] - position[t] / n))
+            if best is None or score < best[0]:
+                best = (score, s, sl, factor)
         if best is not None:
-            grouped.setdefault(best[1], []).append((Part(best[2], (t,)), pos))
+            _, s, sl, factor = best
+            scale = None if factor == 1 else (
+                (1 / factor).numerator, (1 / factor).denominator)
+            grouped.setdefault(s, []).append((Part(sl, (t,), scale), position[t]))
     # Only single tensors that every rank holds a piece of: a lineage naming some ranks only
     # would cut the single graph where the other ranks' graphs are not cut.
     world = {t.split(":", 1)[0] for t in order_ids}
