@@ -218,3 +218,14 @@ def test_fallback_entries_match_torch(entry):
     targs = [t(ins[a["tensor"]]) if isinstance(a, dict) else a for a in args]
     want = op(*targs).numpy()
     np.testing.assert_allclose(np.asarray(got, dtype=float), want, rtol=1e-10, atol=1e-12)
+
+
+def test_worlds_leave_no_process_group_or_excepthook_behind(mlp_pair):
+    import sys
+
+    import torch.distributed as dist
+
+    hook = sys.excepthook
+    capture(MLP)
+    assert not dist.is_initialized()
+    assert sys.excepthook is hook

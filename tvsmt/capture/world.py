@@ -7,6 +7,7 @@ creates (dist.new_group, device meshes) are made afresh for every rank.
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 
 import torch.distributed as dist
@@ -28,8 +29,6 @@ def _reset_framework_singletons() -> None:
     parallel state when it is imported. Anything else a script keeps globally, it must reset
     itself in build_rank.
     """
-    import sys
-
     ps = sys.modules.get("megatron.core.parallel_state")
     if ps is not None and hasattr(ps, "destroy_model_parallel"):
         ps.destroy_model_parallel()
@@ -41,6 +40,9 @@ def rank_world(rank: int, world_size: int, script: str = "<script>"):
     if dist.is_initialized():
         raise InputError("torch.distributed is already initialised in this process; "
                          "tvsmt makes one world per rank itself", file=script)
+    # init_process_group wraps sys.excepthook with a "[rank<r>]:" prefix, once per call;
+    # the process is not a rank once the capture is done
+    hook = sys.excepthook
     dist.init_process_group("fake", store=_fake_store(), rank=rank, world_size=world_size)
     try:
         yield
@@ -48,3 +50,4 @@ def rank_world(rank: int, world_size: int, script: str = "<script>"):
         _reset_framework_singletons()
         if dist.is_initialized():
             dist.destroy_process_group()
+        sys.excepthook = hook
