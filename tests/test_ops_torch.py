@@ -202,7 +202,8 @@ def random_grads(outs):
 
 def test_every_operator_has_a_torch_case():
     tested = {c.op for c in CASES}
-    missing = sorted(set(all_ops()) - tested)
+    # the ATen entries of the PyTorch capture are checked on traced graphs in test_ops_aten.py
+    missing = sorted(op for op in set(all_ops()) - tested if not op.startswith("aten."))
     assert not missing, f"operators without a torch test case: {missing}"
     for name, spec in all_ops().items():
         assert spec.doc, f"{name} has no doc"

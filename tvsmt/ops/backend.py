@@ -67,6 +67,7 @@ UNINTERPRETED: dict[str, Any] = {
     "uf_log": lambda a: math.log(a) if a > 0 else math.nan,
     "uf_sqrt": lambda a: math.sqrt(a) if a >= 0 else math.nan,
     "uf_tanh": math.tanh,
+    "uf_erf": math.erf,
     "uf_gelu": lambda a: 0.5 * a * (1.0 + math.erf(a / math.sqrt(2.0))),
     "uf_gelu_grad": lambda a: (0.5 * (1.0 + math.erf(a / math.sqrt(2.0)))
                                + a * math.exp(-0.5 * a * a) / math.sqrt(2.0 * math.pi)),
@@ -125,7 +126,7 @@ class Backend:
     def where(self, cond, a, b): raise NotImplementedError  # cond != 0 ? a : b
     def maximum(self, x, y): raise NotImplementedError  # x >= y ? x : y (exact, via ite)
 
-    def constant_ints(self, x) -> "np.ndarray | None":
+    def constant_ints(self, x) -> np.ndarray | None:
         """x as an int array when every element is a known integer constant, else None."""
         raise NotImplementedError
 
@@ -315,9 +316,9 @@ class SymbolicBackend(Backend):
         c = self._term(c)
         if c.is_ite():
             p, a, b = c.args()
-            if a.is_constant() and b.is_constant():
-                if a.constant_value() == 1 and b.constant_value() == 0:
-                    return p
+            if (a.is_constant() and b.is_constant() and a.constant_value() == 1
+                    and b.constant_value() == 0):
+                return p
         if c.is_constant():
             return m.Bool(c.constant_value() != 0)
         return m.Not(m.Equals(c, self.const(0)))

@@ -7,9 +7,11 @@ Convention of the PyTorch capture (issue 11; the capture writes it, these entrie
   no entry has a backward rule of its own;
 * node inputs = the tensor arguments in call order (tensor lists flattened in order);
 * attrs = {"args": [...], "kwargs": {...}} where each tensor is replaced by {"tensor": k}
-  (k = index into the inputs; optional "dtype": "torch.bool" where the entry needs it, as
-  for the index tensors of index/index_put) and non-JSON values are strings ("torch.float32",
-  "-inf");
+  (k = index into the inputs) and non-JSON values are strings ("torch.float32", "-inf");
+  a reference to a tensor that is not floating point also carries its dtype,
+  {"tensor": k, "dtype": "torch.bool"}: a bool mask and 0/1 integer indices mean different
+  things, so index/index_put (and integer casts, bitwise ops, copies into integer tensors)
+  refuse a reference without it rather than guess;
 * outputs = every tensor output of the schema, in order (null where unused).
 
 `bind` puts the input arrays (or, in shape rules, the `TShape`s) back in place of the
@@ -19,8 +21,9 @@ references, so that an entry is an ordinary Python function with the schema's si
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from fractions import Fraction
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +39,7 @@ IGNORED_KWARGS = frozenset({"device", "pin_memory", "layout", "memory_format", "
 class TensorRef:
     """An argument that was a tensor, with its optional dtype (strings like "torch.bool")."""
 
-    __slots__ = ("value", "dtype")
+    __slots__ = ("dtype", "value")
 
     def __init__(self, value: Any, dtype: str | None):
         self.value, self.dtype = value, dtype
@@ -100,13 +103,6 @@ def full_like(be, shape, v: Any) -> np.ndarray:
     return out
 
 
-def operand(be, v: Any, like: np.ndarray | None = None) -> np.ndarray:
-    """A tensor or a scalar argument of an elementwise op, as an array."""
-    if isinstance(v, np.ndarray):
-        return v
-    return full_like(be, () if like is None else (), v)
-
-
 def out_shape(ctx: NodeCtx, k: int = 0, default=None) -> tuple[int, ...]:
     """The (reduced) shape output k must have, else `default`."""
     if len(ctx.out_shapes) > k and ctx.out_shapes[k] is not None:
@@ -126,7 +122,7 @@ def axis(d: int, ndim: int) -> int:
 
 def axes(dims: Any, ndim: int) -> tuple[int, ...]:
     """A dim / dim-list argument (None or [] = every axis) as sorted axes."""
-    if dims is None or dims == []:
+    if dims is None or (isinstance(dims, (list, tuple)) and not dims):
         return tuple(range(ndim))
     if isinstance(dims, int):
         dims = [dims]
@@ -154,6 +150,30 @@ Forward = Callable[..., Any]  # (be, ctx, *args, **kwargs) -> array or list of a
 Shape = Callable[..., None]  # (c, outs, *args, **kwargs) with TShapes for the tensors
 
 
+class AtenCtx:
+    """The NodeCtx of a node, plus the original shape of each input array (by identity), so
+    that an entry can take a count from the original sizes."""
+
+    def __init__(self, ctx: NodeCtx, ins):
+        self.out_shapes, self.orig_in, self.orig_out = ctx.out_shapes, ctx.orig_in, ctx.orig_out
+        self._orig = {id(x): tuple(o) for x, o in zip(ins, ctx.orig_in)
+                      if x is not None and o is not None}
+
+    def orig(self, x) -> tuple[int, ...]:
+        """Original shape of input x (its own shape when the plan gives none)."""
+        return self._orig.get(id(x), tuple(np.shape(x)))
+
+
+def original_count(ctx, x, dims) -> int:
+    """Number of elements over `dims` of input x at its ORIGINAL size.
+
+    Counts that normalise (mean, layer norm, loss averaging) use the original sizes, like
+    every other size-derived constant of a traced graph (mean's backward divides by the
+    original count as a plain scalar), so that a reduced stage stays self-consistent."""
+    shape = ctx.orig(x) if isinstance(ctx, AtenCtx) else np.shape(x)
+    return int(np.prod([shape[a] for a in dims], dtype=np.int64))
+
+
 def _listify(result) -> list:
     if isinstance(result, (list, tuple)):
         return list(result)
@@ -170,7 +190,7 @@ def aten(name: str, forward: Forward, shape: Shape, doc: str, *,
 
     def fw(be, ins, attrs, ctx):
         args, kwargs = bind(attrs, ins, refs)
-        return _listify(forward(be, ctx, *args, **kwargs))
+        return _listify(forward(be, AtenCtx(ctx, ins), *args, **kwargs))
 
     def rule(c: ShapeConstraints, ins, outs, attrs):
         args, kwargs = bind(attrs, ins, refs)

@@ -11,11 +11,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from tvsmt.ops.definitions._common import broadcast_rule, mul, require
-from tvsmt.ops.definitions.aten_call import (TensorRef, aten, axis, full_like, is_bool, number,
-                                             out_shape, scale_position)
+from tvsmt.ops.definitions._common import mul, require
+from tvsmt.ops.definitions.aten_call import (
+    TensorRef,
+    aten,
+    axis,
+    full_like,
+    is_bool,
+    is_neg_inf,
+    number,
+    out_shape,
+    scale_position,
+)
 from tvsmt.ops.definitions.layout import view_shape
-from tvsmt.ops.registry import ShapeConstraints, TShape
+from tvsmt.ops.registry import ShapeConstraints, ShapeRuleError, TShape
 
 
 def same_dims(c: ShapeConstraints, a: TShape, b: TShape, skip: tuple[int, ...] = ()) -> None:
@@ -54,8 +63,9 @@ def _view_rule(c, outs, x, size):
     view_shape(c, [x], [outs[0]], {})
 
 
-for _name in ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
-              "aten.view_copy.default", "aten._reshape_alias.default"):
+# (CompositeImplicit ops such as reshape, contiguous, chunk never reach a traced graph.)
+for _name in ("aten.view.default", "aten._unsafe_view.default", "aten.view_copy.default",
+              "aten._reshape_alias.default"):
     aten(_name, (lambda be, ctx, x, size, *rest: _view_fw(be, ctx, x, size)),
          (lambda c, outs, x, size, *rest: _view_rule(c, outs, x, size)),
          doc="reshape to the node's (reduced) output shape (the size argument is the original "
@@ -135,18 +145,24 @@ def _expand_fw(be, ctx, x, size, implicit=False):
     return np.array(np.broadcast_to(x, shape))
 
 
+def broadcast_to(c, operands, out: TShape) -> None:
+    """Each operand broadcasts to `out` (torch rules, right-aligned): an axis equal to out's
+    stays equal, an axis of size 1 stays 1."""
+    for t in operands:
+        off = len(out) - len(t)
+        require(off >= 0, f"cannot broadcast {list(t.orig)} to {list(out.orig)}")
+        for i in range(len(t)):
+            n = t.orig[i]
+            if n == out.orig[off + i]:
+                c.eq(t[i], out[off + i])
+            elif n == 1:
+                c.eq(t[i], 1)
+            else:
+                raise ShapeRuleError(f"cannot broadcast {list(t.orig)} to {list(out.orig)}")
+
+
 def _expand_rule(c, outs, x, size, implicit=False):
-    # expand may add leading axes (a scalar loss seed expanded to [b, h]): align right, a
-    # size-1 input axis stays 1, every other axis equals the output's
-    y = outs[0]
-    off = len(y) - len(x)
-    require(off >= 0, "expand: the result has fewer axes than the input")
-    for i in range(len(x)):
-        if x.orig[i] == 1:
-            c.eq(x[i], 1)
-        else:
-            require(x.orig[i] == y.orig[off + i], "expand: a non-1 axis changes size")
-            c.eq(x[i], y[off + i])
+    broadcast_to(c, [x], outs[0])
 
 
 for _name in ("aten.expand.default", "aten.expand_copy.default"):
@@ -156,12 +172,11 @@ for _name in ("aten.expand.default", "aten.expand_copy.default"):
 
 # ----------------------------------------------------------------------------- identities
 
-for _name, _what in (("aten.clone.default", "copy"), ("aten.contiguous.default", "layout"),
+for _name, _what in (("aten.clone.default", "copy"),
                      ("aten.detach.default", "autograd cut"), ("aten.alias.default", "alias"),
                      ("aten.alias_copy.default", "alias"), ("aten.detach_copy.default",
                                                              "autograd cut"),
-                     ("aten.lift_fresh_copy.default", "constant lift"),
-                     ("aten.lift_fresh.default", "constant lift")):
+                     ("aten.lift_fresh_copy.default", "constant lift")):
     aten(_name, lambda be, ctx, x, *rest, **kw: x.copy(), identity_rule,
          doc=f"identity ({_what}); memory_format is ignored")
 
@@ -189,17 +204,27 @@ aten("aten._to_copy.default", lambda be, ctx, x, dtype=None, **kw: _cast(be, x, 
      refs=True)
 
 
-def _copy_fw(be, ctx, self, src, non_blocking=False):
-    return np.array(np.broadcast_to(src, self.shape))
+def _integer(ref: TensorRef) -> bool:
+    return ref.dtype in _INT_DTYPES
+
+
+def _copy_fw(be, ctx, self: TensorRef, src: TensorRef, non_blocking=False):
+    if _integer(self) and not (_integer(src) or is_bool(src)):
+        raise ValueError("copy of a floating tensor into an integer one truncates (not modelled)")
+    if is_bool(self) and not is_bool(src):
+        return be.compare(np.array(np.broadcast_to(src.value, self.value.shape)),
+                          be.zeros(()), "ne")
+    return np.array(np.broadcast_to(src.value, self.value.shape))
 
 
 def _copy_rule(c, outs, self, src, non_blocking=False):
-    broadcast_rule(c, [src], self)
-    same_dims(c, self, outs[0])
+    broadcast_to(c, [src.value], self.value)
+    same_dims(c, self.value, outs[0])
 
 
-aten("aten.copy.default", _copy_fw, _copy_rule,
-     doc="functional copy_: the values of src broadcast to self's shape")
+aten("aten.copy.default", _copy_fw, _copy_rule, refs=True,
+     doc="functional copy_: src broadcast to self's shape, converted to self's dtype (to bool: "
+         "!= 0; float into an integer tensor is refused: truncation is not modelled)")
 
 
 # ----------------------------------------------------------------------------- slices
@@ -406,17 +431,6 @@ aten("aten.split_with_sizes.default", lambda be, ctx, x, split_sizes, dim=0: _sp
      doc="pieces of the given sizes along dim; bounds kept whole under reduction")
 
 
-def _chunk_sizes(n: int, chunks: int) -> list[int]:
-    return _split_sizes(n, -(-n // chunks)) if n else [0]
-
-
-aten("aten.chunk.default", lambda be, ctx, x, chunks, dim=0: _split_fw(
-    be, ctx, x, lambda n: _chunk_sizes(n, chunks), dim),
-     lambda c, outs, x, chunks, dim=0: _split_rule(
-         c, outs, x, _chunk_sizes(x.orig[axis(dim, len(x))], chunks), dim),
-     doc="torch.chunk: pieces of ceil(n / chunks) along dim")
-
-
 def _unbind_rule(c, outs, x, dim=0):
     d = axis(dim, len(x))
     require(len(outs) == x.orig[d], f"unbind of {x.orig[d]} rows lists {len(outs)} outputs")
@@ -451,8 +465,25 @@ def _fill(value):
     return lambda be, ctx, size, *rest, **kw: full_like(be, out_shape(ctx, 0, size), value)
 
 
-aten("aten.full.default", lambda be, ctx, size, fill_value, **kw: full_like(
-    be, out_shape(ctx, 0, size), fill_value),
+def _integral_fill(value, dtype) -> None:
+    """A non-integer value in an integer tensor would be truncated: refused."""
+    if dtype in _INT_DTYPES and not is_neg_inf(value) and number(value).denominator != 1:
+        raise ValueError(f"filling a {dtype} tensor with {value!r} truncates (not modelled)")
+
+
+def _full_fw(be, ctx, size, fill_value, dtype=None, **kw):
+    _integral_fill(fill_value, dtype)
+    return full_like(be, out_shape(ctx, 0, size), fill_value)
+
+
+def _fill_fw(be, ctx, x: TensorRef, value):
+    _integral_fill(value, x.dtype)
+    if is_bool(x):
+        return be.compare(full_like(be, x.value.shape, value), be.zeros(()), "ne")
+    return full_like(be, x.value.shape, value)
+
+
+aten("aten.full.default", _full_fw,
      _created_rule(lambda size, fill_value, **kw: size),
      doc="a tensor of the (reduced) output shape filled with fill_value (-inf allowed)")
 aten("aten.zeros.default", _fill(0), _created_rule(lambda size, **kw: size),
@@ -461,6 +492,11 @@ aten("aten.ones.default", _fill(1), _created_rule(lambda size, **kw: size),
      doc="ones of the (reduced) output shape")
 aten("aten.scalar_tensor.default", lambda be, ctx, s, **kw: full_like(be, (), s),
      _created_rule(lambda s, **kw: ()), doc="a 0-d tensor holding s")
+aten("aten.fill.Scalar", _fill_fw, lambda c, outs, x, value: same_dims(c, x.value, outs[0]),
+     refs=True, doc="functional fill_: x's shape filled with value (in x's dtype: a bool tensor "
+                    "gets value != 0, a non-integer value for an integer tensor is refused)")
+aten("aten.zero.default", lambda be, ctx, x: be.zeros(x.shape), identity_rule,
+     doc="functional zero_: zeros of x's shape")
 aten("aten.zeros_like.default", lambda be, ctx, x, **kw: be.zeros(x.shape), identity_rule,
      doc="zeros of x's shape")
 aten("aten.ones_like.default", lambda be, ctx, x, **kw: full_like(be, x.shape, 1), identity_rule,
@@ -539,3 +575,62 @@ aten("aten.triu.default", lambda be, ctx, x, diagonal=0: _tri(be, ctx, x, diagon
 aten("aten.tril.default", lambda be, ctx, x, diagonal=0: _tri(be, ctx, x, diagonal, False),
      _tri_rule, doc="zero above the diagonal-th diagonal (j - i <= diagonal kept); with "
                     "|diagonal| > 1 the two matrix dims are not reduced")
+
+
+# ----------------------------------------------------------------------------- as_strided
+
+
+def _contiguous_whole(x_orig, size, stride, offset) -> None:
+    """as_strided is modelled only where it is a reshape: the whole tensor, contiguous
+    strides, offset 0 (what functionalized in-place writes through views produce)."""
+    size, stride = list(size), list(stride)
+    want, acc = [], 1
+    for n in reversed(size):
+        want.append(acc)
+        acc *= n
+    want.reverse()
+    ok = (offset or 0) == 0 and int(np.prod(size)) == int(np.prod(x_orig)) and all(
+        s == w for s, w, n in zip(stride, want, size) if n != 1)
+    if not ok:
+        raise ValueError(f"as_strided(size={size}, stride={stride}, offset={offset}) is not a "
+                         "reshape of the whole tensor (only that form is modelled)")
+
+
+def _as_strided_fw(be, ctx, x, size, stride, storage_offset=0):
+    _contiguous_whole(_orig(ctx, 0, "in", x.shape), size, stride, storage_offset)
+    return x.reshape(out_shape(ctx, 0, size))
+
+
+def _as_strided_rule(c, outs, x, size, stride, storage_offset=0):
+    _contiguous_whole(x.orig, size, stride, storage_offset)
+    view_shape(c, [x], [outs[0]], {})
+
+
+for _name in ("aten.as_strided.default", "aten.as_strided_copy.default"):
+    aten(_name, _as_strided_fw, _as_strided_rule,
+         doc="a reshape, accepted only with the whole tensor's contiguous strides and offset 0 "
+             "(any other striding is refused)")
+
+
+def _as_strided_scatter_fw(be, ctx, x, src, size, stride, storage_offset=0):
+    _contiguous_whole(_orig(ctx, 0, "in", x.shape), size, stride, storage_offset)
+    return src.reshape(x.shape).copy()
+
+
+def _as_strided_scatter_rule(c, outs, x, src, size, stride, storage_offset=0):
+    _contiguous_whole(x.orig, size, stride, storage_offset)
+    view_shape(c, [src], [x], {})
+    same_dims(c, x, outs[0])
+
+
+aten("aten.as_strided_scatter.default", _as_strided_scatter_fw, _as_strided_scatter_rule,
+     doc="x with the strided view overwritten by src; accepted only when the view is the "
+         "whole tensor, contiguous, offset 0 (then: src reshaped to x)")
+aten("aten.new_empty_strided.default", lambda be, ctx, x, size, stride, **kw: be.zeros(
+    out_shape(ctx, 0, size)), _created_rule(lambda x, size, stride, **kw: size),
+     doc="uninitialised memory in torch, zeros here: functionalized in-place writes create "
+         "it and overwrite it whole (as_strided_scatter); a program that reads it unwritten "
+         "has no defined result in torch")
+aten("aten._efficientzerotensor.default", lambda be, ctx, size, **kw: be.zeros(
+    out_shape(ctx, 0, size)), _created_rule(lambda size, **kw: size),
+     doc="zeros of the (reduced) output shape (autograd's zero gradient)")

@@ -13,8 +13,18 @@ from functools import reduce
 import numpy as np
 
 from tvsmt.ops.definitions._common import broadcast_rule, nontrivial, require, sum_axes, times
-from tvsmt.ops.definitions.aten_call import (TensorRef, aten, axes, axis, is_bool, is_neg_inf,
-                                             number, scalar)
+from tvsmt.ops.definitions.aten_call import (
+    TensorRef,
+    aten,
+    axes,
+    axis,
+    is_bool,
+    is_neg_inf,
+    number,
+    original_count,
+    scalar,
+)
+from tvsmt.ops.definitions.aten_layout import broadcast_to
 from tvsmt.ops.registry import TShape
 
 # ----------------------------------------------------------------------------- elementwise
@@ -122,6 +132,8 @@ _unary("aten.sigmoid.default", lambda be, x: be.sigmoid(x), "sigmoid(x) (uf_sigm
        ("uf_sigmoid",))
 _unary("aten.cos.default", lambda be, x: be.cos(x), "cos(x) (uf_cos)", ("uf_cos",))
 _unary("aten.sin.default", lambda be, x: be.sin(x), "sin(x) (uf_sin)", ("uf_sin",))
+_unary("aten.erf.default", lambda be, x: be.apply_uf("uf_erf", x), "erf(x) (uf_erf)",
+       ("uf_erf",))
 _unary("aten.silu.default", lambda be, x: x * be.sigmoid(x), "x * sigmoid(x)", ("uf_sigmoid",))
 _unary("aten.relu.default", lambda be, x: be.maximum(x, be.zeros(x.shape)),
        "max(x, 0), exact (ite)")
@@ -189,10 +201,13 @@ aten("aten.minimum.default", lambda be, ctx, x, y: be.scale(be.maximum(
 
 # ----------------------------------------------------------------------------- comparisons
 
+def _comparison(op: str):
+    return lambda be, ctx, x, y: be.compare(x, arr(be, y), op)
+
+
 for _op in ("lt", "le", "gt", "ge", "eq", "ne"):
     for _ov in ("Scalar", "Tensor"):
-        aten(f"aten.{_op}.{_ov}", (lambda op: lambda be, ctx, x, y: be.compare(
-            x, arr(be, y), op))(_op), broadcast_of,
+        aten(f"aten.{_op}.{_ov}", _comparison(_op), broadcast_of,
              doc=f"1 where x {_op} y else 0 (exact ite on the real values; token ids are "
                  "compared as the values they are, so a vocabulary-range mask is exact)")
 
@@ -213,6 +228,10 @@ def _xor(be, a, b):
     return be.compare(_truth(be, a), _truth(be, b), "ne")
 
 
+def _logical(f):
+    return lambda be, ctx, a, b: f(be, a, b)
+
+
 def _bitwise(f, what):
     """A bitwise op on bool tensors (the only dtype where it is the logical op)."""
 
@@ -226,8 +245,7 @@ def _bitwise(f, what):
 
 
 for _name, _f, _what in (("and", _and, "and"), ("or", _or, "or"), ("xor", _xor, "xor")):
-    aten(f"aten.logical_{_name}.default", (lambda f: lambda be, ctx, a, b: f(be, a, b))(_f),
-         broadcast_of, doc=f"logical {_what} of x != 0 and y != 0 (0/1)")
+    aten(f"aten.logical_{_name}.default", _logical(_f), broadcast_of, doc=f"logical {_what} of x != 0 and y != 0 (0/1)")
     aten(f"aten.bitwise_{_name}.Tensor", _bitwise(_f, _name),
          lambda c, outs, a, b: broadcast_rule(c, [getattr(r, "value", r) for r in (a, b)
                                                   if isinstance(getattr(r, "value", r), TShape)],
@@ -250,11 +268,11 @@ def _bitwise_not(be, x: TensorRef):
 def _where(be, ctx, cond, x, y):
     x, y = arr(be, x), arr(be, y)
     shape = np.broadcast(cond, x, y).shape
-    b = lambda v: np.array(np.broadcast_to(v, shape))  # noqa: E731
+    b = lambda v: np.array(np.broadcast_to(v, shape))
     return be.where(b(cond), b(x), b(y))
 
 
-for _ov in ("self", "ScalarSelf", "ScalarOther", "Scalar"):
+for _ov in ("self",):
     aten(f"aten.where.{_ov}", _where, broadcast_of,
          doc="x where cond != 0 else y (exact ite, broadcast)")
 for _ov in ("Scalar", "Tensor"):
@@ -289,8 +307,7 @@ def _sum(be, ctx, x, dim=None, keepdim=False, dtype=None):
 
 def _mean(be, ctx, x, dim=None, keepdim=False, dtype=None):
     red = axes(dim, x.ndim)
-    count = int(np.prod([x.shape[a] for a in red], dtype=np.int64))
-    return times(be, sum_axes(x, red, bool(keepdim)), Fraction(1, count))
+    return times(be, sum_axes(x, red, bool(keepdim)), Fraction(1, original_count(ctx, x, red)))
 
 
 aten("aten.sum.dim_IntList", _sum, lambda c, outs, x, dim=None, keepdim=False, dtype=None:
@@ -298,9 +315,10 @@ aten("aten.sum.dim_IntList", _sum, lambda c, outs, x, dim=None, keepdim=False, d
 aten("aten.sum.default", _sum, lambda c, outs, x, dtype=None: _reduced(c, outs, x, None, False),
      doc="sum of all elements (0-d)")
 aten("aten.mean.dim", _mean, lambda c, outs, x, dim=None, keepdim=False, dtype=None:
-     _reduced(c, outs, x, dim, keepdim), doc="mean over dim, 1/N exact (N the reduced count)")
+     _reduced(c, outs, x, dim, keepdim),
+     doc="mean over dim, 1/N exact, N the ORIGINAL count (aten_call.original_count)")
 aten("aten.mean.default", _mean, lambda c, outs, x, dtype=None: _reduced(c, outs, x, None, False),
-     doc="mean of all elements (0-d), 1/N exact")
+     doc="mean of all elements (0-d), 1/N exact, N the original count")
 
 
 def _max_over(be, x, red, keepdim):
@@ -382,7 +400,7 @@ aten("aten.bmm.default", lambda be, ctx, a, b: a @ b,
 def _addmm_rule(batch):
     def rule(c, outs, self, a, b, beta=1, alpha=1):
         _mm_rule(c, a, b, outs[0], batch)
-        broadcast_rule(c, [self], outs[0])
+        broadcast_to(c, [self], outs[0])
     return rule
 
 
@@ -392,3 +410,51 @@ aten("aten.addmm.default", lambda be, ctx, self, a, b, beta=1, alpha=1: _scaled_
 aten("aten.baddbmm.default", lambda be, ctx, self, a, b, beta=1, alpha=1: _scaled_sum(
     be, self, a @ b, beta, alpha), _addmm_rule(1),
      doc="beta * self + alpha * (a @ b) batched, self broadcast")
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def _logsumexp(be, ctx, x, dim, keepdim=False):
+    return be.log(sum_axes(be.exp(x), axes(dim, x.ndim), bool(keepdim)))
+
+
+aten("aten.logsumexp.default", _logsumexp, lambda c, outs, x, dim, keepdim=False: _reduced(
+    c, outs, x, dim, keepdim), doc="log(sum(exp(x), dim)) (no max shift: equal on reals)",
+     abstracts=("uf_exp", "uf_log"))
+
+
+def _variance(be, ctx, x, dim=None, correction=None, keepdim=False):
+    """(var, mean) over dim with Bessel's correction (default 1), counts at their original
+    value (aten_call.original_count)."""
+    red = axes(dim, x.ndim)
+    n = original_count(ctx, x, red)
+    corr = Fraction(1) if correction is None else number(correction)
+    if n - corr <= 0:
+        raise ValueError(f"variance of {n} elements with correction {corr}")
+    mean = times(be, sum_axes(x, red, True), Fraction(1, n))
+    xc = x - mean
+    var = times(be, sum_axes(xc * xc, red, bool(keepdim)), 1 / (n - corr))
+    if not keepdim:
+        mean = mean.reshape(var.shape)
+    return var, mean
+
+
+def _stat_rule(c, outs, x, dim=None, *rest, correction=None, keepdim=False):
+    for y in outs:
+        if y is not None:
+            _reduced(c, [y], x, dim, keepdim)
+
+
+aten("aten.var.correction", lambda be, ctx, x, dim=None, *, correction=None, keepdim=False:
+     _variance(be, ctx, x, dim, correction, keepdim)[0], _stat_rule,
+     doc="variance over dim with correction (default 1), exact")
+aten("aten.var_mean.correction", lambda be, ctx, x, dim=None, *, correction=None,
+     keepdim=False: list(_variance(be, ctx, x, dim, correction, keepdim)), _stat_rule,
+     n_outputs=2, doc="(variance, mean) over dim, exact")
+aten("aten.std.correction", lambda be, ctx, x, dim=None, *, correction=None, keepdim=False:
+     be.sqrt(_variance(be, ctx, x, dim, correction, keepdim)[0]), _stat_rule,
+     doc="sqrt of the variance (uf_sqrt)", abstracts=("uf_sqrt",))
+_unary("aten.log1p.default", lambda be, x: be.log(x + be.const(1)), "log(1 + x) (uf_log)",
+       ("uf_log",))
+_unary("aten.expm1.default", lambda be, x: be.exp(x) - be.const(1), "exp(x) - 1 (uf_exp)",
+       ("uf_exp",))

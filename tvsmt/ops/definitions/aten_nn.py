@@ -16,13 +16,24 @@ the cost of the vocabulary's size.
 from __future__ import annotations
 
 import itertools
+import math
 from fractions import Fraction
 
 import numpy as np
 
 from tvsmt.ops.definitions._common import broadcast_rule, nontrivial, require, sum_axes, times
-from tvsmt.ops.definitions.aten_call import TensorRef, aten, axes, axis, is_bool, number
-from tvsmt.ops.definitions.aten_layout import fix, same_dims
+from tvsmt.ops.definitions.aten_call import (
+    TensorRef,
+    aten,
+    axes,
+    axis,
+    full_like,
+    is_bool,
+    number,
+    original_count,
+    scalar,
+)
+from tvsmt.ops.definitions.aten_layout import broadcast_to, fix, same_dims
 from tvsmt.ops.registry import TShape
 
 # ----------------------------------------------------------------------------- softmax family
@@ -58,6 +69,24 @@ def _bw_rule(c, outs, g, y, dim, *rest):
 aten("aten._softmax.default", _softmax, _softmax_rule,
      doc="exp(x) / sum(exp(x), dim) (torch's max subtraction cancels on reals)",
      abstracts=("uf_exp", "uf_div"))
+def _safe_softmax(be, ctx, x, dim, dtype=None):
+    """softmax, but 0 on a slice that is -inf everywhere (a fully masked row)."""
+    red = axes(dim, x.ndim)
+    masked = be.compare(x, full_like(be, x.shape, "-inf"), "eq")
+    every = masked
+    for a in red:
+        rows = [np.take(every, i, axis=a) for i in range(every.shape[a])]
+        acc = rows[0]
+        for r in rows[1:]:
+            acc = be.where(acc, r, be.zeros(acc.shape))
+        every = np.expand_dims(acc, a)
+    every = np.array(np.broadcast_to(every, x.shape))
+    return be.where(every, be.zeros(x.shape), _softmax(be, ctx, x, dim))
+
+
+aten("aten._safe_softmax.default", _safe_softmax, _softmax_rule,
+     doc="softmax over dim, 0 on slices that are -inf everywhere (attention's fully masked "
+         "rows; exact ite on x == -inf)", abstracts=("uf_exp", "uf_div"))
 aten("aten._softmax_backward_data.default", _softmax_bw, _bw_rule,
      doc="[g, y = softmax OUTPUT] -> y * (g - sum(g * y, dim)), exact polynomial")
 aten("aten._log_softmax.default", _log_softmax, _softmax_rule,
@@ -74,13 +103,13 @@ def _norm_axes(x_ndim: int, normalized_shape) -> tuple[int, ...]:
     return tuple(range(x_ndim - k, x_ndim))
 
 
-def _count(x, red) -> Fraction:
-    return Fraction(1, int(np.prod([x.shape[a] for a in red], dtype=np.int64)))
+def _count(ctx, x, red) -> Fraction:
+    return Fraction(1, original_count(ctx, x, red))
 
 
 def _layer_norm(be, ctx, x, normalized_shape, weight=None, bias=None, eps=1e-5):
     red = _norm_axes(x.ndim, normalized_shape)
-    inv = _count(x, red)
+    inv = _count(ctx, x, red)
     mean = times(be, sum_axes(x, red, True), inv)
     xc = x - mean
     rstd = be.rsqrt(times(be, sum_axes(xc * xc, red, True), inv) + be.const(number(eps)))
@@ -111,14 +140,15 @@ def _layer_norm_rule(c, outs, x, normalized_shape, weight=None, bias=None, eps=1
 
 aten("aten.native_layer_norm.default", _layer_norm, _layer_norm_rule, n_outputs=3,
      doc="[x, w?, b?] -> [(x - mean) * rstd * w + b, mean, rstd] over the trailing "
-         "normalized_shape dims, rstd = rsqrt(biased var + eps), 1/N exact",
+         "normalized_shape dims, rstd = rsqrt(biased var + eps), 1/N exact with N the "
+         "original count",
      abstracts=("uf_rsqrt",))
 
 
 def _layer_norm_bw(be, ctx, g, x, normalized_shape, mean, rstd, weight, bias, output_mask):
     red = _norm_axes(x.ndim, normalized_shape)
     lead = tuple(range(red[0]))
-    inv = _count(x, red)
+    inv = _count(ctx, x, red)
     xhat = (x - mean) * rstd
     gxhat = g if weight is None else g * weight
     gx = rstd * (gxhat - times(be, sum_axes(gxhat, red, True), inv)
@@ -228,9 +258,19 @@ def _index_layout(x_ndim: int, dims: list[int], p_ndim: int) -> tuple[int, bool]
     return (dims[0] if adjacent else 0), adjacent
 
 
+def _require_dtypes(refs) -> None:
+    """Index tensors must say their dtype: a bool mask and integer indices of the same values
+    mean different things."""
+    for r in refs:
+        if r is not None and r.dtype is None:
+            raise ValueError("an index tensor reference lacks its dtype (the capture writes "
+                             "{'tensor': k, 'dtype': ...} for non-floating tensors)")
+
+
 def _index_parts(x, indices):
     """(indexed dims, index arrays broadcast together, their shape)."""
     refs = list(indices)
+    _require_dtypes(refs)
     for r in refs:
         if r is not None and is_bool(r):
             raise ValueError("indexing by a boolean mask has a data-dependent shape")
@@ -273,6 +313,7 @@ def _index(be, ctx, x: TensorRef, indices):
 def _index_rule(c, outs, x: TensorRef, indices):
     xs, y = x.value, outs[0]
     refs = list(indices)
+    _require_dtypes(refs)
     require(not any(r is not None and is_bool(r) for r in refs),
             "indexing by a boolean mask has a data-dependent shape")
     dims = [d for d, r in enumerate(refs) if r is not None]
@@ -299,6 +340,7 @@ aten("aten.index.Tensor", _index, _index_rule, refs=True,
 def _index_put(be, ctx, x: TensorRef, indices, values: TensorRef, accumulate=False):
     xv, vv = x.value, values.value
     refs = list(indices)
+    _require_dtypes(refs)
     if len(refs) == 1 and refs[0] is not None and is_bool(refs[0]):
         mask = refs[0].value
         k = mask.ndim
@@ -341,12 +383,12 @@ def _index_put_rule(c, outs, x: TensorRef, indices, values: TensorRef, accumulat
     xs, y = x.value, outs[0]
     same_dims(c, xs, y)
     refs = list(indices)
+    _require_dtypes(refs)
     if len(refs) == 1 and refs[0] is not None and is_bool(refs[0]):
         m = refs[0].value
         same_dims(c, m, TShape(list(xs.dims[:len(m)]), xs.orig[:len(m)]))
         tail = TShape(list(xs.dims[len(m):]), xs.orig[len(m):])
-        if len(values.value):
-            broadcast_rule(c, [values.value], tail)
+        broadcast_to(c, [values.value], tail)
         return
     for d, r in enumerate(refs):
         if r is not None:
@@ -430,6 +472,9 @@ def _nll_forward(be, ctx, x, target, weight, reduction, ignore_index):
     if red is None:
         raise ValueError(f"nll_loss: reduction={reduction!r}")
     total_arr = np.array(total, dtype=object if be.symbolic else np.float64)
+    # at the original count, like every other normalising count (aten_call.original_count)
+    n_orig, n_now = original_count(ctx, target, range(target.ndim)), max(target.size, 1)
+    total_arr = times(be, total_arr, Fraction(n_orig, n_now))
     if red == "none":
         out = losses.reshape(target.shape)
         return [out, be.zeros(())]
@@ -440,7 +485,7 @@ def _nll_forward(be, ctx, x, target, weight, reduction, ignore_index):
 
 
 def _nll_backward(be, ctx, g, x, target, weight, reduction, ignore_index, total_weight):
-    picked, w = _nll_parts(be, x, target, weight, ignore_index)
+    _, w = _nll_parts(be, x, target, weight, ignore_index)
     x2 = x.reshape(1, -1) if x.ndim == 1 else x
     n, classes = x2.shape
     red = _REDUCTIONS.get(int(reduction))
@@ -485,7 +530,150 @@ aten("aten.nll_loss_forward.default", _nll_forward, _nll_forward_rule, n_outputs
      doc="[x (N, C) log-probs, targets, w?] -> [loss, total_weight]: loss_n = -w[t_n] x[n, t_n] "
          "(0 where t_n == ignore_index; exact selection by target value, the class dim is "
          "never reduced), reduced by none/mean/sum; mean divides by total_weight = sum of the "
-         "weights (be.div), exactly as torch normalises", abstracts=("uf_div",))
+         "weights (be.div), exactly as torch normalises; under shape reduction total_weight "
+         "is scaled by original / reduced samples (counts at their original value)",
+     abstracts=("uf_div",))
 aten("aten.nll_loss_backward.default", _nll_backward, _nll_backward_rule,
      doc="[g, x, targets, w?, total_weight] -> g_x with g_x[n, t_n] = -w_n g (/ total_weight "
          "for mean), 0 elsewhere and for ignored targets", abstracts=("uf_div",))
+
+
+def _scatter(be, ctx, x, dim, index, src):
+    d = axis(dim, x.ndim)
+    if not isinstance(src, np.ndarray):
+        src = be.full((), 0) + scalar(be, src)
+    src = np.array(np.broadcast_to(src, index.shape))
+    require(all(index.shape[i] == x.shape[i] for i in range(x.ndim) if i != d),
+            "scatter: index and input differ outside dim")
+    xm, im, sm = (np.moveaxis(a, d, -1) for a in (x, index, src))
+    out = xm.copy()
+    ints = be.constant_ints(im)
+    if ints is not None:
+        np.put_along_axis(out, ints, sm, axis=-1)
+    else:
+        for r in range(xm.shape[-1]):  # in order: a later write to the same place wins
+            col = out[..., r]
+            for p in range(im.shape[-1]):
+                col = be.select_eq(im[..., p], r, sm[..., p], col)
+            out[..., r] = col
+    return np.moveaxis(out, -1, d)
+
+
+def _scatter_rule(c, outs, x, dim, index, src):
+    d = axis(dim, len(x))
+    same_dims(c, x, outs[0])
+    same_dims(c, x, index, skip=(d,))
+    if isinstance(src, TShape):
+        same_dims(c, src, index)
+    fix(c, x, d)
+
+
+for _ov in ("src", "value"):
+    aten(f"aten.scatter.{_ov}", _scatter, _scatter_rule,
+         doc="x with x[..., index[..., p], ...] = src[..., p, ...] along dim (exact selection "
+             "by value, duplicates: the last write wins, which torch leaves unspecified; the "
+             "dim is never reduced; index must match x outside dim)")
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def _sdpa_scores(be, q, k, is_causal, attn_mask, scale, ref_mask):
+    """scale * q @ k^T with the causal (top-left) mask and an additive or boolean mask."""
+    e = q.shape[-1]
+    sc = number(scale) if scale is not None else None
+    s = q @ np.swapaxes(k, -1, -2)
+    s = times(be, s, sc) if sc is not None else times(be, s, number(1 / math.sqrt(e)))
+    rows, cols = s.shape[-2], s.shape[-1]
+    if is_causal:
+        keep = np.broadcast_to(np.tril(np.ones((rows, cols), dtype=bool)), s.shape)
+        s = np.where(keep, s, full_like(be, s.shape, "-inf"))
+    if attn_mask is not None:
+        m = np.array(np.broadcast_to(attn_mask, s.shape))
+        if ref_mask is not None and is_bool(ref_mask):
+            s = be.where(m, s, full_like(be, s.shape, "-inf"))
+        else:
+            s = s + m
+    return s
+
+
+def _sdpa_args(dropout_p, scale):
+    if dropout_p not in (0, 0.0):
+        raise ValueError(f"attention dropout {dropout_p} is random and not modelled")
+
+
+def _sdpa_fw(be, ctx, q: TensorRef, k: TensorRef, v: TensorRef, dropout_p=0.0,
+             is_causal=False, attn_mask=None, scale=None):
+    _sdpa_args(dropout_p, scale)
+    mask = getattr(attn_mask, "value", None)
+    s = _sdpa_scores(be, q.value, k.value, is_causal, mask, scale, attn_mask)
+    e = be.exp(s)
+    total = sum_axes(e, (s.ndim - 1,), True)
+    p = be.div(e, total)
+    return [p @ v.value, be.log(total).reshape(total.shape[:-1])]
+
+
+def _sdpa_bw(be, ctx, g: TensorRef, q: TensorRef, k: TensorRef, v: TensorRef, out, lse,
+             dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+    _sdpa_args(dropout_p, scale)
+    qv, kv, vv, gv = q.value, k.value, v.value, g.value
+    mask = getattr(attn_mask, "value", None)
+    s = _sdpa_scores(be, qv, kv, is_causal, mask, scale, attn_mask)
+    e = be.exp(s)
+    p = be.div(e, sum_axes(e, (s.ndim - 1,), True))
+    t = lambda a: np.swapaxes(a, -1, -2)
+    gp = gv @ t(vv)
+    gs = p * (gp - sum_axes(gp * p, (p.ndim - 1,), True))
+    sc = number(scale) if scale is not None else number(1 / math.sqrt(qv.shape[-1]))
+    return [times(be, gs @ kv, sc), times(be, t(gs) @ qv, sc), t(p) @ gv]
+
+
+def _sdpa_rule_core(c, q: TShape, k: TShape, v: TShape, out, is_causal, attn_mask):
+    require(len(q) == len(k) == len(v) >= 2, "attention: q, k, v of the same rank >= 2")
+    require(q.orig[-1] == k.orig[-1] and k.orig[-2] == v.orig[-2],
+            f"attention: q {list(q.orig)}, k {list(k.orig)}, v {list(v.orig)} do not match")
+    for i in range(len(q) - 2):
+        require(q.orig[i] == k.orig[i] == v.orig[i], "attention: batch dims differ")
+        c.eq(q[i], k[i])
+        c.eq(k[i], v[i])
+    c.eq(q[-1], k[-1])
+    c.eq(k[-2], v[-2])
+    nontrivial(c, q, [len(q) - 1])
+    nontrivial(c, k, [len(k) - 2])
+    if is_causal:  # the mask relates query and key positions
+        require(q.orig[-2] == k.orig[-2], "causal attention with different query/key lengths")
+        c.eq(q[-2], k[-2])
+    if attn_mask is not None:
+        lead = TShape(list(q.dims[:-1]) + [k[-2]], tuple(q.orig[:-1]) + (k.orig[-2],))
+        broadcast_rule(c, [attn_mask.value, lead], lead)
+    if out is not None:
+        same_dims(c, TShape(list(q.dims[:-1]), q.orig[:-1]), TShape(list(out.dims[:-1]),
+                                                                   out.orig[:-1]))
+        c.eq(out[-1], v[-1])
+
+
+def _sdpa_rule(c, outs, q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+    _sdpa_rule_core(c, q.value, k.value, v.value, outs[0], is_causal, attn_mask)
+    if len(outs) > 1 and outs[1] is not None:
+        same_dims(c, TShape(list(q.value.dims[:-1]), q.value.orig[:-1]), outs[1])
+
+
+def _sdpa_bw_rule(c, outs, g, q, k, v, out, lse, dropout_p=0.0, is_causal=False,
+                  attn_mask=None, scale=None):
+    _sdpa_rule_core(c, q.value, k.value, v.value, g.value, is_causal, attn_mask)
+    for x, gx in zip((q, k, v), outs):
+        if gx is not None:
+            same_dims(c, x.value, gx)
+
+
+aten("aten._scaled_dot_product_flash_attention_for_cpu.default", _sdpa_fw, _sdpa_rule,
+     n_outputs=2, refs=True,
+     doc="[q, k, v, mask?] -> [softmax(scale * q k^T + mask) v, logsumexp of the scores]; "
+         "scale defaults to 1/sqrt(E) (its float value as an exact rational); is_causal masks "
+         "j > i with -inf; a bool mask keeps where true, a float mask is added; dropout_p "
+         "must be 0", abstracts=("uf_exp", "uf_div", "uf_log"))
+aten("aten._scaled_dot_product_flash_attention_for_cpu_backward.default", _sdpa_bw,
+     _sdpa_bw_rule, n_outputs=3, refs=True,
+     doc="[g, q, k, v, out, logsumexp, mask?] -> [g_q, g_k, g_v], probabilities recomputed "
+         "from q, k (out and logsumexp unused): g_v = p^T g, g_s = p * (g v^T - rowsum), "
+         "g_q = scale g_s k, g_k = scale g_s^T q", abstracts=("uf_exp", "uf_div"))
