@@ -67,9 +67,6 @@ def _used(nodes: list[CapNode], inputs: list[str]) -> list[str]:
 
 def capture_pair(script: str | Any, *, with_hypotheses: bool = True) -> CapturedPair:
     """Trace the script's single step and every rank's step; build the plan pair."""
-    from tvsmt.capture.aten_fallback import register_missing
-
-    register_missing()
     sc: CaptureScript = load_script(script)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
