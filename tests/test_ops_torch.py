@@ -158,6 +158,10 @@ CASES = [
     # communication / finalization (forward only)
     Case("all_reduce", [rand(2, 3), rand(2, 3), rand(2, 3)], one(lambda *xs: sum(xs)),
          {"ranks": [0, 1, 2]}),
+    Case("all_reduce_avg", [rand(2, 3), rand(2, 3), rand(2, 3)],
+         one(lambda *xs: sum(xs) / 3), {"ranks": [0, 1, 2]}),
+    Case("reduce_scatter_avg", [rand(4, 3), rand(4, 3)],
+         one(lambda a, b: piece((a + b) / 2, 2, 1, 0)), {"dim": 0, "ranks": [0, 1], "idx": 1}),
     Case("reducer", [rand(2, 3), rand(2, 3)], one(torch.add)),
     Case("grad_accum", [rand(2, 3), rand(2, 3)], one(torch.add)),
     Case("all_gather", [rand(2, 3), rand(2, 3)], one(lambda *xs: torch.cat(xs, 1)),

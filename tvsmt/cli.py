@@ -352,5 +352,63 @@ def _plan_group() -> click.Group:
 
     return real
 
+
+@main.command("capture")
+@click.argument("script", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Folder for single.json.gz, parallel.json.gz and capture.json.")
+def capture_cmd(script, out_dir):
+    """Trace a PyTorch capture SCRIPT into an execplan pair that `tvsmt verify` reads."""
+    from tvsmt.capture import capture, write_pair
+
+    pair = capture(script)
+    single, parallel = write_pair(pair, out_dir)
+    click.echo(f"captured {pair.parallel['world']['ranks']} ranks: {single}, {parallel} "
+               f"({len(pair.parallel['lineages'])} lineages, {pair.hypotheses} hypotheses)")
+
+
+@main.command("check")
+@click.argument("script", type=click.Path(dir_okay=False))
+@click.option("--report", "report_path", type=click.Path(dir_okay=False),
+              help="Write the JSON report to this file.")
+@solver_options
+@click.option("--crosscheck", is_flag=True,
+              help="Solve with z3 AND cvc5; any disagreement or one-sided answer is "
+                   "inconclusive.")
+@click.option("--corpus", "corpus", type=click.Path(file_okay=False), default=None,
+              help="SMT-LIB corpus folder (default: none).")
+@click.option("--fresh", is_flag=True, help="Ignore verdicts already in the corpus.")
+def check_cmd(script, report_path, jobs, timeout, solver, backend, scheduler, crosscheck,
+              corpus, fresh):
+    """Capture a PyTorch SCRIPT and verify it (verify's report and exit codes)."""
+    from tvsmt.capture import check
+    from tvsmt.report.render import render
+    from tvsmt.verify import Options
+
+    if backend == "dask" and not scheduler:
+        raise click.UsageError("--backend dask needs --scheduler ADDRESS")
+    if crosscheck and solver != "z3":
+        raise click.UsageError("--crosscheck runs z3 and cvc5; it takes no --solver")
+    with _progress_bar() as bar:
+        task = bar.add_task("capturing", total=None)
+        opts = Options(jobs=jobs, timeout=timeout, solver=solver, backend=backend,
+                       scheduler=scheduler, crosscheck=crosscheck, corpus=corpus, fresh=fresh,
+                       progress=lambda phase, done, total: bar.update(
+                           task, description=phase, completed=done, total=total))
+        report = check(script, opts)
+    render(report)
+    for inp in report.inputs:
+        if inp["rank"] == 0:
+            click.echo(f"input {inp['tensor']}: {inp['how']}")
+    if report.hypotheses:
+        h = report.hypotheses
+        click.echo(f"hypotheses: {h['proposed']} proposed, {h['dropped']} dropped, "
+                   f"{h['rounds']} verification rounds")
+    if report_path:
+        report.save(report_path)
+        click.echo(f"report written to {report_path}")
+    sys.exit(report.exit_code)
+
+
 if __name__ == "__main__":
     main()

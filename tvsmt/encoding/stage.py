@@ -48,7 +48,8 @@ class StageFormula:
 
 
 def _slice_view(arr: np.ndarray, slc) -> np.ndarray:
-    return arr[tuple(slice(s, e) for s, e in slc)]
+    # Ellipsis keeps a 0-d tensor (a scalar loss) an array view instead of its element
+    return arr[tuple(slice(s, e) for s, e in slc) + (Ellipsis,)]
 
 
 def encode_stage(stage: Stage, single: Plan, parallel: Plan, shapes: ReducedShapes,

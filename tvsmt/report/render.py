@@ -85,6 +85,8 @@ def render(report: Report, console: Console | None = None, max_failures: int = 1
                 shown = ", ".join(f"{m(n['id'])} ({m(n['op'])})" for n in nodes[:6])
                 more = f" and {len(nodes) - 6} more" if len(nodes) > 6 else ""
                 say(f"  {side.replace('_', ' ')}: {shown}{more}")
+        for line in _source_lines(f.parallel_nodes or f.single_nodes):
+            say(f"  code {m(line)}")
         cex = f.counterexample
         if cex:
             if cex.get("reduced_shape"):
@@ -98,3 +100,24 @@ def render(report: Report, console: Console | None = None, max_failures: int = 1
                 say(f"  inputs: {shown}" + (" ..." if len(inputs) > 6 else ""))
     if len(report.failures) > max_failures:
         say(f"\n... {len(report.failures) - max_failures} more failures in the JSON report")
+
+
+
+def _source_lines(nodes, limit: int = 3) -> list[str]:
+    """The producer's code lines of a failure's nodes (plan key "source", set by the PyTorch
+    capture), nearest the failing tensor first, with the text of the line when readable."""
+    import linecache
+
+    out, seen = [], set()
+    for n in reversed(nodes):
+        src = n.get("source")
+        if not src or src in seen:
+            continue
+        seen.add(src)
+        file, _, line = src.rpartition(":")
+        text = linecache.getline(file, int(line)).strip() if line.isdigit() else ""
+        out.append(f"{src} (rank {n.get('rank')}): {text}" if text else
+                   f"{src} (rank {n.get('rank')})")
+        if len(out) == limit:
+            break
+    return out

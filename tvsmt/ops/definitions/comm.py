@@ -7,6 +7,8 @@ in the order the plan gives them, and writes that rank's output. `attrs.ranks` i
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 
 from tvsmt.ops.definitions._common import (add_all, identity_shape, present, relate, require,
@@ -167,3 +169,31 @@ _comm("all_to_all", all_to_all_fw, all_to_all_shape,
       "inputs = the group's tensors in group order; this rank's output concatenates, along "
       "attrs.dim, piece attrs.idx (of len(attrs.ranks), default the number of inputs) of every "
       "input split along attrs.split_dim (default attrs.dim)", _reads_pieces)
+
+
+# ----------------------------------------------------------------------------- averages
+# torch.distributed's ReduceOp.AVG (DDP/FSDP gradient averaging), as the PyTorch capture
+# writes it: the exact mean of the group's inputs (1/n is an exact rational).
+
+
+def avg_fw(be, ins, attrs, ctx):
+    xs = present(ins)
+    return [be.scale(add_all(xs), Fraction(1, len(xs)))]
+
+
+def reduce_scatter_avg_fw(be, ins, attrs, ctx):
+    xs = present(ins)
+    total = be.scale(add_all(xs), Fraction(1, len(xs)))
+    return [_piece(total, _parts(attrs, len(xs)), attrs["idx"], _axis(attrs, "dim", total.ndim))]
+
+
+def _reads_count(attrs) -> dict:
+    """A mean reads the NUMBER of ranks (its 1/n), not their ids."""
+    return {"pieces": len(attrs.get("ranks") or ())}
+
+
+_comm("all_reduce_avg", avg_fw, identity_shape,
+      "mean of the group's inputs: (1/n) * sum (ReduceOp.AVG)", _reads_count)
+_comm("reduce_scatter_avg", reduce_scatter_avg_fw, reduce_scatter_shape,
+      "mean of the group's inputs, then piece attrs.idx of len(attrs.ranks) along attrs.dim",
+      _reads_pieces)

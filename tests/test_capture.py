@@ -1,0 +1,193 @@
+"""The PyTorch capture frontend: script convention, tracing, lineages, the hypothesis driver,
+and the Megatron-style TP MLP example (equivalent as written; each planted bug a violation
+that names the user's line)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import textwrap
+
+import pytest
+
+from tvsmt.capture import capture, check, write_pair
+from tvsmt.capture.driver import check_pair
+from tvsmt.errors import InputError
+from tvsmt.verify import Options
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MLP = os.path.join(ROOT, "examples", "megatron_mlp.py")
+OPTS = Options(jobs=1, timeout=3)
+
+
+def _line_of(path: str, text: str) -> int:
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if text in line:
+                return i
+    raise AssertionError(text)
+
+
+def _sources(report) -> set[str]:
+    return {n.get("source") for f in report.failures for n in f.parallel_nodes + f.single_nodes
+            if n.get("source")}
+
+
+@pytest.fixture(scope="module")
+def mlp_pair():
+    os.environ.pop("TVSMT_BUG", None)
+    return capture(MLP)
+
+
+def test_mlp_is_equivalent_and_inputs_are_inferred(mlp_pair):
+    report = check_pair(mlp_pair, OPTS)
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+    assert report.hypotheses["proposed"] > 0
+    shards = {(i["tensor"], i["rank"]): i["slice"] for i in report.inputs}
+    assert shards[("param.fc1.weight", 1)] == [[8, 16], [0, 8]]
+    assert shards[("param.fc2.weight", 1)] == [[0, 8], [8, 16]]
+    assert shards[("param.proj.weight", 1)] == [[0, 8], [0, 8]]
+    assert all("2 random draws" in i["how"] for i in report.inputs)
+
+
+def test_nodes_carry_the_users_source_lines(mlp_pair):
+    line = _line_of(MLP, "dist.all_reduce(x)")
+    sources = {n.get("source") for n in mlp_pair.parallel["nodes"]}
+    assert any(s and s.endswith(f"megatron_mlp.py:{line}") for s in sources)
+    reduces = [n for n in mlp_pair.parallel["nodes"] if n["op"] == "all_reduce"]
+    assert len(reduces) == 4 and all(n["attrs"]["ranks"] == [0, 1] for n in reduces)
+    assert all(len(n["inputs"]) == 2 for n in reduces)
+
+
+@pytest.mark.parametrize("bug,marker", [("no-forward-allreduce", "y = ReduceFromTP.apply(y)"),
+                                        ("no-backward-allreduce", "h = CopyToTP.apply(h)")])
+def test_mlp_bugs_are_violations_at_the_users_line(monkeypatch, bug, marker):
+    monkeypatch.setenv("TVSMT_BUG", bug)
+    report = check(MLP, Options(jobs=1, timeout=2))
+    assert report.verdict == "violation"
+    line = _line_of(MLP, marker)
+    assert any(s.endswith(f"megatron_mlp.py:{line}") for s in _sources(report)), _sources(report)
+
+
+def test_a_wrong_hypothesis_never_turns_into_a_pass(monkeypatch):
+    """Without the forward all-reduce, claim that each rank's un-reduced output IS the
+    single output: if the driver trusted it, the loss and gradients would pass."""
+    monkeypatch.setenv("TVSMT_BUG", "no-forward-allreduce")
+    pair = capture(MLP)
+    s_mul = next(n for n in pair.single["nodes"] if n["op"] == "aten.mul.Tensor")
+    y = s_mul["inputs"][0]
+    p_muls = [n for n in pair.parallel["nodes"] if n["op"] == "aten.mul.Tensor"
+              and n["inputs"][0] == n["inputs"][1]]
+    assert len(p_muls) == 2
+    shape = pair.single["tensors"][y]["shape"]
+    wrong = {"single": y, "hypothesis": True,
+             "parts": [{"slice": [[0, n] for n in shape], "sum_of": [m["inputs"][0]]}
+                       for m in p_muls]}
+    lins = pair.parallel["lineages"]
+    first_claim = next(i for i, lin in enumerate(lins) if not lin.get("hypothesis")
+                       and not lin["parts"][0]["sum_of"][0].split(":")[1].startswith(
+                           ("param.", "batch")))
+    lins.insert(first_claim, wrong)
+    report = check_pair(pair, Options(jobs=1, timeout=2))
+    assert report.verdict == "violation"
+    assert report.hypotheses["dropped"] >= 1
+
+
+def test_capture_writes_plans_that_the_reader_accepts(mlp_pair, tmp_path):
+    from tvsmt.plan import load_plan
+    from tvsmt.plan.reader import check_pair as check_plans
+
+    single, parallel = write_pair(mlp_pair, str(tmp_path))
+    s, p = load_plan(single), load_plan(parallel)
+    check_plans(s, p)
+    assert s.outputs[0] == "loss" and "grad.fc1.weight" in s.outputs
+    meta = json.loads((tmp_path / "capture.json").read_text())
+    assert len(meta["inputs"]) == 8
+    with gzip.open(parallel, "rt") as f:
+        assert any(lin.get("hypothesis") for lin in json.load(f)["lineages"])
+
+
+def _script(tmp_path, body: str) -> str:
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def test_missing_function_is_an_input_error(tmp_path):
+    path = _script(tmp_path, "WORLD_SIZE = 2\ndef build_single():\n    pass\n")
+    with pytest.raises(InputError, match="build_rank"):
+        capture(path)
+
+
+def test_degenerate_parameter_is_refused_by_name(tmp_path):
+    path = _script(tmp_path, """
+        import torch
+        WORLD_SIZE = 2
+        def _model():
+            m = torch.nn.Linear(4, 4, bias=False)
+            torch.nn.init.zeros_(m.weight)
+            return m
+        def build_single():
+            return _model(), torch.randn(2, 4)
+        def build_rank(rank):
+            return _model(), torch.randn(2, 4)
+        def train_step(model, x):
+            loss = model(x).sum()
+            loss.backward()
+            return loss
+        """)
+    with pytest.raises(InputError, match="weight.*degenerate|degenerate"):
+        capture(path)
+
+
+def test_declared_sharding_is_used_and_reported(tmp_path):
+    path = _script(tmp_path, """
+        import torch
+        WORLD_SIZE = 2
+        PARAM_SHARDING = {"weight": "replicate"}
+        def build_single():
+            m = torch.nn.Linear(4, 4, bias=False)
+            return m, torch.randn(2, 4)
+        def build_rank(rank):
+            return build_single()
+        def train_step(model, x):
+            loss = model(x).sum()
+            loss.backward()
+            return loss
+        """)
+    report = check(path, OPTS)
+    assert report.verdict == "equivalent"
+    assert {i["how"] for i in report.inputs if i["tensor"] == "param.weight"} == {
+        "declared (PARAM_SHARDING)"}
+
+
+def test_unpaired_collective_names_rank_and_line(tmp_path):
+    path = _script(tmp_path, """
+        import torch
+        import torch.distributed as dist
+        WORLD_SIZE = 2
+        def build_single():
+            return torch.nn.Linear(4, 4, bias=False), torch.randn(2, 4)
+        def build_rank(rank):
+            return build_single()
+        def train_step(model, x):
+            loss = model(x).sum()
+            loss.backward()
+            if dist.get_rank() == 1:
+                dist.all_reduce(model.weight.grad)
+            return loss
+        """)
+    with pytest.raises(InputError, match=r"rank 1 at .*train.py:13.*no partner"):
+        capture(path)
+
+
+def test_worlds_leave_no_process_group_or_excepthook_behind(mlp_pair):
+    import sys
+
+    import torch.distributed as dist
+
+    hook = sys.excepthook
+    capture(MLP)
+    assert not dist.is_initialized()
+    assert sys.excepthook is hook

@@ -1,0 +1,163 @@
+"""From a capture script to the execplan pair: trace every program, join the ranks, run
+both sides on concrete values, and write nodes, tensors and lineages (execplan v1)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tvsmt.capture.assemble import PlacedNode, join, live_nodes, rid
+from tvsmt.capture.execute import run
+from tvsmt.capture.lineages import CapLineage, Provenance, hypotheses, input_and_claim_lineages
+from tvsmt.capture.program import CapNode, Program
+from tvsmt.capture.script import CaptureScript, load_script
+from tvsmt.capture.trace import trace_program
+
+
+@dataclass
+class CapturedPair:
+    """The two plans as execplan dicts, plus what the report shows about the capture."""
+
+    script: str
+    single: dict
+    parallel: dict
+    provenance: list[Provenance]
+    timings: dict[str, float] = field(default_factory=dict)
+    hypotheses: int = 0
+
+    def plans(self):
+        from tvsmt.plan.reader import check_pair, plan_from_dict
+
+        s = plan_from_dict(self.single, f"{self.script} (single)")
+        p = plan_from_dict(self.parallel, f"{self.script} (parallel)")
+        check_pair(s, p)
+        return s, p
+
+
+def _node_dict(n: CapNode, rank: int) -> dict:
+    d = {"id": n.id, "op": n.op, "pass": None if n.comm is not None else "fw", "rank": rank,
+         "mb": 0, "inputs": list(n.inputs), "outputs": list(n.outputs), "attrs": n.attrs}
+    if n.source:
+        d["source"] = n.source
+    return d
+
+
+def _roles(prog: Program, prefix) -> dict[str, str]:
+    roles = {prefix(i.id): {"param": "param", "buffer": "const", "batch": "input"}[i.kind]
+             for i in prog.inputs}
+    roles.update({prefix(g): "grad" for g in prog.grads.values() if g is not None})
+    if prog.loss is not None:
+        roles[prefix(prog.loss)] = "loss"
+    return roles
+
+
+def _tensors(ids, shapes: dict, roles: dict) -> dict:
+    return {t: {"shape": list(shapes[t]), "role": roles.get(t, "activation")} for t in ids}
+
+
+def _used(nodes: list[CapNode], inputs: list[str]) -> list[str]:
+    seen = dict.fromkeys(inputs)
+    for n in nodes:
+        for t in list(n.inputs) + list(n.outputs):
+            if t is not None:
+                seen.setdefault(t, None)
+    return list(seen)
+
+
+def capture_pair(script: str | Any, *, with_hypotheses: bool = True) -> CapturedPair:
+    """Trace the script's single step and every rank's step; build the plan pair."""
+    sc: CaptureScript = load_script(script)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    single = trace_program(sc, None)
+    ranks = {r: trace_program(sc, r) for r in range(sc.world_size)}
+    timings["trace"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    order = join(ranks, sc.path)
+    lineages, provenance = input_and_claim_lineages(single, ranks, sc.param_sharding, sc.path)
+    s_out = ([single.loss] if single.loss is not None else []) + list(
+        dict.fromkeys(g for g in single.grads.values() if g is not None))
+    s_nodes = live_nodes(single.nodes, set(s_out))
+    claim_ids = {t for lin in lineages if lin.kind == "claim" for p in lin.parts
+                 for t in p.sum_of}
+    p_nodes: list[PlacedNode] = live_nodes(order, claim_ids)
+    timings["convert"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    n_hyp = 0
+    produced = [t for pn in p_nodes for t in pn.node.outputs if t is not None]
+    position = {t: i for i, t in enumerate(produced)}
+    if with_hypotheses:
+        s_values = run([(0, n) for n in s_nodes], {i.id: i.draws[0] for i in single.inputs})
+        p_values = run([(pn.rank, pn.node) for pn in p_nodes],
+                       {rid(r, i.id): i.draws[0] for r, p in ranks.items() for i in p.inputs})
+        p_shapes = {rid(r, t): s for r, p in ranks.items() for t, s in p.shapes.items()}
+        s_order = [t for n in s_nodes for t in n.outputs if t is not None]
+        s_ops = {t: n.op for n in s_nodes for t in n.outputs if t is not None}
+        p_ops = {t: pn.node.op for pn in p_nodes for t in pn.node.outputs if t is not None}
+        # tensors computed from constants alone (rotary tables, masks) are recomputed by any
+        # stage that needs them: never hypothesised
+        varying = {rid(r, i.id) for r, p in ranks.items() for i in p.inputs}
+        for pn in p_nodes:
+            if any(t in varying for t in pn.node.inputs if t is not None):
+                varying.update(t for t in pn.node.outputs if t is not None)
+        constant = {t for t in produced if t not in varying}
+        hyps = hypotheses(single, s_values, produced, p_values, p_shapes,
+                          claim_ids | constant, s_order, s_ops, p_ops)
+        n_hyp = len(hyps)
+        lineages += hyps
+    for lin in lineages:
+        if lin.kind == "claim":
+            lin.position = max(position.get(t, -1) for p in lin.parts for t in p.sum_of)
+    lineages.sort(key=lambda lin: (lin.position, lin.kind != "hypothesis"))
+    timings["lineages"] = time.perf_counter() - t0
+
+    s_roles = _roles(single, lambda t: t)
+    p_roles: dict[str, str] = {}
+    p_shapes: dict[str, tuple] = {}
+    for r, prog in ranks.items():
+        p_roles.update(_roles(prog, lambda t, r=r: rid(r, t)))
+        p_shapes.update({rid(r, t): s for t, s in prog.shapes.items()})
+    s_ids = _used(s_nodes, [i.id for i in single.inputs])
+    p_ids = _used([pn.node for pn in p_nodes],
+                  [rid(r, i.id) for r, p in ranks.items() for i in p.inputs])
+    world = sc.world_size
+    name = _name(sc.path)
+    single_dict = {
+        "format": "tvsmt.execplan", "version": 1, "name": name, "kind": "single",
+        "world": {"dp": 1, "tp": 1, "pp": 1, "mb": 1, "ranks": 1,
+                  "model": {"capture": sc.path}},
+        "tensors": _tensors(s_ids, single.shapes, s_roles),
+        "nodes": [_node_dict(n, 0) for n in s_nodes],
+        "outputs": s_out, "lineages": []}
+    parallel_dict = {
+        "format": "tvsmt.execplan", "version": 1, "name": name, "kind": "parallel",
+        "world": {"dp": 1, "tp": world, "pp": 1, "mb": 1, "ranks": world,
+                  "model": {"capture": sc.path, "layout": "captured ranks (no dp/tp/pp "
+                                                          "layout is assumed)"}},
+        "tensors": _tensors(p_ids, p_shapes, p_roles),
+        "nodes": [_node_dict(pn.node, pn.rank) for pn in p_nodes],
+        "outputs": [],
+        "lineages": [_lineage_dict(lin) for lin in lineages]}
+    return CapturedPair(sc.path, single_dict, parallel_dict, provenance, timings, n_hyp)
+
+
+def _lineage_dict(lin: CapLineage) -> dict:
+    parts = []
+    for p in lin.parts:
+        d: dict[str, Any] = {"slice": [list(r) for r in p.slice], "sum_of": list(p.sum_of)}
+        if p.scale is not None:
+            d["scale"] = list(p.scale)
+        parts.append(d)
+    out: dict[str, Any] = {"single": lin.single, "parts": parts}
+    if lin.hypothesis:
+        out["hypothesis"] = True
+    return out
+
+
+def _name(path: str) -> str:
+    import os
+
+    return "capture_" + os.path.splitext(os.path.basename(path))[0]

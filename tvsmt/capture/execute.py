@@ -1,0 +1,65 @@
+"""Running captured programs on concrete values (torch, CPU), collectives computed across
+ranks: the values that lineage inference and the intermediate hypotheses are matched on.
+
+It runs the converted nodes themselves (the functional form of every in-place op, the comm
+nodes with their group inputs), so what is matched is what the plans say.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tvsmt.capture.program import CapNode, Ref, tensor_slots
+from tvsmt.errors import InputError
+
+
+def _fill(template: Any, tensors: list) -> Any:
+    if isinstance(template, Ref):
+        return tensors[template.k]
+    if isinstance(template, list):
+        return [_fill(x, tensors) for x in template]
+    if isinstance(template, tuple):
+        return tuple(_fill(x, tensors) for x in template)
+    if isinstance(template, dict):
+        return {k: _fill(x, tensors) for k, x in template.items()}
+    return template
+
+
+def _piece(x: torch.Tensor, n: int, idx: int, dim: int) -> torch.Tensor:
+    return torch.chunk(x, n, dim=dim)[idx]
+
+
+def _collective(node: CapNode, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
+    c = node.comm
+    pos = list(c.ranks).index(rank)
+    if c.kind == "all_reduce":
+        total = torch.stack(xs).sum(0)
+        return total / len(xs) if c.reduce == "avg" else total
+    if c.kind == "all_gather":
+        return torch.cat(xs, dim=c.dim)
+    if c.kind == "reduce_scatter":
+        total = torch.stack(xs).sum(0)
+        total = total / len(xs) if c.reduce == "avg" else total
+        return _piece(total, len(xs), pos, c.dim)
+    if c.kind == "broadcast":
+        return xs[list(c.ranks).index(c.src)]
+    raise InputError(f"no concrete semantics for collective {c.kind}")
+
+
+def run(nodes: list[tuple[int, CapNode]], values: dict[str, torch.Tensor]) -> dict:
+    """Execute (rank, node) pairs in order; `values` holds the inputs and receives the rest."""
+    with torch.no_grad():
+        for rank, n in nodes:
+            xs = [None if t is None else values[t] for t in n.inputs]
+            if n.comm is not None:
+                outs = [_collective(n, xs, rank)]
+            else:
+                target, args, kwargs = n.call
+                result = target(*_fill(args, xs), **_fill(kwargs, xs))
+                outs = tensor_slots(result)
+            for t, v in zip(n.outputs, outs):
+                if t is not None and isinstance(v, torch.Tensor):
+                    values[t] = v
+    return values

@@ -1,0 +1,260 @@
+"""Lineages of a captured pair: how each rank's tensors relate to the single device's.
+
+* Inputs (parameters by qualified name, buffers, batch leaves) are assumptions. They come
+  from what the code declares (PARAM_SHARDING, Megatron-style `tensor_model_parallel` /
+  `partition_dim` attributes), else from values: the rank tensor must equal exactly one
+  aligned block of the single tensor on every random draw (at least two). A tensor whose
+  values are degenerate (constant) or that matches several blocks is refused, naming it.
+* Claims: every parameter's gradient after the step, and every returned loss.
+* Hypotheses: intermediate rank tensors that equal a block of a single tensor on the
+  concrete run. They only cut stages (`"hypothesis": true`); tvsmt.capture.driver drops the
+  ones that cannot be proven.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from fractions import Fraction
+
+import torch
+
+from tvsmt.capture.assemble import rid
+from tvsmt.capture.program import InputTensor, Program
+from tvsmt.errors import InputError, StructuralViolation
+
+Slice = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Part:
+    slice: Slice
+    sum_of: tuple[str, ...]
+    scale: tuple[int, int] | None = None
+
+
+@dataclass
+class CapLineage:
+    single: str
+    parts: list[Part]
+    hypothesis: bool
+    position: int  # where its last parallel tensor is produced (verification order)
+    kind: str  # input | claim | hypothesis
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """How one rank's input got its lineage (shown in the report)."""
+
+    tensor: str
+    rank: int
+    slice: Slice
+    how: str
+
+
+def full(shape) -> Slice:
+    return tuple((0, n) for n in shape)
+
+
+def blocks(single_shape, part_shape, dims=None) -> list[Slice]:
+    """Every aligned block of `part_shape` inside `single_shape` (dims: axes allowed to be
+    split; the others must be equal)."""
+    if len(single_shape) != len(part_shape):
+        return []
+    ranges = []
+    for d, (n, m) in enumerate(zip(single_shape, part_shape)):
+        if m == n:
+            ranges.append([(0, n)])
+        elif m and n % m == 0 and (dims is None or d in dims):
+            ranges.append([(k * m, (k + 1) * m) for k in range(n // m)])
+        else:
+            return []
+    return [tuple(c) for c in itertools.product(*ranges)]
+
+
+def _view(t: torch.Tensor, sl: Slice) -> torch.Tensor:
+    return t[tuple(slice(a, b) for a, b in sl)]
+
+
+def _degenerate(t: torch.Tensor) -> bool:
+    return t.numel() > 1 and bool((t == t.reshape(-1)[0]).all())
+
+
+def _declared_slices(script_sharding: dict, name: str, rank: int, shape) -> Slice | None:
+    spec = script_sharding.get(name)
+    if spec is None:
+        return None
+    if spec == "replicate":
+        return full(shape)
+    if callable(spec):
+        got = spec(rank)
+        return full(shape) if got is None else tuple((int(a), int(b)) for a, b in got)
+    raise InputError(f"PARAM_SHARDING[{name!r}] must be 'replicate' or a function of the rank "
+                     f"returning ((start, end), ...) per dimension", tensor=name)
+
+
+def input_lineage(single: InputTensor, rank: int, mine: InputTensor, sharding: dict,
+                  path: str) -> Provenance:
+    """The slice of `single` that rank `rank`'s input `mine` holds, and how it was found."""
+    name = single.name if single.kind != "batch" else single.id
+    declared = _declared_slices(sharding, name, rank, single.shape) if single.kind != "batch" \
+        else None
+    if declared is not None:
+        shape = tuple(b - a for a, b in declared)
+        if shape != mine.shape:
+            raise InputError(f"PARAM_SHARDING gives rank {rank} a {list(shape)} slice but the "
+                             f"rank holds {list(mine.shape)}", file=path, tensor=name)
+        return Provenance(single.id, rank, declared, "declared (PARAM_SHARDING)")
+    dims = None
+    how = f"inferred from values ({len(mine.draws)} random draws)"
+    if isinstance(mine.declared, dict) and "megatron_partition_dim" in mine.declared:
+        dims = {mine.declared["megatron_partition_dim"]}
+        how = (f"Megatron attributes (partition_dim={next(iter(dims))}), block found from "
+               f"values ({len(mine.draws)} draws)")
+    candidates = blocks(single.shape, mine.shape, dims)
+    if not candidates:
+        raise InputError(f"rank {rank} holds a {list(mine.shape)} tensor that is no block of "
+                         f"the single {list(single.shape)} tensor; declare it in "
+                         f"PARAM_SHARDING", file=path, tensor=name)
+    if len(mine.draws) < 2 or len(single.draws) < 2:
+        raise InputError("inference by value needs two random draws", file=path, tensor=name)
+    for s_val, r_val in zip(single.draws, mine.draws):
+        if _degenerate(r_val) or _degenerate(s_val):
+            raise InputError(f"rank {rank}'s values are degenerate (constant), so its slice "
+                             f"cannot be inferred; declare it in PARAM_SHARDING", file=path,
+                             tensor=name)
+    if all(torch.equal(a, b) for a, b in zip(single.draws, single.draws[1:])) and \
+            single.draws[0].numel() > 1 and single.kind != "buffer":
+        raise InputError("both random draws gave the same values (does the script seed the "
+                         "generator itself?); inference by value needs independent draws",
+                         file=path, tensor=name)
+    hits = [sl for sl in candidates
+            if all(torch.equal(_view(s, sl), r) for s, r in zip(single.draws, mine.draws))]
+    if not hits:
+        raise InputError(f"rank {rank}'s tensor equals no block of the single tensor on the "
+                         f"random draws; declare it in PARAM_SHARDING", file=path, tensor=name)
+    if len(hits) > 1:
+        raise InputError(f"rank {rank}'s tensor matches {len(hits)} blocks of the single "
+                         f"tensor (ambiguous); declare it in PARAM_SHARDING", file=path,
+                         tensor=name)
+    return Provenance(single.id, rank, hits[0], how)
+
+
+def input_and_claim_lineages(single: Program, ranks: dict[int, Program], sharding: dict,
+                             path: str) -> tuple[list[CapLineage], list[Provenance]]:
+    """Assumptions for every input of every rank, claims for gradients and losses."""
+    s_inputs = {i.id: i for i in single.inputs}
+    provenance: list[Provenance] = []
+    assumptions: dict[str, list[Part]] = {}
+    claims: dict[str, list[Part]] = {}
+    for r, prog in sorted(ranks.items()):
+        for inp in prog.inputs:
+            s = s_inputs.get(inp.id)
+            if s is None:
+                raise InputError(f"rank {r} has input {inp.name} ({inp.kind}) that the single "
+                                 f"model does not have", file=path, tensor=inp.name)
+            prov = input_lineage(s, r, inp, sharding, path)
+            provenance.append(prov)
+            assumptions.setdefault(s.id, []).append(Part(prov.slice, (rid(r, inp.id),)))
+        by_input = {p.tensor: p.slice for p in provenance if p.rank == r}
+        names = set(single.grads) | set(single.aliases)
+        for name in sorted(names):
+            s_grad = single.grads.get(single.aliases.get(name, name))
+            if s_grad is None:
+                continue
+            own = prog.aliases.get(name, name)
+            if own not in prog.grads:
+                raise InputError(f"rank {r} has no parameter {name}", file=path, tensor=name)
+            r_grad = prog.grads[own]
+            if r_grad is None:
+                raise StructuralViolation(f"rank {r} computes no gradient for {name} (its "
+                                          f".grad is None after train_step)", tensor=name)
+            sl = by_input[f"param.{own}"]
+            part = Part(sl, (rid(r, r_grad),))
+            if part not in claims.setdefault(s_grad, []):
+                claims[s_grad].append(part)
+        if single.loss is not None and prog.loss is not None:
+            claims.setdefault(single.loss, []).append(
+                Part(full(single.shapes[single.loss]), (rid(r, prog.loss),)))
+    out = [CapLineage(t, parts, False, -1, "input") for t, parts in assumptions.items()]
+    out += [CapLineage(t, parts, False, 0, "claim") for t, parts in claims.items()]
+    return out, provenance
+
+
+def _normalised(t: torch.Tensor) -> tuple[bytes, float]:
+    """A scale-free fingerprint of a block: values divided by the largest-magnitude one,
+    rounded (a lookup key only; every hit is checked with allclose)."""
+    flat = t.reshape(-1).double()
+    pivot = float(flat[int(flat.abs().argmax())])
+    if pivot == 0:
+        return b"", 0.0
+    return torch.round(flat / pivot * 1000).to(torch.int32).numpy().tobytes(), pivot
+
+
+def _nice(c: float) -> Fraction | None:
+    """c as a small exact ratio (a loss scale such as the number of replicas), if it is one."""
+    f = Fraction(c).limit_denominator(64)
+    if f == 0 or abs(float(f) - c) > 1e-4 * abs(c) or max(f.numerator, f.denominator) > 64:
+        return None
+    return f
+
+
+def hypotheses(single: Program, s_values: dict, order_ids: list[str], p_values: dict,
+               p_shapes: dict[str, tuple[int, ...]], exclude: set[str],
+               s_order: list[str], s_ops: dict[str, str] | None = None,
+               p_ops: dict[str, str] | None = None) -> list[CapLineage]:
+    """Intermediate rank tensors that equal (up to a small exact factor, such as the loss
+    scale of data-parallel averaging) a block of a single tensor on the concrete run.
+
+    order_ids: the parallel tensors in production order; s_order: the single's; s_ops/p_ops:
+    the op producing each tensor. Only a single tensor made by the same ATen op is taken (a
+    value match across different ops, such as x and 1*x, cuts stages where the two graphs
+    do not correspond). A tensor with constant or non-float values is never hypothesised.
+    """
+    s_ops, p_ops = s_ops or {}, p_ops or {}
+    wanted = []
+    for t in order_ids:
+        v = p_values.get(t)
+        if t not in exclude and isinstance(v, torch.Tensor) and v.is_floating_point() \
+                and not _degenerate(v):
+            wanted.append((t, v))
+    rank_shapes = {tuple(v.shape) for _, v in wanted}
+    index: dict[tuple, list[tuple[str, Slice, float]]] = {}
+    for s in s_order:
+        sv = s_values.get(s)
+        if not (isinstance(sv, torch.Tensor) and sv.is_floating_point()) or _degenerate(sv):
+            continue
+        for shape in rank_shapes:
+            for sl in blocks(tuple(sv.shape), shape):
+                key, pivot = _normalised(_view(sv, sl))
+                if pivot:
+                    index.setdefault((s_ops.get(s), shape, key), []).append((s, sl, pivot))
+    s_pos = {t: i / max(1, len(s_order)) for i, t in enumerate(s_order)}
+    grouped: dict[str, list[tuple[Part, int]]] = {}
+    n = max(1, len(order_ids))
+    position = {t: i for i, t in enumerate(order_ids)}
+    for t, v in wanted:
+        key, pivot = _normalised(v)
+        best = None
+        for s, sl, s_pivot in index.get((p_ops.get(t), tuple(v.shape), key), []):
+            factor = _nice(pivot / s_pivot)
+            if factor is None:
+                continue
+            block = _view(s_values[s], sl)
+            if not torch.allclose(block * float(factor), v, rtol=1e-3,
+                                  atol=1e-5 * (1 + float(v.abs().max()))):
+                continue
+            score = (factor != 1, abs(s_pos[s] - position[t] / n))
+            if best is None or score < best[0]:
+                best = (score, s, sl, factor)
+        if best is not None:
+            _, s, sl, factor = best
+            scale = None if factor == 1 else (
+                (1 / factor).numerator, (1 / factor).denominator)
+            grouped.setdefault(s, []).append((Part(sl, (t,), scale), position[t]))
+    # Only single tensors that every rank holds a piece of: a lineage naming some ranks only
+    # would cut the single graph where the other ranks' graphs are not cut.
+    world = {t.split(":", 1)[0] for t in order_ids}
+    return [CapLineage(s, [p for p, _ in items], True, max(pos for _, pos in items),
+                       "hypothesis") for s, items in grouped.items()
+            if {p.sum_of[0].split(":", 1)[0] for p, _ in items} == world]

@@ -1,0 +1,75 @@
+"""The typed result of tracing: one rank's (or the single device's) program as SSA nodes.
+
+Tensor ids are local to the program (the parallel plan prefixes them with the rank); node
+inputs are tensor ids, and `call` keeps the real call (OpOverload and arguments, with `Ref`
+markers where the tensors go) so that the capture can run the program on concrete values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Ref:
+    """Position `k` in a node's `inputs`, inside a call's argument template."""
+
+    k: int
+
+
+@dataclass(frozen=True)
+class Collective:
+    """A collective call resolved while its group existed (global ranks, group order)."""
+
+    kind: str  # all_reduce | all_gather | reduce_scatter | broadcast
+    ranks: tuple[int, ...]
+    reduce: str | None = None  # sum | avg for reductions
+    src: int | None = None  # global source rank of a broadcast
+    dim: int = 0
+
+
+@dataclass
+class CapNode:
+    id: str
+    op: str  # str(OpOverload) for ATen nodes, the registry's comm op name for collectives
+    inputs: list[str | None]
+    outputs: list[str | None]
+    attrs: dict[str, Any]
+    source: str | None = None
+    call: tuple | None = None  # (OpOverload, args template, kwargs template) of ATen nodes
+    comm: Collective | None = None
+
+
+@dataclass
+class InputTensor:
+    """A graph input: a parameter (qualified name), a buffer, or a leaf of the batch."""
+
+    id: str
+    kind: str  # param | buffer | batch
+    name: str
+    shape: tuple[int, ...]
+    draws: list[Any] = field(default_factory=list)  # concrete values, one per random draw
+    declared: Any = None  # sharding declared by the code (attributes), see lineages.py
+
+
+@dataclass
+class Program:
+    rank: int | None  # None for the single-device program
+    inputs: list[InputTensor]
+    nodes: list[CapNode]
+    shapes: dict[str, tuple[int, ...]]
+    loss: str | None
+    grads: dict[str, str | None]  # parameter qualified name -> gradient tensor id
+    aliases: dict[str, str] = field(default_factory=dict)  # tied name -> name of its tensor
+    objects: dict[str, Any] = field(default_factory=dict)  # model/batch of draw 0 (values)
+
+
+def tensor_slots(value: Any) -> list:
+    """The tensor slots of an op result in schema order (nested lists flattened): tensors or
+    tensor ids, and None for an absent optional tensor; other values are skipped."""
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in tensor_slots(v)]
+    if value is None or isinstance(value, str) or hasattr(value, "shape"):
+        return [value]
+    return []

@@ -1,0 +1,525 @@
+"""Tracing one rank's training step into an ATen graph (make_fx) and converting it to SSA.
+
+The step runs the user's `train_step` with the parameters and buffers swapped for traced
+inputs (torch.nn.utils.stateless), then returns the loss and every parameter's `.grad`, as the
+optimizer would read it after gradient synchronisation. The graph is not functionalized by
+torch (functionalize does not know the c10d in-place collectives and would rename every view):
+in-place ATen ops become their functional overload writing a new SSA version, collectives
+become comm nodes, and a read of a tensor that an in-place op changed through an alias (a
+stale view) is refused rather than guessed.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import re
+import types
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils import _pytree as pytree
+
+from tvsmt.capture.program import CapNode, Collective, InputTensor, Program, Ref, tensor_slots
+from tvsmt.capture.script import CaptureScript
+from tvsmt.capture.world import rank_world
+from tvsmt.errors import InputError
+
+IDENTITY_OPS = {"aten.detach.default", "aten.alias.default", "aten.lift_fresh_copy.default",
+                "_c10d_functional.wait_tensor.default"}
+REDUCE_OPS = {0: "sum", 1: "avg"}  # c10d ReduceOp codes the registry has an op for
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in ')
+SEED = 20261201
+
+
+# ----------------------------------------------------------------------------- the step
+
+
+def _split_built(built, what: str, path: str):
+    if not (isinstance(built, tuple) and len(built) == 2):
+        raise InputError(f"{what} must return (model, batch)", file=path)
+    model, batch = built
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(f"{what}: the model must be a torch.nn.Module", file=path)
+    return model, batch
+
+
+def _batch_leaves(batch, path: str) -> tuple[list[str], list[torch.Tensor], Any]:
+    leaves, spec = pytree.tree_flatten(batch)
+    names = [_leaf_name(p) for p, _ in pytree.tree_flatten_with_path(batch)[0]]
+    for n, t in zip(names, leaves):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"the batch must be tensors (tuple/list/dict of tensors); "
+                             f"{n} is a {type(t).__name__}", file=path)
+    return names, leaves, spec
+
+
+def _leaf_name(keypath) -> str:
+    parts = []
+    for k in keypath:
+        key = getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))
+        parts.append(str(key))
+    return ".".join(["batch"] + parts)
+
+
+def build(script: CaptureScript, rank: int | None, draw: int):
+    """(model, batch) of one rank (None: the single device) for random draw `draw`."""
+    torch.manual_seed(SEED + 7919 * draw)
+    if rank is None:
+        return _split_built(script.build_single(), "build_single", script.path)
+    return _split_built(script.build_rank(rank), f"build_rank({rank})", script.path)
+
+
+def anchor_stack_traces(path: str) -> None:
+    """Make make_fx record stack traces of every function of the user's file, not only of
+    `forward` methods (fx keeps frames named forward or registered as anchors: private API
+    of the pinned torch, exercised by tests/test_capture.py)."""
+    from torch.fx.proxy import _register_stack_trace_anchor
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            code = compile(f.read(), path, "exec")
+    except (OSError, SyntaxError, ValueError):
+        return
+    todo = [code]
+    while todo:
+        c = todo.pop()
+        _register_stack_trace_anchor(types.SimpleNamespace(__code__=c))
+        todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+
+
+def trace_program(script: CaptureScript, rank: int | None, draws: int = 2) -> Program:
+    """Build and trace one rank (rank None: the single device in a world of one rank)."""
+    anchor_stack_traces(script.path)
+    world = 1 if rank is None else script.world_size
+    with rank_world(0 if rank is None else rank, world, script.path):
+        model, batch = build(script, rank, 0)
+        step = script.single_step if rank is None else script.train_step
+        traced = _Tracer(script, rank, model, batch, step)
+        program = traced.run()
+        for k in range(1, draws):
+            m, b = build(script, rank, k)
+            values = traced.input_values(m, b)
+            for inp in program.inputs:
+                inp.draws.append(values[inp.id])
+    return program
+
+
+class _Tracer:
+    def __init__(self, script: CaptureScript, rank, model, batch, step):
+        self.script, self.rank, self.model, self.batch, self.step = script, rank, model, batch, step
+        self.where = "single" if rank is None else f"rank {rank}"
+        self.params = dict(model.named_parameters())  # unique tensors, first name
+        self.buffers = dict(model.named_buffers())
+        self.aliases = {}
+        first = {id(p): n for n, p in self.params.items()}
+        for n, p in model.named_parameters(remove_duplicate=False):
+            if n not in self.params:
+                self.aliases[n] = first[id(p)]
+        self.batch_names, leaves, self.batch_spec = _batch_leaves(batch, script.path)
+
+    def input_values(self, model, batch) -> dict[str, torch.Tensor]:
+        values = {f"param.{n}": p.detach().clone() for n, p in model.named_parameters()}
+        values.update({f"buffer.{n}": b.detach().clone() for n, b in model.named_buffers()})
+        names, leaves, _ = _batch_leaves(batch, self.script.path)
+        if names != self.batch_names:
+            raise InputError(f"{self.where}: the batch has a different structure on the "
+                             f"second random draw", file=self.script.path)
+        values.update({n: t.detach().clone() for n, t in zip(names, leaves)})
+        return values
+
+    def run(self) -> Program:
+        from torch.fx.experimental.proxy_tensor import make_fx
+        from torch.nn.utils.stateless import _reparametrize_module
+
+        pnames, bnames = list(self.params), list(self.buffers)
+        model, step, aliases = self.model, self.step, self.aliases
+
+        def traced(params, buffers, leaves):
+            params = [p.requires_grad_(True) if p.is_floating_point() else p for p in params]
+            mapping = dict(zip(pnames, params)) | dict(zip(bnames, buffers))
+            mapping |= {a: mapping[n] for a, n in aliases.items()}
+            batch = pytree.tree_unflatten(list(leaves), self.batch_spec)
+            with _reparametrize_module(model, mapping, tie_weights=True):
+                loss = step(model, batch)
+            if loss is not None and not isinstance(loss, torch.Tensor):
+                raise InputError(f"train_step must return the loss tensor or None, not "
+                                 f"{type(loss).__name__}", file=self.script.path)
+            return loss, [p.grad for p in params]
+
+        values = self.input_values(self.model, self.batch)
+        ins = ([values[f"param.{n}"] for n in pnames], [values[f"buffer.{n}"] for n in bnames],
+               [values[n] for n in self.batch_names])
+        try:
+            gm = make_fx(traced, tracing_mode="fake", record_stack_traces=True)(*ins)
+        except InputError:
+            raise
+        except Exception as e:  # the user's code failed under tracing
+            raise InputError(f"{self.where}: tracing the training step failed: "
+                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                             file=self.script.path) from None
+        inputs = []
+        for n in pnames:
+            p = self.params[n]
+            inputs.append(InputTensor(f"param.{n}", "param", n, tuple(p.shape),
+                                      [values[f"param.{n}"]], _declared(p)))
+        for n in bnames:
+            inputs.append(InputTensor(f"buffer.{n}", "buffer", n, tuple(self.buffers[n].shape),
+                                      [values[f"buffer.{n}"]]))
+        for n in self.batch_names:
+            inputs.append(InputTensor(n, "batch", n, tuple(values[n].shape), [values[n]]))
+        program = _Converter(gm, self.script.path, self.where, self.rank or 0).convert(
+            inputs, pnames)
+        program.rank = self.rank
+        program.aliases = dict(aliases)
+        return _readable(program)
+
+
+def _declared(p) -> Any:
+    """Sharding the code declares on a parameter (Megatron-style attributes)."""
+    if getattr(p, "tensor_model_parallel", False) and hasattr(p, "partition_dim"):
+        return {"megatron_partition_dim": int(p.partition_dim)}
+    return None
+
+
+# ----------------------------------------------------------------------------- conversion
+
+
+def source_of(node, script_path: str) -> str | None:
+    """file:line of the innermost frame of the user's script in the node's stack trace."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = [(m["file"], int(m["line"])) for m in _FRAME.finditer(trace)]
+    mine = [f for f in frames if os.path.abspath(f[0]) == script_path]
+    if not mine:
+        return None
+    file, line = mine[-1]
+    try:
+        shown = os.path.relpath(file)
+        if shown.startswith(".."):
+            shown = file
+    except ValueError:
+        shown = file
+    return f"{shown}:{line}"
+
+
+def _storage(v) -> int | None:
+    if isinstance(v, torch.Tensor):
+        try:
+            return v.untyped_storage()._cdata
+        except Exception:  # noqa: BLE001 - tensors without storage (never aliased)
+            return None
+    return None
+
+
+def _to_json(v: Any) -> Any:
+    if isinstance(v, Ref):
+        return {"tensor": v.k}
+    if isinstance(v, (list, tuple)):
+        return [_to_json(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _to_json(x) for k, x in v.items()}
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if v == v and v not in (float("inf"), float("-inf")) else str(v)
+    return str(v)
+
+
+class _Converter:
+    """fx graph of one rank -> Program (SSA ids, comm nodes resolved, getitem folded)."""
+
+    def __init__(self, gm, script_path: str, where: str, rank: int):
+        self.gm, self.path, self.where, self.rank = gm, script_path, where, rank
+        self.env: dict[Any, Any] = {}
+        self.version: dict[int, int] = {}  # storage -> current version
+        self.seen_version: dict[Any, tuple[int, int]] = {}  # fx node -> (storage, version)
+        self.nodes: list[CapNode] = []
+        self.shapes: dict[str, tuple[int, ...]] = {}
+
+    def fail(self, node, message: str):
+        src = source_of(node, self.path)
+        at = f" at {src}" if src else ""
+        raise InputError(f"{self.where}{at}: {message}", file=self.path, node=node.name)
+
+    # values ---------------------------------------------------------------------------
+    def define(self, fx_node, value) -> None:
+        self.env[fx_node] = value
+        s = _storage(fx_node.meta.get("val"))
+        if s is not None:
+            self.seen_version[fx_node] = (s, self.version.get(s, 0))
+
+    def mutate(self, fx_tensor_node) -> None:
+        s = _storage(fx_tensor_node.meta.get("val"))
+        if s is not None:
+            self.version[s] = self.version.get(s, 0) + 1
+
+    def read(self, fx_node, user):
+        if fx_node not in self.env:
+            self.fail(user, f"uses {fx_node.name}, which the capture could not convert")
+        seen = self.seen_version.get(fx_node)
+        if seen is not None and self.version.get(seen[0], 0) != seen[1]:
+            self.fail(user, f"reads {fx_node.name} after an in-place operation changed it "
+                            f"through an alias (a view written in place): not supported")
+        return self.env[fx_node]
+
+    # main -----------------------------------------------------------------------------
+    def convert(self, inputs: list[InputTensor], pnames: list[str]) -> Program:
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(inputs):
+            raise InputError(f"{self.where}: traced graph has {len(placeholders)} inputs, "
+                             f"expected {len(inputs)}", file=self.path)
+        for ph, inp in zip(placeholders, inputs):
+            self.define(ph, inp.id)
+            self.shapes[inp.id] = inp.shape
+        out_node = None
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "output":
+                out_node = node
+                break
+            if node.op == "get_attr":
+                self.get_attr(node)
+            elif node.op == "call_function":
+                self.call(node)
+            else:
+                self.fail(node, f"unsupported fx node kind {node.op}")
+        flat = [self.read(x, out_node) if isinstance(x, torch.fx.Node) else x
+                for x in (out_node.args[0] if out_node is not None else [])]
+        loss, grads = pytree.tree_unflatten(flat, self.gm._out_spec)
+        if loss is not None and not isinstance(loss, str):
+            raise InputError(f"{self.where}: the loss is not a tensor of the graph",
+                             file=self.path)
+        if loss is not None and self.shapes.get(loss) is None:
+            raise InputError(f"{self.where}: the loss is not a tensor", file=self.path)
+        grad_ids = dict(zip(pnames, grads))
+        for nm, g in grad_ids.items():
+            if g is not None and not isinstance(g, str):
+                raise InputError(f"{self.where}: the gradient of {nm} is not a tensor",
+                                 file=self.path, tensor=nm)
+        return Program(None, inputs, self.nodes, self.shapes, loss, grad_ids)
+
+    def get_attr(self, node) -> None:
+        obj = getattr(self.gm, node.target)
+        if isinstance(obj, torch.ScriptObject):
+            self.define(node, ("object", obj))
+            return
+        self.fail(node, "the step uses a tensor created outside the traced inputs (a "
+                        "constant or a module attribute that is not a parameter or buffer)")
+
+    def template(self, node, value, inputs: list):
+        """Replace tensor ids in a (nested) argument value by Ref markers."""
+        if isinstance(value, torch.fx.Node):
+            v = self.read(value, node)
+            if isinstance(v, str):
+                inputs.append(v)
+                return Ref(len(inputs) - 1)
+            if isinstance(v, tuple) and v and v[0] == "object":
+                self.fail(node, f"passes a torch.distributed object to {node.target}")
+            return v
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.template(node, x, inputs) for x in value)
+        if isinstance(value, dict):
+            return {k: self.template(node, x, inputs) for k, x in value.items()}
+        return value
+
+    def call(self, node) -> None:
+        target = node.target
+        if target is operator.getitem:
+            base, idx = node.args
+            value = self.read(base, node)
+            try:
+                self.define(node, value[idx])
+            except (TypeError, IndexError, KeyError):
+                self.fail(node, f"cannot index the result of {base.name}")
+            return
+        name = str(target)
+        if name.startswith("c10d.") or name.startswith("_c10d_functional."):
+            return self.collective(node, name)
+        if not isinstance(target, torch._ops.OpOverload) or not name.startswith("aten."):
+            self.fail(node, f"unsupported call {name} (only ATen operators and collectives "
+                            f"are captured)")
+        if name in IDENTITY_OPS:
+            value = self.read(node.args[0], node)
+            self.define(node, value)
+            return
+        schema = target._schema
+        written = [i for i, a in enumerate(schema.arguments)
+                   if a.alias_info is not None and a.alias_info.is_write]
+        if written:
+            target, name = self.functional(node, target, written)
+        inputs: list[str] = []
+        args = self.template(node, node.args, inputs)
+        kwargs = self.template(node, dict(node.kwargs), inputs)
+        val = node.meta.get("val")
+        outs = self.outputs_of(node, val)
+        for w in written:
+            self.mutate(node.args[w])
+        cap = CapNode(node.name, name, inputs, tensor_slots(outs),
+                      {"args": _to_json(args), "kwargs": _to_json(kwargs)},
+                      source_of(node, self.path), call=(target, args, kwargs))
+        self.nodes.append(cap)
+        self.define(node, outs)
+
+    def outputs_of(self, node, val):
+        """SSA ids of a node's tensor outputs (the node's name, or name.i for several)."""
+        if isinstance(val, torch.Tensor):
+            self.shapes[node.name] = tuple(val.shape)
+            return node.name
+        if isinstance(val, (list, tuple)):
+            out = []
+            for i, v in enumerate(val):
+                if isinstance(v, torch.Tensor):
+                    tid = f"{node.name}.{i}"
+                    self.shapes[tid] = tuple(v.shape)
+                    out.append(tid)
+                else:
+                    out.append(v)
+            return type(val)(out) if isinstance(val, tuple) else out
+        if val is None:
+            self.fail(node, f"{node.target}: no traced value (a data-dependent result?)")
+        return val
+
+    def functional(self, node, target, written):
+        """The functional overload of an in-place ATen op (add_ -> add): its output is the new
+        version of the written argument."""
+        if written != [0] or target._schema.name.endswith("_out") or "out" in node.kwargs:
+            self.fail(node, f"{target}: in-place or out= form not supported")
+        packet = target._schema.name.split("::")[-1]
+        base = packet[:-1] if packet.endswith("_") else packet
+        try:
+            functional = getattr(getattr(torch.ops.aten, base), target._overloadname)
+        except AttributeError:
+            self.fail(node, f"{target}: no functional form aten.{base}")
+        return functional, str(functional)
+
+    # collectives ----------------------------------------------------------------------
+    def group_ranks(self, node, arg) -> tuple[int, ...]:
+        try:
+            if isinstance(arg, str):  # functional collectives name the group
+                from torch.distributed.distributed_c10d import _resolve_process_group
+
+                pg = _resolve_process_group(arg)
+            else:
+                kind, obj = self.read(arg, node)
+                pg = dist.ProcessGroup.unbox(obj)
+            return tuple(dist.get_process_group_ranks(pg))
+        except InputError:
+            raise
+        except Exception:  # noqa: BLE001 - a group that cannot be resolved is never guessed
+            self.fail(node, f"{node.target}: cannot resolve the process group")
+
+    def reduce_op(self, node, arg) -> str:
+        if isinstance(arg, str):
+            op = arg.lower()
+        else:
+            _, obj = self.read(arg, node)
+            op = REDUCE_OPS.get(int(obj.op()), f"ReduceOp {int(obj.op())}")
+        if op not in ("sum", "avg"):
+            self.fail(node, f"{node.target}: reduction {op} is not supported (sum, avg)")
+        return op
+
+    def comm_node(self, node, kind: str, src_fx, ranks, *, reduce=None, src=None,
+                  out_id: str) -> str:
+        inp = self.read(src_fx, node)
+        if not isinstance(inp, str):
+            self.fail(node, f"{node.target}: the input is not a tensor")
+        out = out_id
+        op = {"all_reduce": "all_reduce" if reduce == "sum" else "all_reduce_avg",
+              "reduce_scatter": "reduce_scatter" if reduce == "sum" else "reduce_scatter_avg",
+              }.get(kind, kind)
+        attrs: dict[str, Any] = {"ranks": list(ranks)}
+        if kind in ("all_gather", "reduce_scatter"):
+            attrs["dim"] = 0
+        if kind == "reduce_scatter":
+            attrs["idx"] = list(ranks).index(self.rank)
+        if kind == "broadcast":
+            attrs["src"] = src
+        self.nodes.append(CapNode(out, op, [inp], [out], attrs, source_of(node, self.path),
+                                  comm=Collective(kind, tuple(ranks), reduce, src)))
+        return out
+
+    def _shape_for(self, name: str, val) -> None:
+        self.shapes[name] = tuple(val.shape)
+
+    def collective(self, node, name: str) -> None:
+        a = node.args
+        val = node.meta.get("val")
+        if name == "c10d.allreduce_.default":
+            ranks, op = self.group_ranks(node, a[1]), self.reduce_op(node, a[2])
+            outs = []
+            for i, t in enumerate(a[0]):
+                oid = f"{node.name}.{i}"
+                self._shape_for(oid, t.meta["val"])
+                outs.append(self.comm_node(node, "all_reduce", t, ranks, reduce=op, out_id=oid))
+                self.mutate(t)
+            self.define(node, (outs, None))
+        elif name in ("c10d._allgather_base_.default", "c10d._reduce_scatter_base_.default"):
+            out_fx, in_fx = a[0], a[1]
+            ranks = self.group_ranks(node, a[2])
+            kind = "all_gather" if "allgather" in name else "reduce_scatter"
+            op = self.reduce_op(node, a[3]) if kind == "reduce_scatter" else None
+            oid = node.name
+            self._shape_for(oid, out_fx.meta["val"])
+            self.comm_node(node, kind, in_fx, ranks, reduce=op, out_id=oid)
+            self.mutate(out_fx)
+            self.define(node, (oid, None))
+        elif name == "c10d.broadcast_.default":
+            ranks = self.group_ranks(node, a[1])
+            root = ranks[int(a[2])]
+            outs = []
+            for i, t in enumerate(a[0]):
+                oid = f"{node.name}.{i}"
+                self._shape_for(oid, t.meta["val"])
+                outs.append(self.comm_node(node, "broadcast", t, ranks, src=root, out_id=oid))
+                self.mutate(t)
+            self.define(node, (outs, None))
+        elif name == "_c10d_functional.all_reduce.default":
+            ranks, op = self.group_ranks(node, a[2]), self.reduce_op(node, a[1])
+            self._shape_for(node.name, val)
+            self.define(node, self.comm_node(node, "all_reduce", a[0], ranks, reduce=op,
+                                             out_id=node.name))
+        elif name in ("_c10d_functional.all_gather_into_tensor.default",
+                      "_c10d_functional.reduce_scatter_tensor.default"):
+            gather = "all_gather" in name
+            ranks = self.group_ranks(node, a[2] if gather else a[3])
+            op = None if gather else self.reduce_op(node, a[1])
+            self._shape_for(node.name, val)
+            self.define(node, self.comm_node(node, "all_gather" if gather else "reduce_scatter",
+                                             a[0], ranks, reduce=op, out_id=node.name))
+        elif name == "_c10d_functional.broadcast.default":
+            ranks = self.group_ranks(node, a[2])
+            self._shape_for(node.name, val)
+            self.define(node, self.comm_node(node, "broadcast", a[0], ranks,
+                                             src=int(a[1]),
+                                             out_id=node.name))
+        elif name in IDENTITY_OPS:
+            self.define(node, self.read(a[0], node))
+        else:
+            self.fail(node, f"collective {name} is not supported yet")
+
+
+def _readable(program: Program) -> Program:
+    """Name the results after what they are: `loss`, `grad.<parameter>` (reports show them)."""
+    names = {}
+    if program.loss is not None:
+        names[program.loss] = "loss"
+    for n, g in program.grads.items():
+        if g is not None and g not in names:
+            names[g] = f"grad.{n}"
+    taken = {i.id for i in program.inputs}
+    names = {k: v for k, v in names.items() if k not in taken}
+    if not names:
+        return program
+
+    def r(t):
+        return names.get(t, t) if isinstance(t, str) else t
+
+    for node in program.nodes:
+        node.inputs = [r(t) for t in node.inputs]
+        node.outputs = [r(t) for t in node.outputs]
+    program.shapes = {r(t): s for t, s in program.shapes.items()}
+    program.loss = r(program.loss)
+    program.grads = {n: r(g) for n, g in program.grads.items()}
+    return program

@@ -1,0 +1,53 @@
+"""One rank's torch.distributed world, in this process: the "fake" backend over a FakeStore.
+
+Collectives on the fake backend compute nothing; they only let the user's code run and be
+traced. Between ranks the process group is destroyed and made again, so groups the script
+creates (dist.new_group, device meshes) are made afresh for every rank.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+
+import torch.distributed as dist
+
+from tvsmt.errors import InputError
+
+
+def _fake_store():
+    # Private test utility of torch (pinned 2.13.0): tests/test_capture.py exercises it.
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    return FakeStore()
+
+
+def _reset_framework_singletons() -> None:
+    """Framework state that outlives a process group and would leak between ranks.
+
+    Reset here: torch's own group registry (by destroy_process_group) and Megatron-Core's
+    parallel state when it is imported. Anything else a script keeps globally, it must reset
+    itself in build_rank.
+    """
+    ps = sys.modules.get("megatron.core.parallel_state")
+    if ps is not None and hasattr(ps, "destroy_model_parallel"):
+        ps.destroy_model_parallel()
+
+
+@contextmanager
+def rank_world(rank: int, world_size: int, script: str = "<script>"):
+    """torch.distributed initialised as rank `rank` of `world_size`, torn down afterwards."""
+    if dist.is_initialized():
+        raise InputError("torch.distributed is already initialised in this process; "
+                         "tvsmt makes one world per rank itself", file=script)
+    # init_process_group wraps sys.excepthook with a "[rank<r>]:" prefix, once per call;
+    # the process is not a rank once the capture is done
+    hook = sys.excepthook
+    dist.init_process_group("fake", store=_fake_store(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        _reset_framework_singletons()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        sys.excepthook = hook
