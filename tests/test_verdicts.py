@@ -136,3 +136,35 @@ def test_evaluation_points_satisfy_the_stage_assumptions():
         ev = FloatEvaluator(env)
         assert all(ev.walk(c) for c in f.constraints)
         assert evaluate_at_random(f).points == 2
+
+
+def _with_hypothesis(parallel: dict, wrong: bool) -> dict:
+    """The parallel MLP with an inferred lineage of `hs` on rank 0 (a hypothesis): the right
+    slice, or rows it does not hold."""
+    from handmade import B, H
+
+    par = json.loads(json.dumps(parallel))
+    b, h = B // 2, H // 2
+    rows = (b, 2 * b) if wrong else (0, b)
+    idx = next(i for i, lin in enumerate(par["lineages"]) if lin["single"] == "hs")
+    par["lineages"].insert(idx, {"single": "hs", "hypothesis": True, "parts": [
+        {"slice": [list(rows), [0, h]], "sum_of": ["hs@0"]}]})
+    return par
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_a_wrong_hypothesis_never_changes_the_verdict_of_verify(tmp_path, wrong):
+    """`tvsmt verify` on a pair carrying hypotheses runs the hypothesis driver: a wrong one is
+    dropped (the pair stays equivalent), and it never hides a real bug."""
+    good = _write(tmp_path, single_mlp(), _with_hypothesis(parallel_mlp(), wrong))
+    out = tmp_path / "good.json"
+    r = run("verify", *good, "--no-corpus", "--report", out)
+    assert r.exit_code == 0, r.output
+    notes = json.loads(out.read_text())["notes"]
+    # a wrong hypothesis fails its own stage; a right one here is dropped too, because the
+    # claim of the whole `hs` cut at it cannot be derived (the stages merge instead)
+    assert any(n.startswith("hypotheses: 1 proposed, 1 dropped") for n in notes), notes
+    (tmp_path / "bad").mkdir()
+    bad = _write(tmp_path / "bad", single_mlp(),
+                 _with_hypothesis(parallel_mlp(wrong_const_rank=0), wrong))
+    assert run("verify", *bad, "--no-corpus").exit_code == 1

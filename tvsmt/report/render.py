@@ -102,7 +102,6 @@ def render(report: Report, console: Console | None = None, max_failures: int = 1
         say(f"\n... {len(report.failures) - max_failures} more failures in the JSON report")
 
 
-
 def _source_lines(nodes, limit: int = 3) -> list[str]:
     """The producer's code lines of a failure's nodes (plan key "source", set by the PyTorch
     capture), nearest the failing tensor first, with the text of the line when readable."""
