@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COPIED = ("tvsmt", "tests", "pyproject.toml")
+COPIED = ("tvsmt", "tests", "examples", "pyproject.toml")
 
 
 @dataclass(frozen=True)
@@ -183,6 +183,21 @@ MUTATIONS: tuple[Mutation, ...] = (
                "        return None\n"),),
         ("tests/test_verdicts.py::test_a_lying_solver_cannot_pass_a_buggy_plan",
          f"{T_ORCH}::test_a_lying_solver_never_makes_a_buggy_plan_pass"), fast=True),
+    Mutation(
+        "hypotheses-trusted",
+        "inferred lineages are trusted: a failing hypothesis is ignored instead of dropped",
+        "inferred lineages",
+        (Patch("tvsmt/capture/driver.py",
+               "        bad = hypotheses_to_drop(single, parallel, report)\n"
+               "        if not bad:\n",
+               "        bad = hypotheses_to_drop(single, parallel, report)\n"
+               "        if bad:\n"
+               "            from tvsmt.policy import decide\n"
+               "            decide(report, [f for f in report.failures if f.lineage not in bad])\n"
+               "            bad = set()\n"
+               "        if not bad:\n"),),
+        ("tests/test_capture.py::test_a_wrong_hypothesis_never_turns_into_a_pass",),
+        fast=True),
     Mutation(
         "cache-previous-hash",
         "a cached verdict is looked up under the stage's previous obligation hash",
