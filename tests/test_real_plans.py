@@ -22,6 +22,13 @@ from tvsmt.report.report import EXIT_CODES, EXIT_INPUT_ERROR
 
 README = SHARED_PLANS / "README.md"
 SLOW_NODES = 10_000  # parallel nodes above which a pair is marked slow
+# Pairs too slow for the suite's 15-minute budget on 2 cores: checked by scripts/bench_real.py
+# (which prints every pair's verdict against the README), and here with TVSMT_SLOW=1.
+BENCHMARK_ONLY = {
+    "moe-ly2-dp16pp2tp4mb16": "327k nodes: 226 of its 256 units are not copies of the "
+                              "representative (folding keeps almost all), about 14 minutes "
+                              "unfolded; run with TVSMT_SLOW=1 or scripts/bench_real.py",
+}
 
 _ROW = re.compile(r"^\|\s*`(?P<folder>[^`]+)`\s*\|(?P<cells>.*)\|\s*$")
 
@@ -62,10 +69,15 @@ ROWS = readme_rows()
 def _params():
     if not ROWS:  # no README: one test that skips, or fails in CI, with the reason
         return [pytest.param(None, None, id="no-fixtures")]
-    return [pytest.param(folder, verdict,
-                         marks=[pytest.mark.fixtures]
-                         + ([pytest.mark.slow] if nodes > SLOW_NODES else []),
-                         id=folder)
+    import os
+
+    def marks(folder, nodes):
+        out = [pytest.mark.fixtures] + ([pytest.mark.slow] if nodes > SLOW_NODES else [])
+        if folder in BENCHMARK_ONLY and not os.environ.get("TVSMT_SLOW"):
+            out.append(pytest.mark.skip(reason=BENCHMARK_ONLY[folder]))
+        return out
+
+    return [pytest.param(folder, verdict, marks=marks(folder, nodes), id=folder)
             for folder, verdict, nodes in ROWS]
 
 
