@@ -121,7 +121,11 @@ def _place(parallel: dict, bug: str) -> tuple[dict, dict]:
     return found[0]
 
 
-@pytest.mark.parametrize("bug", sorted(MUTATIONS))
+# the Llama3 plan's catalogue (the MoE bugs need MoE layers: tests/test_moe.py folds those)
+LLAMA_BUGS = sorted(b for b, m in MUTATIONS.items() if m.category != "mixture of experts")
+
+
+@pytest.mark.parametrize("bug", LLAMA_BUGS)
 def test_bug_in_a_folded_away_unit_is_caught(pair, single, bug):
     broken, record = _dropped_placement(pair[1], bug)
     report = _verify(single, broken)
