@@ -76,10 +76,29 @@ def _linear(term, coef: Fraction, out: dict) -> None:
         raise NotLinear()
 
 
-def _point(formula: StageFormula, rng: random.Random) -> dict[str, float] | None:
-    """Random values for the stage's input symbols that satisfy its assumptions."""
+def _has_selection(formula: StageFormula) -> bool:
+    """Does a compared term select by value (an if-then-else, e.g. [idx == e] in MoE
+    routing or a token-id range)? Random reals never hit such a case's branch points."""
+    stack = [t for c in formula.comparisons for t in (c.lhs, c.rhs)]
+    seen: set = set()
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t.is_ite():
+            return True
+        stack.extend(t.args())
+    return False
+
+
+def _point(formula: StageFormula, rng: random.Random,
+           ints: int | None = None) -> dict[str, float] | None:
+    """Random values for the stage's input symbols that satisfy its assumptions (small
+    integers below `ints` instead of reals in (0.5, 1.5) when given)."""
     names = sorted(formula.inputs)
-    env = {n: rng.uniform(0.5, 1.5) for n in names}
+    env = {n: (rng.uniform(0.5, 1.5) if ints is None else float(rng.randrange(ints)))
+           for n in names}
     if not formula.constraints:
         return env
     rows = []
@@ -116,10 +135,17 @@ def evaluate_at_random(formula: StageFormula, points: int = 2, seed: int = 0) ->
     ev_out = Evaluation()
     if not formula.comparisons:
         return ev_out
-    rng = random.Random(seed)
-    for _ in range(points):
+    # Where the stage selects by value, more real points and then small integers: a random
+    # real never equals an expert index or a token id.
+    ints: list[int | None] = [None] * points
+    if _has_selection(formula):
+        ints = [None] * max(points, 4) + [4, 16, 64]
+    for k, bound in enumerate(ints):
+        if k >= points and ev_out.counterexample is not None:
+            break
+        rng = random.Random(seed + k)
         try:
-            env = _point(formula, rng)
+            env = _point(formula, rng, bound)
         except NotLinear:
             ev_out.note = "assumptions are not linear"
             return ev_out
