@@ -16,7 +16,6 @@ import dataclasses
 import gzip
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,16 +122,9 @@ def check(script, opts=None) -> CaptureReport:
 
 
 def _write_atomic(path: str, data: bytes) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".capture-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from tvsmt.solving.corpus import atomic_write  # the project's one atomic write
+
+    atomic_write(path, data, fsync=True)
 
 
 def write_pair(pair: CapturedPair, out_dir: str) -> tuple[str, str]:
