@@ -12,6 +12,7 @@ import json
 import os
 from typing import Any, Sequence
 
+from tvsmt.atomic import atomic_file
 from tvsmt.plan import load_plan
 
 from tvsmt.plan.reader import FORMAT, VERSION  # the format has one home: the reader
@@ -87,25 +88,13 @@ def write_plan(path: str | os.PathLike, plan: dict[str, Any]) -> str:
         from tvsmt.plan.stream import write_stream
 
         return write_stream(path, plan)
-    folder, base = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{base}.partial-{os.getpid()}")
     text = json.dumps(plan, separators=(",", ":"), allow_nan=False).encode()
-    try:
-        with open(tmp, "wb") as raw:
-            if path.endswith(".gz"):
-                with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as f:
-                    f.write(text)
-            else:
-                raw.write(text)
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_file(path) as raw:
+        if path.endswith(".gz"):
+            with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as f:
+                f.write(text)
+        else:
+            raw.write(text)
     return path
 
 

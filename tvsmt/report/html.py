@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import shutil
 from typing import Any
 
@@ -272,13 +271,10 @@ def render_html(report: Report, max_failures: int = 20) -> str:
 def write_html(report: Report, path: str) -> None:
     """Write the HTML report atomically (a killed run leaves no half-written file)."""
     from tvsmt.errors import InputError
-    from tvsmt.solving.corpus import atomic_write
+    from tvsmt.atomic import atomic_write
 
     try:
-        atomic_write(path, render_html(report).encode("utf-8"))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(path, 0o666 & ~umask)  # a report to share, not a private temporary file
+        atomic_write(path, render_html(report).encode("utf-8"))  # shareable: umask's mode
     except OSError as e:
         raise InputError(f"cannot write the HTML report: {e.strerror}", file=path) from None
 

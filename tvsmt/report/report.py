@@ -87,15 +87,10 @@ class Report:
         return json.dumps(self.to_dict(), indent=2, default=str)
 
     def save(self, path: str) -> None:
-        import os
-        import tempfile
+        from tvsmt.atomic import atomic_write
 
-        folder = os.path.dirname(os.path.abspath(path))
         try:
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".report-", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                f.write(self.to_json())
-            os.replace(tmp, path)
+            atomic_write(path, self.to_json().encode("utf-8"))
         except OSError as e:
             raise PlanError(f"cannot write the report: {e.strerror}", file=path) from None
 

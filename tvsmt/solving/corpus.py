@@ -35,13 +35,13 @@ import json
 import os
 import re
 import secrets
-import tempfile
 import time
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from tvsmt.atomic import atomic_write as _atomic_write
 from tvsmt.errors import PlanError
 from tvsmt.solving.types import ERROR, SAT, TIMEOUT, UNKNOWN, UNSAT, Obligation, SolverResult
 
@@ -206,22 +206,11 @@ def _parse_manifest(path: Path) -> tuple[dict, dict]:
 
 
 def atomic_write(path: str | os.PathLike, data: bytes, *, fsync: bool = False) -> None:
-    """Write `data` to `path` via a temporary file in the same directory and `os.replace`."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + path.name + ".", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            if fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """The project's atomic write (tvsmt/atomic.py) with the corpus's temporary-file prefix,
+    which `Corpus` sweeps on open; corpus files stay private to their owner (0600, as the
+    seal key must)."""
+    _atomic_write(path, data, prefix=TMP_PREFIX + Path(path).name + ".", fsync=fsync,
+                  private=True)
 
 
 @dataclass
