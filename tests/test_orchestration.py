@@ -277,3 +277,20 @@ def test_more_input_errors_are_one_line_exit_2(tmp_path, mlp_pair):
     assert r.exit_code == 2 and "no such file" in r.output
     r = run("plan", "generate", "--model", "llama3", "--tp", "3", "-o", tmp_path / "g")
     assert r.exit_code == 2 and "Traceback" not in r.output
+
+
+def test_replay_names_a_verdict_changed_outside_tvsmt(tmp_path, mlp_pair):
+    """A hand-edited verdict in the manifest (status kept, so the statuses still agree) is
+    listed as unsealed and replay fails: the corpus can no longer be trusted."""
+    corpus = tmp_path / "corpus"
+    assert run("verify", *mlp_pair, "--corpus", corpus).exit_code == 0
+    assert run("replay", corpus).exit_code == 0
+    path = corpus / "manifest.json"
+    manifest = json.loads(path.read_text())
+    digest, per_solver = next(iter(manifest["verdicts"].items()))
+    per_solver["z3"]["seconds"] = 0.001  # any change outside tvsmt breaks the seal
+    path.write_text(json.dumps(manifest))
+    r = run("replay", corpus)
+    assert r.exit_code == 1, r.output
+    assert f"UNSEALED {digest[:16]}" in r.output and "z3" in r.output
+    assert "0 differ" in r.output

@@ -299,12 +299,16 @@ def replay(corpus, jobs, timeout, solver, backend, scheduler):
                      scheduler=scheduler)
     click.echo(f"{rep.total} obligations re-solved with {rep.solver} {rep.version}: "
                f"{rep.agree} agree, {len(rep.differences)} differ, {len(rep.unrecorded)} "
-               f"had no recorded verdict, {len(rep.file_problems)} damaged files "
-               f"({rep.seconds:.2f}s)")
+               f"had no recorded verdict, {len(rep.file_problems)} damaged files, "
+               f"{len(rep.unsealed)} verdicts changed outside tvsmt ({rep.seconds:.2f}s)")
     for d in rep.differences:
         click.echo(f"DIFFERENT {plain(d)}")
     for fp in rep.file_problems:
         click.echo(f"DAMAGED {plain(fp)}")
+    for entry in rep.unsealed:
+        digest, solver = entry.split(" ", 1)
+        click.echo(f"UNSEALED {digest[:16]}...: the verdict of {plain(solver)} was changed "
+                   "outside tvsmt (its seal does not match)")
     sys.exit(0 if rep.ok else 1)
 
 

@@ -43,14 +43,17 @@ class ReplayReport:
     agree: int = 0                                   # ... whose status matches every record
     differences: list[ReplayDiff] = field(default_factory=list)
     unrecorded: list[str] = field(default_factory=list)  # digests with nothing to compare to
+    unsealed: list[str] = field(default_factory=list)  # "digest solver": seal does not match
     file_problems: list[FileProblem] = field(default_factory=list)  # not re-solved
     results: dict[str, SolverResult] = field(default_factory=dict)  # digest -> new result
     seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
-        """Nothing differs and every file is intact."""
-        return not self.differences and not self.file_problems
+        """Nothing differs, every file is intact and every recorded verdict is tvsmt's own
+        (a verdict whose seal does not match was changed outside tvsmt: the corpus is
+        damaged even when the status happens to agree)."""
+        return not self.differences and not self.file_problems and not self.unsealed
 
     @property
     def hash_mismatches(self) -> list[FileProblem]:
@@ -63,7 +66,8 @@ def replay(corpus_dir: str | os.PathLike, solver: str = "z3", jobs: int | None =
     """Re-solve every intact obligation of the corpus with `solver` and compare statuses.
 
     Each result is compared with the verdict recorded by the same solver name if there is
-    one, else with every recorded sat/unsat verdict of other solvers (a cross-check).
+    one, else with every recorded sat/unsat verdict of other solvers (a cross-check). Every
+    compared verdict's seal is checked: one changed outside tvsmt is listed in `unsealed`.
     """
     t0 = time.monotonic()
     corpus = Corpus(corpus_dir, create=False)
@@ -88,6 +92,8 @@ def replay(corpus_dir: str | os.PathLike, solver: str = "z3", jobs: int | None =
             continue
         same = True
         for name, entry in sorted(compare.items()):
+            if corpus.refusal(ob.digest, name) == "changed outside tvsmt":
+                report.unsealed.append(f"{ob.digest} {name}")
             if entry["status"] != res.status:
                 same = False
                 report.differences.append(ReplayDiff(
