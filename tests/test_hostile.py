@@ -206,6 +206,13 @@ def test_file_names_in_errors_stay_on_one_line_and_literal(tmp_path, name):
     assert ("no\\nsuch\\x1b[31m.json" in line) if "\n" in name else ("[/]missing.json" in line)
 
 
+def test_plan_generate_prints_its_output_folder_escaped(tmp_path):
+    out = tmp_path / "a\x1b[2Jb"
+    r = run("plan", "generate", "--layers", "1", "-o", out)
+    assert r.exit_code == 0, r.output
+    assert "\x1b" not in r.output and "a\\x1b[2Jb" in r.output
+
+
 def test_ids_in_input_errors_stay_on_one_line(tmp_path):
     parallel = parallel_mlp(dp=1, tp=2)
     parallel["nodes"][0]["op"] = "no_such_op"

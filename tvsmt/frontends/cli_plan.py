@@ -13,6 +13,8 @@ import shutil
 
 import click
 
+from tvsmt.textsafe import plain
+
 
 class PlanInputError(click.ClickException):
     """Bad input to a `plan` command: one line on stderr, exit code 2 (as for `verify`)."""
@@ -74,8 +76,8 @@ def generate(model, layers, hidden, heads, ffn, vocab, seq, batch, dp, tp, pp, m
         raise PlanInputError(str(e)) from None
     except OSError as e:
         raise PlanInputError(f"cannot write {out_dir}: {e}") from None
-    click.echo(f"{s_path}: {len(single['nodes'])} nodes")
-    click.echo(f"{p_path}: {len(parallel['nodes'])} nodes on {parallel['world']['ranks']} ranks, "
+    click.echo(f"{plain(s_path)}: {len(single['nodes'])} nodes")
+    click.echo(f"{plain(p_path)}: {len(parallel['nodes'])} nodes on {parallel['world']['ranks']} ranks, "
                f"{len(parallel['lineages'])} lineages")
 
 
@@ -95,8 +97,8 @@ def _generate_streamed(layers, hidden, heads, ffn, vocab, seq, dp, tp, pp, mb, o
         raise PlanInputError(str(e)) from None
     except OSError as e:
         raise PlanInputError(f"cannot write {out_dir}: {e}") from None
-    click.echo(f"{s_path}: {len(source.single.nodes)} nodes")
-    click.echo(f"{p_path}: {source.header.world.get('ranks')} ranks, "
+    click.echo(f"{plain(s_path)}: {len(source.single.nodes)} nodes")
+    click.echo(f"{plain(p_path)}: {source.header.world.get('ranks')} ranks, "
                f"{len(source.header.lineages)} lineages, written unit by unit")
 
 
@@ -142,8 +144,8 @@ def mutate(in_dir, name, seed, where, out_dir):
             json.dump(record, f, indent=2)
     except OSError as e:
         raise PlanInputError(f"cannot write {out_dir}: {e}") from None
-    click.echo(f"{name}: changed {', '.join(record['nodes'])}")
-    click.echo(f"written to {out_dir} (record in {RECORD})")
+    click.echo(f"{plain(name)}: changed {plain(', '.join(record['nodes']))}")
+    click.echo(f"written to {plain(out_dir)} (record in {RECORD})")
 
 
 @plan.command()
