@@ -206,6 +206,13 @@ def test_file_names_in_errors_stay_on_one_line_and_literal(tmp_path, name):
     assert ("no\\nsuch\\x1b[31m.json" in line) if "\n" in name else ("[/]missing.json" in line)
 
 
+@pytest.mark.parametrize("args", [["verify", "--no-such-option"], ["verify"], ["nosuch"],
+                                  ["plan", "generate", "--layers", "x"], ["check", "--bogus", "s.py"]])
+def test_click_usage_errors_are_one_line_exit_2(args):
+    line = one_line_error(run(*args))
+    assert line.startswith("tvsmt: usage: ") and "--help" in line
+
+
 def test_plan_generate_prints_its_output_folder_escaped(tmp_path):
     out = tmp_path / "a\x1b[2Jb"
     r = run("plan", "generate", "--layers", "1", "-o", out)

@@ -30,6 +30,9 @@ Exit codes (every command):
 """
 
 
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 class Cli(click.Group):
     """Turns every error into one line on stderr and its exit code (see EXIT_CODES_HELP),
     never a traceback. Ids and file names in messages are escaped (tvsmt/textsafe.py).
@@ -41,7 +44,18 @@ class Cli(click.Group):
         from tvsmt.solving.lifeline import activate
 
         with activate(program=args is None):
-            return super().main(args, *a, **kw)
+            try:
+                return super().main(args, *a, **dict(kw, standalone_mode=False))
+            except _NO_ARGS_IS_HELP as e:  # `tvsmt` alone: the help, as click shows it
+                e.show()
+                sys.exit(e.exit_code)
+            except click.UsageError as e:  # one line, as every other input error
+                where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+                _fail(f"usage: {e.format_message()}{where}", EXIT_INPUT_ERROR)
+            except click.ClickException as e:
+                _fail(f"error: {e.format_message()}", e.exit_code)
+            except click.Abort:
+                _fail("aborted", EXIT_INPUT_ERROR)
 
     def invoke(self, ctx):
         try:
