@@ -161,7 +161,9 @@ def _layer_norm_bw(be, ctx, g, x, normalized_shape, mean, rstd, weight, bias, ou
 
 def _layer_norm_bw_rule(c, outs, g, x, normalized_shape, mean, rstd, weight, bias, output_mask):
     same_dims(c, g, x)
-    _layer_norm_rule(c, [outs[0], mean, rstd], x, normalized_shape, weight, bias)
+    # grad_input is absent (null) when the input needs no gradient: g has its shape
+    y = outs[0] if outs and outs[0] is not None else g
+    _layer_norm_rule(c, [y, mean, rstd], x, normalized_shape, weight, bias)
     for p, gp in ((weight, outs[1] if len(outs) > 1 else None),
                   (bias, outs[2] if len(outs) > 2 else None)):
         if p is not None and gp is not None:
