@@ -78,3 +78,32 @@ def test_sequence_parallel_is_equivalent(monkeypatch):
 def test_sequence_parallel_missing_norm_grad_allreduce_is_a_violation(monkeypatch):
     _violation_at(SP, "no-norm-grad-allreduce", "h = self.norm(x)", monkeypatch,
                   tensor="grad.norm.weight")
+
+
+# ----------------------------------------------------------------------------- vocab parallel
+
+VP = os.path.join(EXAMPLES, "vocab_parallel.py")
+
+
+def test_vocab_parallel_is_equivalent(monkeypatch):
+    _clean(monkeypatch)
+    pair = capture(VP)
+    nodes = pair.parallel["nodes"]
+    maxes = [n for n in nodes if n["op"] == "all_reduce_max"]
+    assert len(maxes) == 2 and all(len(n["inputs"]) == 2 for n in maxes)
+    # token ids and masks keep their dtype in the references (index/index_put read it)
+    refs = [a for n in nodes if n["op"] == "aten.index_put.default"
+            for a in n["attrs"]["args"][1]]
+    assert {r.get("dtype") for r in refs} >= {"torch.bool", "torch.int64"}
+    # the lifted 0-d constants of `x[mask] = 0` are `full` nodes
+    assert any(n["op"] == "aten.full.default" for n in nodes)
+    report = check_pair(pair, PROVE)
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+    ids = {(i["tensor"], i["rank"]): i["slice"] for i in report.inputs}
+    assert ids[("batch.0", 1)] == [[0, 4]]  # token ids replicated
+    assert ids[("param.embed.weight", 1)] == [[4, 8], [0, 4]]  # the second vocabulary range
+
+
+def test_vocab_parallel_local_max_is_a_violation(monkeypatch):
+    _violation_at(VP, "local-max", "logits_max = torch.max(logits, dim=-1)[0]", monkeypatch,
+                  tensor="loss")

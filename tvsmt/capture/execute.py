@@ -34,6 +34,8 @@ def _piece(x: torch.Tensor, n: int, idx: int, dim: int) -> torch.Tensor:
 def _collective(node: CapNode, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
     c = node.comm
     pos = list(c.ranks).index(rank)
+    if c.kind == "all_reduce" and c.reduce == "max":
+        return torch.stack(xs).amax(0)
     if c.kind == "all_reduce":
         total = torch.stack(xs).sum(0)
         return total / len(xs) if c.reduce == "avg" else total

@@ -13,9 +13,11 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Ref:
-    """Position `k` in a node's `inputs`, inside a call's argument template."""
+    """Position `k` in a node's `inputs`, inside a call's argument template; `dtype` names
+    the dtype of a tensor that is not floating point (written into the plan's reference)."""
 
     k: int
+    dtype: str | None = None
 
 
 @dataclass(frozen=True)

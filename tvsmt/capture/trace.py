@@ -28,7 +28,12 @@ from tvsmt.errors import InputError
 
 IDENTITY_OPS = {"aten.detach.default", "aten.alias.default", "aten.lift_fresh_copy.default",
                 "_c10d_functional.wait_tensor.default"}
-REDUCE_OPS = {0: "sum", 1: "avg"}  # c10d ReduceOp codes the registry has an op for
+REDUCE_OPS = {0: "sum", 1: "avg", 4: "max"}  # c10d ReduceOp codes the registry has an op for
+# the registry's op per (collective, reduction); a pair not listed is refused
+REDUCED_COMM = {("all_reduce", "sum"): "all_reduce", ("all_reduce", "avg"): "all_reduce_avg",
+                ("all_reduce", "max"): "all_reduce_max",
+                ("reduce_scatter", "sum"): "reduce_scatter",
+                ("reduce_scatter", "avg"): "reduce_scatter_avg"}
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in ')
 SEED = 20261201
 
@@ -212,9 +217,18 @@ def _storage(v) -> int | None:
     return None
 
 
+def _dtype_of(fx_node) -> str | None:
+    """The dtype of a non-floating tensor ("torch.int64", "torch.bool"): ATen entries such as
+    index and index_put read it (a bool mask and 0/1 indices mean different things)."""
+    val = fx_node.meta.get("val")
+    if isinstance(val, torch.Tensor) and not val.is_floating_point():
+        return str(val.dtype)
+    return None
+
+
 def _to_json(v: Any) -> Any:
     if isinstance(v, Ref):
-        return {"tensor": v.k}
+        return {"tensor": v.k} if v.dtype is None else {"tensor": v.k, "dtype": v.dtype}
     if isinstance(v, (list, tuple)):
         return [_to_json(x) for x in v]
     if isinstance(v, dict):
@@ -305,8 +319,26 @@ class _Converter:
         if isinstance(obj, torch.ScriptObject):
             self.define(node, ("object", obj))
             return
+        if isinstance(obj, torch.Tensor) and obj.numel() >= 1 and not obj.is_complex() and \
+                bool((obj == obj.reshape(-1)[0]).all()):
+            return self.constant(node, obj)
         self.fail(node, "the step uses a tensor created outside the traced inputs (a "
                         "constant or a module attribute that is not a parameter or buffer)")
+
+    def constant(self, node, obj: torch.Tensor) -> None:
+        """A constant tensor of one repeated value that tracing lifted out of the code (the
+        0-d value of `x[mask] = 0`): the `full` of that value, so nothing is hidden."""
+        value = obj.reshape(-1)[0].item()
+        shape = list(obj.shape)
+        kwargs = {"dtype": obj.dtype}
+        self.shapes[node.name] = tuple(shape)
+        target = torch.ops.aten.full.default
+        self.nodes.append(CapNode(node.name, str(target), [], [node.name],
+                                  {"args": _to_json([shape, value]),
+                                   "kwargs": _to_json(kwargs)},
+                                  source_of(node, self.path),
+                                  call=(target, (shape, value), kwargs)))
+        self.define(node, node.name)
 
     def template(self, node, value, inputs: list):
         """Replace tensor ids in a (nested) argument value by Ref markers."""
@@ -314,7 +346,7 @@ class _Converter:
             v = self.read(value, node)
             if isinstance(v, str):
                 inputs.append(v)
-                return Ref(len(inputs) - 1)
+                return Ref(len(inputs) - 1, _dtype_of(value))
             if isinstance(v, tuple) and v and v[0] == "object":
                 self.fail(node, f"passes a torch.distributed object to {node.target}")
             return v
@@ -416,8 +448,8 @@ class _Converter:
         else:
             _, obj = self.read(arg, node)
             op = REDUCE_OPS.get(int(obj.op()), f"ReduceOp {int(obj.op())}")
-        if op not in ("sum", "avg"):
-            self.fail(node, f"{node.target}: reduction {op} is not supported (sum, avg)")
+        if op not in ("sum", "avg", "max"):
+            self.fail(node, f"{node.target}: reduction {op} is not supported (sum, avg, max)")
         return op
 
     def comm_node(self, node, kind: str, src_fx, ranks, *, reduce=None, src=None,
@@ -426,9 +458,12 @@ class _Converter:
         if not isinstance(inp, str):
             self.fail(node, f"{node.target}: the input is not a tensor")
         out = out_id
-        op = {"all_reduce": "all_reduce" if reduce == "sum" else "all_reduce_avg",
-              "reduce_scatter": "reduce_scatter" if reduce == "sum" else "reduce_scatter_avg",
-              }.get(kind, kind)
+        op = kind
+        if kind in ("all_reduce", "reduce_scatter"):
+            op = REDUCED_COMM.get((kind, reduce))
+            if op is None:
+                self.fail(node, f"{node.target}: {kind} with reduction {reduce} is not "
+                                f"supported")
         attrs: dict[str, Any] = {"ranks": list(ranks)}
         if kind in ("all_gather", "reduce_scatter"):
             attrs["dim"] = 0

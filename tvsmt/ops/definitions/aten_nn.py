@@ -372,12 +372,13 @@ def _index_put(be, ctx, x: TensorRef, indices, values: TensorRef, accumulate=Fal
     else:
         for p in itertools.product(*(range(n) for n in shape)):
             for combo in itertools.product(*(range(xv.shape[d]) for d in dims)):
-                # position combo of xt gets v[p] where every index at p names it
-                cell = xt[combo]
+                # position combo of xt gets v[p] where every index at p names it (the
+                # Ellipsis keeps a 0-d array when every dim is indexed)
+                cell = xt[combo + (Ellipsis,)]
                 hit = np.array(np.broadcast_to(cell + v[p] if accumulate else v[p], cell.shape))
                 for a, r in reversed(list(zip(arrays, combo))):
                     hit = be.select_eq(np.full(cell.shape, a[p], dtype=a.dtype), r, hit, cell)
-                xt[combo] = hit
+                xt[combo + (Ellipsis,)] = hit
     return np.transpose(xt, np.argsort(dims + rest))
 
 
