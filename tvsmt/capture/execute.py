@@ -45,6 +45,8 @@ def _collective(node: CapNode, xs: list[torch.Tensor], rank: int) -> torch.Tenso
         total = torch.stack(xs).sum(0)
         total = total / len(xs) if c.reduce == "avg" else total
         return _piece(total, len(xs), pos, c.dim)
+    if c.kind == "recv":  # a move: the sender's tensor
+        return xs[0]
     if c.kind == "broadcast":
         return xs[list(c.ranks).index(c.src)]
     raise InputError(f"no concrete semantics for collective {c.kind}")

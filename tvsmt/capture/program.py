@@ -24,11 +24,15 @@ class Ref:
 class Collective:
     """A collective call resolved while its group existed (global ranks, group order)."""
 
-    kind: str  # all_reduce | all_gather | reduce_scatter | broadcast
-    ranks: tuple[int, ...]
-    reduce: str | None = None  # sum | avg for reductions
+    kind: str  # all_reduce | all_gather | reduce_scatter | broadcast | send | recv
+    ranks: tuple[int, ...]  # the group; (source, destination) for send and recv
+    reduce: str | None = None  # sum | avg | max for reductions
     src: int | None = None  # global source rank of a broadcast
     dim: int = 0
+    tag: int = 0  # send/recv: messages pair per (source, destination, tag)
+
+
+P2P = ("send", "recv")  # point-to-point kinds, paired by channel rather than by group
 
 
 @dataclass

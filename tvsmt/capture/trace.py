@@ -475,6 +475,40 @@ class _Converter:
                                   comm=Collective(kind, tuple(ranks), reduce, src)))
         return out
 
+    def point_to_point(self, node, send: bool) -> None:
+        """send / recv_ (also what isend / irecv trace to; `wait()` leaves no node). A send
+        is a marker that assemble.py pairs with the destination's receive, in program order
+        per (source, destination, tag); the receive becomes a `move` from the sender's
+        tensor, and the receive buffer's later reads see the moved value."""
+        tensors, group, peer, tag = node.args[:4]
+        ranks = self.group_ranks(node, group)
+        try:
+            peer = ranks[int(peer)]  # c10d takes the peer's rank within the group
+        except (IndexError, TypeError, ValueError):
+            self.fail(node, f"{node.target}: peer {peer!r} is not a rank of group "
+                            f"{list(ranks)}")
+        if peer == self.rank:
+            self.fail(node, f"{node.target}: a rank sending to or receiving from itself")
+        src, dst = (self.rank, peer) if send else (peer, self.rank)
+        where = source_of(node, self.path)
+        for i, t in enumerate(tensors):
+            oid = f"{node.name}.{i}"
+            if send:
+                tid = self.read(t, node)
+                if not isinstance(tid, str):
+                    self.fail(node, f"{node.target}: the sent value is not a tensor")
+                self.nodes.append(CapNode(oid, "send", [tid], [], {"src": src, "dst": dst},
+                                          where, comm=Collective("send", (src, dst),
+                                                                 tag=int(tag))))
+                continue
+            self._shape_for(oid, t.meta["val"])
+            self.nodes.append(CapNode(oid, "move", [None], [oid], {"src": src, "dst": dst},
+                                      where, comm=Collective("recv", (src, dst),
+                                                             tag=int(tag))))
+            self.mutate(t)
+            self.define(t, oid)  # the buffer now holds the received value
+        self.define(node, None)
+
     def _shape_for(self, name: str, val) -> None:
         self.shapes[name] = tuple(val.shape)
 
@@ -500,6 +534,8 @@ class _Converter:
             self.comm_node(node, kind, in_fx, ranks, reduce=op, out_id=oid)
             self.mutate(out_fx)
             self.define(node, (oid, None))
+        elif name in ("c10d.send.default", "c10d.recv_.default"):
+            self.point_to_point(node, name == "c10d.send.default")
         elif name == "c10d.broadcast_.default":
             ranks = self.group_ranks(node, a[1])
             root = ranks[int(a[2])]
