@@ -243,3 +243,152 @@ def test_a_parameter_no_rank_holds_is_refused(tmp_path):
         """)
     with pytest.raises(InputError, match="no rank holds parameter b.weight"):
         capture(path)
+
+
+# ----------------------------------------------------------------------------- collective forms
+
+FORMS_SCRIPT = '''
+import os
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
+
+WORLD_SIZE = 2
+FORM = os.environ["TVSMT_FORM"]
+AVG = dist.ReduceOp.AVG
+
+
+def build_single():
+    return torch.nn.Linear(4, 4, bias=False), torch.randn(4, 4)
+
+
+def build_rank(rank):
+    full, x = build_single()
+    return full, x[2 * rank:2 * rank + 2]          # data parallel: two rows per rank
+
+
+def average(g):
+    """The mean of both ranks' gradients, written with the collective form under test."""
+    n = dist.get_world_size()
+    if FORM == "async_avg":
+        dist.all_reduce(g, op=AVG, async_op=True).wait()
+        return g
+    if FORM == "gather_tensor":
+        out = torch.empty(n * 4, 4)
+        dist.all_gather_into_tensor(out, g)
+        return (out[:4] + out[4:]) / n
+    if FORM == "gather_list":
+        outs = [torch.empty_like(g) for _ in range(n)]
+        dist.all_gather(outs, g)
+        return (outs[0] + outs[1]) / n
+    if FORM == "scatter_tensor":
+        part = torch.empty(2, 4)
+        dist.reduce_scatter_tensor(part, g)
+        out = torch.empty(4, 4)
+        dist.all_gather_into_tensor(out, part)
+        return out / n
+    if FORM == "scatter_list":
+        part = torch.empty(2, 4)
+        dist.reduce_scatter(part, list(g.chunk(n)), op=AVG)
+        outs = [torch.empty_like(part) for _ in range(n)]
+        dist.all_gather(outs, part)
+        return torch.cat(outs)
+    if FORM == "all_to_all_single":
+        mixed = torch.empty_like(g)
+        dist.all_to_all_single(mixed, g)
+        out = torch.empty(4, 4)
+        dist.all_gather_into_tensor(out, mixed[:2] + mixed[2:])
+        return out / n
+    if FORM == "all_to_all_list":
+        outs = [torch.empty(2, 4) for _ in range(n)]
+        dist.all_to_all(outs, [c.contiguous() for c in g.chunk(n)])
+        out = torch.empty(4, 4)
+        dist.all_gather_into_tensor(out, outs[0] + outs[1])
+        return out / n
+    if FORM == "broadcast":
+        dist.all_reduce(g)
+        dist.broadcast(g, src=1)
+        return g / n
+    if FORM == "functional":
+        w = dist.group.WORLD
+        mean = fc.all_gather_tensor(fc.reduce_scatter_tensor(g, "avg", 0, w), 0, w)
+        mixed = fc.all_to_all_single(mean, None, None, w)   # [mean_r; mean_r] on rank r
+        again = fc.all_gather_tensor(mixed[:2], 0, w)
+        return fc.broadcast(fc.all_reduce(again, "sum", w) / n, 1, w)
+    if FORM == "wrong":                            # rank 0's gradient only: a bug
+        out = torch.empty(n * 4, 4)
+        dist.all_gather_into_tensor(out, g)
+        return out[:4] * 1.0
+    raise ValueError(FORM)
+
+
+def train_step(model, x):
+    loss = (model(x) ** 2).mean()
+    loss.backward()
+    if dist.get_world_size() > 1:
+        model.weight.grad = average(model.weight.grad)
+    return None
+'''
+
+FORMS = {"async_avg": "all_reduce_avg", "gather_tensor": "all_gather",
+         "gather_list": "broadcast", "scatter_tensor": "reduce_scatter",
+         "scatter_list": "reduce_scatter_avg", "all_to_all_single": "all_to_all",
+         "all_to_all_list": "all_to_all", "broadcast": "broadcast",
+         "functional": "reduce_scatter_avg"}
+
+
+@pytest.fixture(scope="module")
+def forms_script(tmp_path_factory):
+    path = tmp_path_factory.mktemp("forms") / "forms.py"
+    path.write_text(FORMS_SCRIPT)
+    return str(path)
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_collective_form_is_converted_and_proven(forms_script, monkeypatch, form):
+    monkeypatch.setenv("TVSMT_FORM", form)
+    pair = capture(forms_script)
+    assert FORMS[form] in _ops(pair), _ops(pair)
+    report = check_pair(pair, PROVE)
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+
+
+def test_collective_forms_can_fail(forms_script, monkeypatch):
+    monkeypatch.setenv("TVSMT_FORM", "wrong")
+    assert check(forms_script, REFUTE).verdict == "violation"
+
+
+def test_subgroup_collectives_resolve_group_ranks(tmp_path):
+    """c10d takes the root of a broadcast as a rank of its group: the plan names the global
+    rank (group [2, 3], src 3 is the group's rank 1)."""
+    path = _script(tmp_path, """
+        import torch
+        import torch.distributed as dist
+        import torch.distributed._functional_collectives as fc
+        WORLD_SIZE = 4
+        def build_single():
+            return torch.nn.Linear(4, 4, bias=False), torch.randn(4, 4)
+        def build_rank(rank):
+            full, x = build_single()
+            return full, x[rank:rank + 1]
+        def train_step(model, x):
+            loss = (model(x) ** 2).sum()
+            loss.backward()
+            if dist.get_world_size() == 1:
+                return None
+            pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+            across = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+            r = dist.get_rank()
+            mine, other = pairs[r // 2], across[r % 2]
+            g = model.weight.grad
+            dist.all_reduce(g, group=mine)
+            dist.broadcast(g, src=2 * (r // 2) + 1, group=mine)
+            g = fc.broadcast(fc.all_reduce(g, "sum", other), 1, other)
+            model.weight.grad = g
+            return None
+        """)
+    pair = capture(path)
+    roots = sorted({(tuple(n["attrs"]["ranks"]), n["attrs"]["src"]) for n in pair.parallel["nodes"]
+                    if n["op"] == "broadcast"})
+    assert roots == [((0, 1), 1), ((0, 2), 2), ((1, 3), 3), ((2, 3), 3)]
+    assert check_pair(pair, PROVE).verdict == "equivalent"

@@ -45,6 +45,8 @@ def _collective(node: CapNode, xs: list[torch.Tensor], rank: int) -> torch.Tenso
         total = torch.stack(xs).sum(0)
         total = total / len(xs) if c.reduce == "avg" else total
         return _piece(total, len(xs), pos, c.dim)
+    if c.kind == "all_to_all":
+        return torch.cat([_piece(x, len(xs), pos, c.dim) for x in xs], dim=c.dim)
     if c.kind == "recv":  # a move: the sender's tensor
         return xs[0]
     if c.kind == "broadcast":

@@ -454,7 +454,7 @@ class _Converter:
 
     def comm_node(self, node, kind: str, src_fx, ranks, *, reduce=None, src=None,
                   out_id: str) -> str:
-        inp = self.read(src_fx, node)
+        inp = src_fx if isinstance(src_fx, str) else self.read(src_fx, node)
         if not isinstance(inp, str):
             self.fail(node, f"{node.target}: the input is not a tensor")
         out = out_id
@@ -465,15 +465,111 @@ class _Converter:
                 self.fail(node, f"{node.target}: {kind} with reduction {reduce} is not "
                                 f"supported")
         attrs: dict[str, Any] = {"ranks": list(ranks)}
-        if kind in ("all_gather", "reduce_scatter"):
+        if kind in ("all_gather", "reduce_scatter", "all_to_all"):
             attrs["dim"] = 0
-        if kind == "reduce_scatter":
+        if kind == "all_to_all":
+            attrs["split_dim"] = 0
+        if kind in ("reduce_scatter", "all_to_all"):
             attrs["idx"] = list(ranks).index(self.rank)
         if kind == "broadcast":
             attrs["src"] = src
         self.nodes.append(CapNode(out, op, [inp], [out], attrs, source_of(node, self.path),
                                   comm=Collective(kind, tuple(ranks), reduce, src)))
         return out
+
+    def aten_node(self, node, suffix: str, target, args: tuple, inputs: list[str],
+                  shape: tuple[int, ...]) -> str:
+        """A plain ATen node the conversion writes itself (the cat before a list-form
+        reduce-scatter, the slices after a list-form all-to-all), with the real call."""
+        oid = f"{node.name}.{suffix}"
+        self.shapes[oid] = tuple(shape)
+        self.nodes.append(CapNode(oid, str(target), list(inputs), [oid],
+                                  {"args": _to_json(list(args)), "kwargs": {}},
+                                  source_of(node, self.path), call=(target, args, {})))
+        return oid
+
+    def tensor_ids(self, node, fx_nodes) -> list[str]:
+        ids = [self.read(t, node) for t in fx_nodes]
+        if not all(isinstance(t, str) for t in ids):
+            self.fail(node, f"{node.target}: an input is not a tensor")
+        return ids
+
+    def equal_pieces(self, node, pieces, n: int, shape) -> None:
+        """List-form collectives: one equal piece per group member (other splits are
+        refused, never guessed)."""
+        if len(pieces) != n or any(tuple(p.meta["val"].shape) != tuple(shape) for p in pieces):
+            self.fail(node, f"{node.target}: only {n} equal pieces (one per member of the "
+                            f"group) are supported")
+
+    def list_collective(self, node, name: str) -> None:
+        """all_gather / reduce_scatter / all_to_all with tensor lists, written with the
+        registry's tensor forms: an all-gather into a list is one broadcast from each
+        member; a reduce-scatter of a list is a reduce-scatter of its concatenation; an
+        all-to-all of lists is an all-to-all of the concatenations, sliced again."""
+        a = node.args
+        if name == "c10d.allgather_.default":
+            outs, ins, ranks = a[0], a[1], self.group_ranks(node, a[2])
+            if len(outs) != 1 or len(ins) != 1:
+                self.fail(node, f"{node.target}: only one tensor per rank is supported")
+            self.equal_pieces(node, outs[0], len(ranks), ins[0].meta["val"].shape)
+            ids = []
+            for j, t in enumerate(outs[0]):
+                oid = f"{node.name}.{j}"
+                self._shape_for(oid, t.meta["val"])
+                ids.append(self.comm_node(node, "broadcast", ins[0], ranks, src=ranks[j],
+                                          out_id=oid))
+                self.mutate(t)
+            self.define(node, ([ids], None))
+            return
+        if name == "c10d.reduce_scatter_.default":
+            outs, ins = a[0], a[1]
+            ranks, op = self.group_ranks(node, a[2]), self.reduce_op(node, a[3])
+            if len(outs) != 1 or len(ins) != 1:
+                self.fail(node, f"{node.target}: only one tensor per rank is supported")
+            shape = tuple(outs[0].meta["val"].shape)
+            self.equal_pieces(node, ins[0], len(ranks), shape)
+            cat = self.aten_node(node, "cat", torch.ops.aten.cat.default,
+                                 ([Ref(k) for k in range(len(ranks))], 0),
+                                 self.tensor_ids(node, ins[0]),
+                                 (shape[0] * len(ranks),) + shape[1:])
+            oid = f"{node.name}.0"
+            self.shapes[oid] = shape
+            self.comm_node(node, "reduce_scatter", cat, ranks, reduce=op, out_id=oid)
+            self.mutate(outs[0])
+            self.define(node, ([oid], None))
+            return
+        # c10d.alltoall_: out[j] on this rank = member j's in[this rank]
+        outs, ins, ranks = a[0], a[1], self.group_ranks(node, a[2])
+        shape = tuple(ins[0].meta["val"].shape) if ins else ()
+        self.equal_pieces(node, ins, len(ranks), shape)
+        self.equal_pieces(node, outs, len(ranks), shape)
+        n = len(ranks)
+        full = (shape[0] * n,) + shape[1:]
+        cat = self.aten_node(node, "cat", torch.ops.aten.cat.default,
+                             ([Ref(k) for k in range(n)], 0), self.tensor_ids(node, ins), full)
+        mixed = f"{node.name}.all"
+        self.shapes[mixed] = full
+        self.comm_node(node, "all_to_all", cat, ranks, out_id=mixed)
+        ids = []
+        for j, t in enumerate(outs):
+            ids.append(self.aten_node(node, str(j), torch.ops.aten.slice.Tensor,
+                                      (Ref(0), 0, j * shape[0], (j + 1) * shape[0]), [mixed],
+                                      shape))
+            self.mutate(t)
+        self.define(node, (ids, None))
+
+    def all_to_all_single(self, node, out_fx, in_fx, ranks, splits) -> str:
+        """all_to_all_single with equal splits along dim 0 (the registry's all_to_all);
+        uneven splits are refused."""
+        n = len(ranks)
+        size = in_fx.meta["val"].shape[0]
+        for sp in splits:
+            if sp and (len(sp) != n or any(int(k) * n != size for k in sp)):
+                self.fail(node, f"{node.target}: split sizes {list(sp)} are not {n} equal "
+                                f"pieces (only even splits are supported)")
+        oid = node.name if out_fx is None else f"{node.name}.0"
+        self._shape_for(oid, (out_fx if out_fx is not None else node).meta["val"])
+        return self.comm_node(node, "all_to_all", in_fx, ranks, out_id=oid)
 
     def point_to_point(self, node, send: bool) -> None:
         """send / recv_ (also what isend / irecv trace to; `wait()` leaves no node). A send
@@ -534,6 +630,20 @@ class _Converter:
             self.comm_node(node, kind, in_fx, ranks, reduce=op, out_id=oid)
             self.mutate(out_fx)
             self.define(node, (oid, None))
+        elif name in ("c10d.allgather_.default", "c10d.reduce_scatter_.default",
+                      "c10d.alltoall_.default"):
+            self.list_collective(node, name)
+        elif name == "c10d.alltoall_base_.default":
+            out_fx, in_fx, group = a[0], a[1], a[2]
+            oid = self.all_to_all_single(node, out_fx, in_fx, self.group_ranks(node, group),
+                                         [a[3], a[4]])
+            self.mutate(out_fx)
+            self.define(out_fx, oid)  # the output buffer now holds the result
+            self.define(node, None)
+        elif name == "_c10d_functional.all_to_all_single.default":
+            self.define(node, self.all_to_all_single(node, None, a[0],
+                                                     self.group_ranks(node, a[3]),
+                                                     [a[1], a[2]]))
         elif name in ("c10d.send.default", "c10d.recv_.default"):
             self.point_to_point(node, name == "c10d.send.default")
         elif name == "c10d.broadcast_.default":
@@ -563,7 +673,7 @@ class _Converter:
             ranks = self.group_ranks(node, a[2])
             self._shape_for(node.name, val)
             self.define(node, self.comm_node(node, "broadcast", a[0], ranks,
-                                             src=int(a[1]),
+                                             src=ranks[int(a[1])],  # a rank of the group
                                              out_id=node.name))
         elif name in IDENTITY_OPS:
             self.define(node, self.read(a[0], node))
