@@ -18,7 +18,7 @@ from tvsmt.verify import Options
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
 SP = os.path.join(EXAMPLES, "sequence_parallel.py")
-PROVE = Options(jobs=1, timeout=5)
+PROVE = Options(jobs=1, timeout=10)
 # a planted bug is found by evaluating both plans at random points; the solver's timeout
 # only bounds each of the driver's rounds
 REFUTE = Options(jobs=1, timeout=1)
