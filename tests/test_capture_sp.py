@@ -392,3 +392,32 @@ def test_subgroup_collectives_resolve_group_ranks(tmp_path):
                     if n["op"] == "broadcast"})
     assert roots == [((0, 1), 1), ((0, 2), 2), ((1, 3), 3), ((2, 3), 3)]
     assert check_pair(pair, PROVE).verdict == "equivalent"
+
+
+@pytest.mark.parametrize("call,message", [
+    ("dist.all_reduce(g, op=dist.ReduceOp.MIN)", "reduction ReduceOp 3 is not supported"),
+    ("dist.reduce_scatter_tensor(torch.empty(2, 4), g, op=dist.ReduceOp.MAX)",
+     "reduce_scatter with reduction max is not supported"),
+    ("dist.all_to_all_single(torch.empty(4, 4), g, [1, 3], [1, 3])",
+     r"split sizes \[1, 3\] are not 2 equal pieces"),
+])
+def test_unsupported_collective_forms_name_the_line(tmp_path, call, message):
+    path = _script(tmp_path, f"""
+        import torch
+        import torch.distributed as dist
+        WORLD_SIZE = 2
+        def build_single():
+            return torch.nn.Linear(4, 4, bias=False), torch.randn(2, 4)
+        def build_rank(rank):
+            return build_single()
+        def train_step(model, x):
+            loss = model(x).sum()
+            loss.backward()
+            g = model.weight.grad
+            if dist.get_world_size() > 1:
+                {call}
+            return loss
+        """)
+    line = _line_of(path, call)
+    with pytest.raises(InputError, match=rf"rank 0 at .*train.py:{line}: .*{message}"):
+        capture(path)
