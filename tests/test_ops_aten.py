@@ -857,3 +857,51 @@ def test_a_wrong_vocabulary_range_on_one_rank_is_a_violation():
     report = _verify(*_vocab_plans(wrong_start_rank=1))
     assert report.verdict == "violation", report.failures
     assert report.failures[0].tensor == "e"
+
+
+def megatron_ce_backward(softmax, tgt, outside):
+    """The backward of Megatron's vocab-parallel cross entropy: softmax minus the one-hot
+    target where this rank holds it (every dim of the index_put indexed)."""
+    g = softmax.clone()
+    rows = torch.arange(0, g.shape[0])
+    g[rows, tgt] -= 1.0 - outside.float()
+    return (g * 2.0,)
+
+
+def test_index_put_on_every_dim_with_value_indices_is_exact():
+    """index_put where every dim is indexed, by a constant arange and by token ids: numeric
+    equals torch, and the symbolic terms (ids as free reals) evaluate to it."""
+    torch.manual_seed(3)
+    sm = torch.rand(4, 5, dtype=F64)
+    tgt = torch.tensor([0, 4, 2, 4])
+    outside = torch.tensor([False, True, False, False])
+    got = [s for s in run_traced(megatron_ce_backward, [sm, tgt, outside], "ce_bw")
+           if s.op == "aten.index_put.default"]
+    assert got
+    spec = all_ops()["aten.index_put.default"]
+    for s in got:
+        assert_close(spec.forward(NB, s.inputs, s.attrs, s.ctx)[0], s.outputs[0], "index_put")
+        _check_symbolic(spec, s)
+
+
+def layer_norm_weight_only(x, w, b):
+    y = F.layer_norm(x, (x.shape[-1],), w, b)
+    loss = (y * y).sum()
+    return (loss,) + grads(loss, [w, b])
+
+
+def test_layer_norm_backward_without_input_gradient():
+    """When the input needs no gradient (a batch), native_layer_norm_backward's first output
+    is absent: the entry and its shape rule still take the node."""
+    x = torch.randn(3, 4, dtype=F64)
+    samples = [s for s in run_traced(layer_norm_weight_only, [x, rnd(4), rnd(4)], "ln")
+               if s.op == "aten.native_layer_norm_backward.default"]
+    assert samples and samples[0].outputs[0] is None
+    spec = all_ops()[samples[0].op]
+    for s in samples:
+        got = spec.forward(NB, s.inputs, s.attrs, s.ctx)
+        for g, w in zip(got[1:], s.outputs[1:]):
+            assert_close(g, w, "layer norm weight/bias gradient")
+        c = ShapeConstraints()
+        spec.shape(c, _tshapes(s.inputs, "i"), [None] + _tshapes(s.outputs[1:], "o"), s.attrs)
+        assert not [k for k in c.constraints if k is False]

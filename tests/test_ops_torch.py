@@ -160,6 +160,8 @@ CASES = [
          {"ranks": [0, 1, 2]}),
     Case("all_reduce_avg", [rand(2, 3), rand(2, 3), rand(2, 3)],
          one(lambda *xs: sum(xs) / 3), {"ranks": [0, 1, 2]}),
+    Case("all_reduce_max", [rand(2, 3), rand(2, 3), rand(2, 3)],
+         one(lambda *xs: torch.stack(xs).amax(0)), {"ranks": [0, 1, 2]}),
     Case("reduce_scatter_avg", [rand(4, 3), rand(4, 3)],
          one(lambda a, b: piece((a + b) / 2, 2, 1, 0)), {"dim": 0, "ranks": [0, 1], "idx": 1}),
     Case("reducer", [rand(2, 3), rand(2, 3)], one(torch.add)),
@@ -355,6 +357,8 @@ def evaluate(term, env: dict, cache: dict) -> float:
         v = args[1] if args[0] else args[2]
     elif term.is_equals():
         v = args[0] == args[1]
+    elif term.is_le():
+        v = args[0] <= args[1]
     elif term.is_function_application():
         v = UF[term.function_name().symbol_name()](*args)
     else:

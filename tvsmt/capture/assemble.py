@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tvsmt.capture.program import CapNode, Program
+from tvsmt.capture.program import P2P, CapNode, Program
 from tvsmt.errors import InputError
 
 
@@ -38,7 +38,7 @@ def pair_collectives(programs: dict[int, Program], path: str) -> dict[tuple[int,
     per_group: dict[tuple[int, ...], dict[int, list[int]]] = {}
     for r, prog in programs.items():
         for i, n in enumerate(prog.nodes):
-            if n.comm is not None:
+            if n.comm is not None and n.comm.kind not in P2P:
                 if r not in n.comm.ranks:
                     raise InputError(f"{_where(r, n)}: a collective over group "
                                      f"{list(n.comm.ranks)} that does not contain this rank",
@@ -76,13 +76,61 @@ def pair_collectives(programs: dict[int, Program], path: str) -> dict[tuple[int,
     return inputs
 
 
+def pair_point_to_point(programs: dict[int, Program], path: str) -> dict[tuple[int, int], list]:
+    """(rank, node index) of every receive -> [the sender's tensor id (global)].
+
+    The k-th send from rank s to rank d with tag t meets the k-th receive on d from s with
+    tag t (torch matches messages by source and tag, in order). A send or receive without
+    its partner, or a partner of another shape, is an error naming the rank and line."""
+    channels: dict[tuple[int, int, int], dict[str, list[tuple[int, int]]]] = {}
+    for r, prog in programs.items():
+        for i, n in enumerate(prog.nodes):
+            if n.comm is not None and n.comm.kind in P2P:
+                src, dst = n.comm.ranks
+                for m in (src, dst):
+                    if m not in programs:
+                        raise InputError(f"{_where(r, n)}: {n.comm.kind} with rank {m}, "
+                                         f"outside the world of {len(programs)} ranks",
+                                         file=path, node=n.id)
+                side = channels.setdefault((src, dst, n.comm.tag), {"send": [], "recv": []})
+                side[n.comm.kind].append((r, i))
+    inputs: dict[tuple[int, int], list] = {}
+    for (src, dst, tag), side in sorted(channels.items()):
+        sends, recvs = side["send"], side["recv"]
+        for k in range(max(len(sends), len(recvs))):
+            if k >= len(sends) or k >= len(recvs):
+                r, i = recvs[k] if k >= len(sends) else sends[k]
+                n = programs[r].nodes[i]
+                what = (f"receives from rank {src} but rank {src} sends only {len(sends)}"
+                        if k >= len(sends) else
+                        f"sends to rank {dst} but rank {dst} receives only {len(recvs)}")
+                raise InputError(f"{_where(r, n)}: {n.comm.kind} #{k} {what} message(s) "
+                                 f"on this channel (tag {tag}): it has no partner",
+                                 file=path, node=n.id)
+            (sr, si), (rr, ri) = sends[k], recvs[k]
+            sent, got = programs[sr].nodes[si], programs[rr].nodes[ri]
+            s_shape = programs[sr].shapes[sent.inputs[0]]
+            r_shape = programs[rr].shapes[got.outputs[0]]
+            if s_shape != r_shape:
+                raise InputError(f"{_where(rr, got)}: receives a {list(r_shape)} tensor but "
+                                 f"the paired send of rank {sr}"
+                                 f"{' at ' + sent.source if sent.source else ''} sends "
+                                 f"{list(s_shape)}", file=path, node=got.id)
+            inputs[(rr, ri)] = [rid(sr, sent.inputs[0])]
+    return inputs
+
+
 def join(programs: dict[int, Program], path: str) -> list[PlacedNode]:
-    """Every rank's nodes with global ids, in one valid execution order."""
+    """Every rank's nodes with global ids, in one valid execution order (sends are only
+    markers: a receive is a `move` from the sender's tensor)."""
     comm_inputs = pair_collectives(programs, path)
+    comm_inputs.update(pair_point_to_point(programs, path))
     placed: dict[int, list[CapNode]] = {}
     for r, prog in programs.items():
         out = []
         for i, n in enumerate(prog.nodes):
+            if n.comm is not None and n.comm.kind == "send":
+                continue
             ins = comm_inputs[(r, i)] if n.comm is not None else [rid(r, t) for t in n.inputs]
             out.append(replace(n, id=rid(r, n.id), inputs=ins,
                                outputs=[rid(r, t) for t in n.outputs]))

@@ -34,6 +34,8 @@ def _piece(x: torch.Tensor, n: int, idx: int, dim: int) -> torch.Tensor:
 def _collective(node: CapNode, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
     c = node.comm
     pos = list(c.ranks).index(rank)
+    if c.kind == "all_reduce" and c.reduce == "max":
+        return torch.stack(xs).amax(0)
     if c.kind == "all_reduce":
         total = torch.stack(xs).sum(0)
         return total / len(xs) if c.reduce == "avg" else total
@@ -43,6 +45,10 @@ def _collective(node: CapNode, xs: list[torch.Tensor], rank: int) -> torch.Tenso
         total = torch.stack(xs).sum(0)
         total = total / len(xs) if c.reduce == "avg" else total
         return _piece(total, len(xs), pos, c.dim)
+    if c.kind == "all_to_all":
+        return torch.cat([_piece(x, len(xs), pos, c.dim) for x in xs], dim=c.dim)
+    if c.kind == "recv":  # a move: the sender's tensor
+        return xs[0]
     if c.kind == "broadcast":
         return xs[list(c.ranks).index(c.src)]
     raise InputError(f"no concrete semantics for collective {c.kind}")

@@ -163,8 +163,8 @@ def input_and_claim_lineages(single: Program, ranks: dict[int, Program], shardin
             if s_grad is None:
                 continue
             own = prog.aliases.get(name, name)
-            if own not in prog.grads:
-                raise InputError(f"rank {r} has no parameter {name}", file=path, tensor=name)
+            if own not in prog.grads:  # another stage's parameter (pipeline parallelism)
+                continue
             r_grad = prog.grads[own]
             if r_grad is None:
                 raise StructuralViolation(f"rank {r} computes no gradient for {name} (its "
@@ -176,9 +176,25 @@ def input_and_claim_lineages(single: Program, ranks: dict[int, Program], shardin
         if single.loss is not None and prog.loss is not None:
             claims.setdefault(single.loss, []).append(
                 Part(full(single.shapes[single.loss]), (rid(r, prog.loss),)))
+    _every_parameter_is_held(single, claims, path)
     out = [CapLineage(t, parts, False, -1, "input") for t, parts in assumptions.items()]
     out += [CapLineage(t, parts, False, 0, "claim") for t, parts in claims.items()]
     return out, provenance
+
+
+def _every_parameter_is_held(single: Program, claims: dict[str, list[Part]], path: str) -> None:
+    """Every element of every single-device gradient is claimed by some rank: a rank may
+    lack a parameter (a pipeline stage holds its own layers only), but a parameter, or a
+    block of one, that no rank holds would leave its gradient unchecked."""
+    names = {g: n for n, g in single.grads.items() if g is not None}
+    for g, name in names.items():
+        seen = torch.zeros(single.shapes[g], dtype=torch.bool)
+        for p in claims.get(g, []):
+            seen[tuple(slice(a, b) for a, b in p.slice)] = True
+        if not bool(seen.all()):
+            raise InputError(f"no rank holds {'parameter' if not seen.any() else 'all of'} "
+                             f"{name} (of shape {list(single.shapes[g])})", file=path,
+                             tensor=name)
 
 
 def _normalised(t: torch.Tensor) -> tuple[bytes, float]:

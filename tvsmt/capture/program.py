@@ -13,20 +13,26 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Ref:
-    """Position `k` in a node's `inputs`, inside a call's argument template."""
+    """Position `k` in a node's `inputs`, inside a call's argument template; `dtype` names
+    the dtype of a tensor that is not floating point (written into the plan's reference)."""
 
     k: int
+    dtype: str | None = None
 
 
 @dataclass(frozen=True)
 class Collective:
     """A collective call resolved while its group existed (global ranks, group order)."""
 
-    kind: str  # all_reduce | all_gather | reduce_scatter | broadcast
-    ranks: tuple[int, ...]
-    reduce: str | None = None  # sum | avg for reductions
+    kind: str  # all_reduce | all_gather | reduce_scatter | broadcast | send | recv
+    ranks: tuple[int, ...]  # the group; (source, destination) for send and recv
+    reduce: str | None = None  # sum | avg | max for reductions
     src: int | None = None  # global source rank of a broadcast
     dim: int = 0
+    tag: int = 0  # send/recv: messages pair per (source, destination, tag)
+
+
+P2P = ("send", "recv")  # point-to-point kinds, paired by channel rather than by group
 
 
 @dataclass

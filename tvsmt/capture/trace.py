@@ -28,7 +28,12 @@ from tvsmt.errors import InputError
 
 IDENTITY_OPS = {"aten.detach.default", "aten.alias.default", "aten.lift_fresh_copy.default",
                 "_c10d_functional.wait_tensor.default"}
-REDUCE_OPS = {0: "sum", 1: "avg"}  # c10d ReduceOp codes the registry has an op for
+REDUCE_OPS = {0: "sum", 1: "avg", 4: "max"}  # c10d ReduceOp codes the registry has an op for
+# the registry's op per (collective, reduction); a pair not listed is refused
+REDUCED_COMM = {("all_reduce", "sum"): "all_reduce", ("all_reduce", "avg"): "all_reduce_avg",
+                ("all_reduce", "max"): "all_reduce_max",
+                ("reduce_scatter", "sum"): "reduce_scatter",
+                ("reduce_scatter", "avg"): "reduce_scatter_avg"}
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in ')
 SEED = 20261201
 
@@ -212,9 +217,18 @@ def _storage(v) -> int | None:
     return None
 
 
+def _dtype_of(fx_node) -> str | None:
+    """The dtype of a non-floating tensor ("torch.int64", "torch.bool"): ATen entries such as
+    index and index_put read it (a bool mask and 0/1 indices mean different things)."""
+    val = fx_node.meta.get("val")
+    if isinstance(val, torch.Tensor) and not val.is_floating_point():
+        return str(val.dtype)
+    return None
+
+
 def _to_json(v: Any) -> Any:
     if isinstance(v, Ref):
-        return {"tensor": v.k}
+        return {"tensor": v.k} if v.dtype is None else {"tensor": v.k, "dtype": v.dtype}
     if isinstance(v, (list, tuple)):
         return [_to_json(x) for x in v]
     if isinstance(v, dict):
@@ -305,8 +319,26 @@ class _Converter:
         if isinstance(obj, torch.ScriptObject):
             self.define(node, ("object", obj))
             return
+        if isinstance(obj, torch.Tensor) and obj.numel() >= 1 and not obj.is_complex() and \
+                bool((obj == obj.reshape(-1)[0]).all()):
+            return self.constant(node, obj)
         self.fail(node, "the step uses a tensor created outside the traced inputs (a "
                         "constant or a module attribute that is not a parameter or buffer)")
+
+    def constant(self, node, obj: torch.Tensor) -> None:
+        """A constant tensor of one repeated value that tracing lifted out of the code (the
+        0-d value of `x[mask] = 0`): the `full` of that value, so nothing is hidden."""
+        value = obj.reshape(-1)[0].item()
+        shape = list(obj.shape)
+        kwargs = {"dtype": obj.dtype}
+        self.shapes[node.name] = tuple(shape)
+        target = torch.ops.aten.full.default
+        self.nodes.append(CapNode(node.name, str(target), [], [node.name],
+                                  {"args": _to_json([shape, value]),
+                                   "kwargs": _to_json(kwargs)},
+                                  source_of(node, self.path),
+                                  call=(target, (shape, value), kwargs)))
+        self.define(node, node.name)
 
     def template(self, node, value, inputs: list):
         """Replace tensor ids in a (nested) argument value by Ref markers."""
@@ -314,7 +346,7 @@ class _Converter:
             v = self.read(value, node)
             if isinstance(v, str):
                 inputs.append(v)
-                return Ref(len(inputs) - 1)
+                return Ref(len(inputs) - 1, _dtype_of(value))
             if isinstance(v, tuple) and v and v[0] == "object":
                 self.fail(node, f"passes a torch.distributed object to {node.target}")
             return v
@@ -416,29 +448,162 @@ class _Converter:
         else:
             _, obj = self.read(arg, node)
             op = REDUCE_OPS.get(int(obj.op()), f"ReduceOp {int(obj.op())}")
-        if op not in ("sum", "avg"):
-            self.fail(node, f"{node.target}: reduction {op} is not supported (sum, avg)")
+        if op not in ("sum", "avg", "max"):
+            self.fail(node, f"{node.target}: reduction {op} is not supported (sum, avg, max)")
         return op
 
     def comm_node(self, node, kind: str, src_fx, ranks, *, reduce=None, src=None,
                   out_id: str) -> str:
-        inp = self.read(src_fx, node)
+        inp = src_fx if isinstance(src_fx, str) else self.read(src_fx, node)
         if not isinstance(inp, str):
             self.fail(node, f"{node.target}: the input is not a tensor")
         out = out_id
-        op = {"all_reduce": "all_reduce" if reduce == "sum" else "all_reduce_avg",
-              "reduce_scatter": "reduce_scatter" if reduce == "sum" else "reduce_scatter_avg",
-              }.get(kind, kind)
+        op = kind
+        if kind in ("all_reduce", "reduce_scatter"):
+            op = REDUCED_COMM.get((kind, reduce))
+            if op is None:
+                self.fail(node, f"{node.target}: {kind} with reduction {reduce} is not "
+                                f"supported")
         attrs: dict[str, Any] = {"ranks": list(ranks)}
-        if kind in ("all_gather", "reduce_scatter"):
+        if kind in ("all_gather", "reduce_scatter", "all_to_all"):
             attrs["dim"] = 0
-        if kind == "reduce_scatter":
+        if kind == "all_to_all":
+            attrs["split_dim"] = 0
+        if kind in ("reduce_scatter", "all_to_all"):
             attrs["idx"] = list(ranks).index(self.rank)
         if kind == "broadcast":
             attrs["src"] = src
         self.nodes.append(CapNode(out, op, [inp], [out], attrs, source_of(node, self.path),
                                   comm=Collective(kind, tuple(ranks), reduce, src)))
         return out
+
+    def aten_node(self, node, suffix: str, target, args: tuple, inputs: list[str],
+                  shape: tuple[int, ...]) -> str:
+        """A plain ATen node the conversion writes itself (the cat before a list-form
+        reduce-scatter, the slices after a list-form all-to-all), with the real call."""
+        oid = f"{node.name}.{suffix}"
+        self.shapes[oid] = tuple(shape)
+        self.nodes.append(CapNode(oid, str(target), list(inputs), [oid],
+                                  {"args": _to_json(list(args)), "kwargs": {}},
+                                  source_of(node, self.path), call=(target, args, {})))
+        return oid
+
+    def tensor_ids(self, node, fx_nodes) -> list[str]:
+        ids = [self.read(t, node) for t in fx_nodes]
+        if not all(isinstance(t, str) for t in ids):
+            self.fail(node, f"{node.target}: an input is not a tensor")
+        return ids
+
+    def equal_pieces(self, node, pieces, n: int, shape) -> None:
+        """List-form collectives: one equal piece per group member (other splits are
+        refused, never guessed)."""
+        if len(pieces) != n or any(tuple(p.meta["val"].shape) != tuple(shape) for p in pieces):
+            self.fail(node, f"{node.target}: only {n} equal pieces (one per member of the "
+                            f"group) are supported")
+
+    def list_collective(self, node, name: str) -> None:
+        """all_gather / reduce_scatter / all_to_all with tensor lists, written with the
+        registry's tensor forms: an all-gather into a list is one broadcast from each
+        member; a reduce-scatter of a list is a reduce-scatter of its concatenation; an
+        all-to-all of lists is an all-to-all of the concatenations, sliced again."""
+        a = node.args
+        if name == "c10d.allgather_.default":
+            outs, ins, ranks = a[0], a[1], self.group_ranks(node, a[2])
+            if len(outs) != 1 or len(ins) != 1:
+                self.fail(node, f"{node.target}: only one tensor per rank is supported")
+            self.equal_pieces(node, outs[0], len(ranks), ins[0].meta["val"].shape)
+            ids = []
+            for j, t in enumerate(outs[0]):
+                oid = f"{node.name}.{j}"
+                self._shape_for(oid, t.meta["val"])
+                ids.append(self.comm_node(node, "broadcast", ins[0], ranks, src=ranks[j],
+                                          out_id=oid))
+                self.mutate(t)
+            self.define(node, ([ids], None))
+            return
+        if name == "c10d.reduce_scatter_.default":
+            outs, ins = a[0], a[1]
+            ranks, op = self.group_ranks(node, a[2]), self.reduce_op(node, a[3])
+            if len(outs) != 1 or len(ins) != 1:
+                self.fail(node, f"{node.target}: only one tensor per rank is supported")
+            shape = tuple(outs[0].meta["val"].shape)
+            self.equal_pieces(node, ins[0], len(ranks), shape)
+            cat = self.aten_node(node, "cat", torch.ops.aten.cat.default,
+                                 ([Ref(k) for k in range(len(ranks))], 0),
+                                 self.tensor_ids(node, ins[0]),
+                                 (shape[0] * len(ranks),) + shape[1:])
+            oid = f"{node.name}.0"
+            self.shapes[oid] = shape
+            self.comm_node(node, "reduce_scatter", cat, ranks, reduce=op, out_id=oid)
+            self.mutate(outs[0])
+            self.define(node, ([oid], None))
+            return
+        # c10d.alltoall_: out[j] on this rank = member j's in[this rank]
+        outs, ins, ranks = a[0], a[1], self.group_ranks(node, a[2])
+        shape = tuple(ins[0].meta["val"].shape) if ins else ()
+        self.equal_pieces(node, ins, len(ranks), shape)
+        self.equal_pieces(node, outs, len(ranks), shape)
+        n = len(ranks)
+        full = (shape[0] * n,) + shape[1:]
+        cat = self.aten_node(node, "cat", torch.ops.aten.cat.default,
+                             ([Ref(k) for k in range(n)], 0), self.tensor_ids(node, ins), full)
+        mixed = f"{node.name}.all"
+        self.shapes[mixed] = full
+        self.comm_node(node, "all_to_all", cat, ranks, out_id=mixed)
+        ids = []
+        for j, t in enumerate(outs):
+            ids.append(self.aten_node(node, str(j), torch.ops.aten.slice.Tensor,
+                                      (Ref(0), 0, j * shape[0], (j + 1) * shape[0]), [mixed],
+                                      shape))
+            self.mutate(t)
+        self.define(node, (ids, None))
+
+    def all_to_all_single(self, node, out_fx, in_fx, ranks, splits) -> str:
+        """all_to_all_single with equal splits along dim 0 (the registry's all_to_all);
+        uneven splits are refused."""
+        n = len(ranks)
+        size = in_fx.meta["val"].shape[0]
+        for sp in splits:
+            if sp and (len(sp) != n or any(int(k) * n != size for k in sp)):
+                self.fail(node, f"{node.target}: split sizes {list(sp)} are not {n} equal "
+                                f"pieces (only even splits are supported)")
+        oid = node.name if out_fx is None else f"{node.name}.0"
+        self._shape_for(oid, (out_fx if out_fx is not None else node).meta["val"])
+        return self.comm_node(node, "all_to_all", in_fx, ranks, out_id=oid)
+
+    def point_to_point(self, node, send: bool) -> None:
+        """send / recv_ (also what isend / irecv trace to; `wait()` leaves no node). A send
+        is a marker that assemble.py pairs with the destination's receive, in program order
+        per (source, destination, tag); the receive becomes a `move` from the sender's
+        tensor, and the receive buffer's later reads see the moved value."""
+        tensors, group, peer, tag = node.args[:4]
+        ranks = self.group_ranks(node, group)
+        try:
+            peer = ranks[int(peer)]  # c10d takes the peer's rank within the group
+        except (IndexError, TypeError, ValueError):
+            self.fail(node, f"{node.target}: peer {peer!r} is not a rank of group "
+                            f"{list(ranks)}")
+        if peer == self.rank:
+            self.fail(node, f"{node.target}: a rank sending to or receiving from itself")
+        src, dst = (self.rank, peer) if send else (peer, self.rank)
+        where = source_of(node, self.path)
+        for i, t in enumerate(tensors):
+            oid = f"{node.name}.{i}"
+            if send:
+                tid = self.read(t, node)
+                if not isinstance(tid, str):
+                    self.fail(node, f"{node.target}: the sent value is not a tensor")
+                self.nodes.append(CapNode(oid, "send", [tid], [], {"src": src, "dst": dst},
+                                          where, comm=Collective("send", (src, dst),
+                                                                 tag=int(tag))))
+                continue
+            self._shape_for(oid, t.meta["val"])
+            self.nodes.append(CapNode(oid, "move", [None], [oid], {"src": src, "dst": dst},
+                                      where, comm=Collective("recv", (src, dst),
+                                                             tag=int(tag))))
+            self.mutate(t)
+            self.define(t, oid)  # the buffer now holds the received value
+        self.define(node, None)
 
     def _shape_for(self, name: str, val) -> None:
         self.shapes[name] = tuple(val.shape)
@@ -465,6 +630,22 @@ class _Converter:
             self.comm_node(node, kind, in_fx, ranks, reduce=op, out_id=oid)
             self.mutate(out_fx)
             self.define(node, (oid, None))
+        elif name in ("c10d.allgather_.default", "c10d.reduce_scatter_.default",
+                      "c10d.alltoall_.default"):
+            self.list_collective(node, name)
+        elif name == "c10d.alltoall_base_.default":
+            out_fx, in_fx, group = a[0], a[1], a[2]
+            oid = self.all_to_all_single(node, out_fx, in_fx, self.group_ranks(node, group),
+                                         [a[3], a[4]])
+            self.mutate(out_fx)
+            self.define(out_fx, oid)  # the output buffer now holds the result
+            self.define(node, None)
+        elif name == "_c10d_functional.all_to_all_single.default":
+            self.define(node, self.all_to_all_single(node, None, a[0],
+                                                     self.group_ranks(node, a[3]),
+                                                     [a[1], a[2]]))
+        elif name in ("c10d.send.default", "c10d.recv_.default"):
+            self.point_to_point(node, name == "c10d.send.default")
         elif name == "c10d.broadcast_.default":
             ranks = self.group_ranks(node, a[1])
             root = ranks[int(a[2])]
@@ -492,7 +673,7 @@ class _Converter:
             ranks = self.group_ranks(node, a[2])
             self._shape_for(node.name, val)
             self.define(node, self.comm_node(node, "broadcast", a[0], ranks,
-                                             src=int(a[1]),
+                                             src=ranks[int(a[1])],  # a rank of the group
                                              out_id=node.name))
         elif name in IDENTITY_OPS:
             self.define(node, self.read(a[0], node))

@@ -161,7 +161,9 @@ def _layer_norm_bw(be, ctx, g, x, normalized_shape, mean, rstd, weight, bias, ou
 
 def _layer_norm_bw_rule(c, outs, g, x, normalized_shape, mean, rstd, weight, bias, output_mask):
     same_dims(c, g, x)
-    _layer_norm_rule(c, [outs[0], mean, rstd], x, normalized_shape, weight, bias)
+    # grad_input is absent (null) when the input needs no gradient: g has its shape
+    y = outs[0] if outs and outs[0] is not None else g
+    _layer_norm_rule(c, [y, mean, rstd], x, normalized_shape, weight, bias)
     for p, gp in ((weight, outs[1] if len(outs) > 1 else None),
                   (bias, outs[2] if len(outs) > 2 else None)):
         if p is not None and gp is not None:
@@ -370,12 +372,13 @@ def _index_put(be, ctx, x: TensorRef, indices, values: TensorRef, accumulate=Fal
     else:
         for p in itertools.product(*(range(n) for n in shape)):
             for combo in itertools.product(*(range(xv.shape[d]) for d in dims)):
-                # position combo of xt gets v[p] where every index at p names it
-                cell = xt[combo]
+                # position combo of xt gets v[p] where every index at p names it (the
+                # Ellipsis keeps a 0-d array when every dim is indexed)
+                cell = xt[combo + (Ellipsis,)]
                 hit = np.array(np.broadcast_to(cell + v[p] if accumulate else v[p], cell.shape))
                 for a, r in reversed(list(zip(arrays, combo))):
                     hit = be.select_eq(np.full(cell.shape, a[p], dtype=a.dtype), r, hit, cell)
-                xt[combo] = hit
+                xt[combo + (Ellipsis,)] = hit
     return np.transpose(xt, np.argsort(dims + rest))
 
 

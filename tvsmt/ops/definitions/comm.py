@@ -197,3 +197,25 @@ _comm("all_reduce_avg", avg_fw, identity_shape,
 _comm("reduce_scatter_avg", reduce_scatter_avg_fw, reduce_scatter_shape,
       "mean of the group's inputs, then piece attrs.idx of len(attrs.ranks) along attrs.dim",
       _reads_pieces)
+
+
+# ----------------------------------------------------------------------------- max
+# torch.distributed's ReduceOp.MAX (the row max of Megatron's vocab-parallel cross entropy).
+
+
+def max_fw(be, ins, attrs, ctx):
+    """Elementwise max of the group's inputs, exactly: a chain of ite(a >= b, a, b)."""
+    xs = present(ins)
+    out = xs[0]
+    for x in xs[1:]:
+        out = be.maximum(out, x)
+    return [out]
+
+
+_comm("all_reduce_max", max_fw, identity_shape,
+      "elementwise max of the group's inputs (ReduceOp.MAX), exact on the real values "
+      "(ite(a >= b, a, b) chained in group order; max is associative and commutative, so "
+      "the max over a sharded dim followed by this op equals the max over the whole dim). "
+      "c10d gives it no autograd rule: code that differentiates through it (Megatron's "
+      "cross entropy) detaches the max or writes the backward itself, and the trace then "
+      "contains that backward as ATen ops", _reads_nothing)
