@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
+from tvsmt.capture import dtensor
 from tvsmt.capture.program import CapNode, Collective, InputTensor, Program, Ref, tensor_slots
 from tvsmt.capture.script import CaptureScript
 from tvsmt.capture.world import rank_world
@@ -120,9 +121,13 @@ class _Tracer:
         self.batch_names, leaves, self.batch_spec = _batch_leaves(batch, script.path)
 
     def input_values(self, model, batch) -> dict[str, torch.Tensor]:
-        values = {f"param.{n}": p.detach().clone() for n, p in model.named_parameters()}
+        values = {f"param.{n}": dtensor.local_value(p) for n, p in model.named_parameters()}
+        for n, b in model.named_buffers():
+            dtensor.refuse_dtensor(b, n, self.script.path)
         values.update({f"buffer.{n}": b.detach().clone() for n, b in model.named_buffers()})
         names, leaves, _ = _batch_leaves(batch, self.script.path)
+        for n, t in zip(names, leaves):
+            dtensor.refuse_dtensor(t, n, self.script.path)
         if names != self.batch_names:
             raise InputError(f"{self.where}: the batch has a different structure on the "
                              f"second random draw", file=self.script.path)
@@ -135,9 +140,14 @@ class _Tracer:
 
         pnames, bnames = list(self.params), list(self.buffers)
         model, step, aliases = self.model, self.step, self.aliases
+        layouts = {n: dtensor.layout_of(p, n, self.script.path)
+                   for n, p in self.params.items() if dtensor.is_dtensor(p)}
+        grad_slices: dict[str, Any] = {}
 
         def traced(params, buffers, leaves):
-            params = [p.requires_grad_(True) if p.is_floating_point() else p for p in params]
+            params = [dtensor.leaf_parameter(p, layouts[n]) if n in layouts else
+                      p.requires_grad_(True) if p.is_floating_point() else p
+                      for n, p in zip(pnames, params)]
             mapping = dict(zip(pnames, params)) | dict(zip(bnames, buffers))
             mapping |= {a: mapping[n] for a, n in aliases.items()}
             batch = pytree.tree_unflatten(list(leaves), self.batch_spec)
@@ -146,7 +156,11 @@ class _Tracer:
             if loss is not None and not isinstance(loss, torch.Tensor):
                 raise InputError(f"train_step must return the loss tensor or None, not "
                                  f"{type(loss).__name__}", file=self.script.path)
-            return loss, [p.grad for p in params]
+            grads = []
+            for n, p in zip(pnames, params):
+                g, grad_slices[n] = dtensor.grad_result(p.grad)
+                grads.append(g)
+            return dtensor.loss_result(loss, self.script.path), grads
 
         values = self.input_values(self.model, self.batch)
         ins = ([values[f"param.{n}"] for n in pnames], [values[f"buffer.{n}"] for n in bnames],
@@ -162,8 +176,10 @@ class _Tracer:
         inputs = []
         for n in pnames:
             p = self.params[n]
-            inputs.append(InputTensor(f"param.{n}", "param", n, tuple(p.shape),
-                                      [values[f"param.{n}"]], _declared(p)))
+            declared = {"dtensor": layouts[n]} if n in layouts else _declared(p)
+            inputs.append(InputTensor(f"param.{n}", "param", n,
+                                      tuple(values[f"param.{n}"].shape),
+                                      [values[f"param.{n}"]], declared))
         for n in bnames:
             inputs.append(InputTensor(f"buffer.{n}", "buffer", n, tuple(self.buffers[n].shape),
                                       [values[f"buffer.{n}"]]))
@@ -173,6 +189,8 @@ class _Tracer:
             inputs, pnames)
         program.rank = self.rank
         program.aliases = dict(aliases)
+        program.grad_slices = {n: dtensor.grad_slice(sp, n, self.script.path)
+                               for n, sp in grad_slices.items() if sp is not None}
         return _readable(program)
 
 

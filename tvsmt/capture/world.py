@@ -45,9 +45,16 @@ def rank_world(rank: int, world_size: int, script: str = "<script>"):
     hook = sys.excepthook
     dist.init_process_group("fake", store=_fake_store(), rank=rank, world_size=world_size)
     try:
-        yield
+        from tvsmt.capture.dtensor import local_distribution, reset_caches
+
+        reset_caches()
+        with local_distribution():
+            yield
     finally:
         _reset_framework_singletons()
+        from tvsmt.capture.dtensor import reset_caches
+
+        reset_caches()
         if dist.is_initialized():
             dist.destroy_process_group()
         sys.excepthook = hook
