@@ -94,8 +94,8 @@ def layout_of(t, name: str, path: str, what: str = "parameter") -> Layout:
     for mesh_dim, p in enumerate(placements):
         if isinstance(p, _StridedShard):
             raise InputError(f"DTensor {what} has a strided shard placement "
-                             f"({p!r}): not supported; declare it in PARAM_SHARDING or use "
-                             f"Shard/Replicate", file=path, tensor=name)
+                             f"({p!r}): not supported (only "
+                             f"Shard(d) and Replicate())", file=path, tensor=name)
         if p.is_partial():
             raise InputError(f"DTensor {what} has a Partial placement: not supported "
                              f"(only Shard(d) and Replicate())", file=path, tensor=name)

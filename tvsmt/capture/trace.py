@@ -11,6 +11,7 @@ stale view) is refused rather than guessed.
 
 from __future__ import annotations
 
+import logging
 import operator
 import os
 import re
@@ -165,14 +166,22 @@ class _Tracer:
         values = self.input_values(self.model, self.batch)
         ins = ([values[f"param.{n}"] for n in pnames], [values[f"buffer.{n}"] for n in bnames],
                [values[n] for n in self.batch_names])
+        # torch logs a failing meta kernel with its traceback before raising: the error
+        # below says it in one line
+        quiet = logging.getLogger("torch._subclasses.fake_tensor")
+        level = quiet.level
+        quiet.setLevel(logging.CRITICAL)
         try:
             gm = make_fx(traced, tracing_mode="fake", record_stack_traces=True)(*ins)
         except InputError:
             raise
         except Exception as e:  # the user's code failed under tracing
-            raise InputError(f"{self.where}: tracing the training step failed: "
+            at = _user_line(e, self.script.path)
+            raise InputError(f"{self.where}{at}: tracing the training step failed: "
                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
                              file=self.script.path) from None
+        finally:
+            quiet.setLevel(level)
         inputs = []
         for n in pnames:
             p = self.params[n]
@@ -192,6 +201,18 @@ class _Tracer:
         program.grad_slices = {n: dtensor.grad_slice(sp, n, self.script.path)
                                for n, sp in grad_slices.items() if sp is not None}
         return _readable(program)
+
+
+def _user_line(e: BaseException, script_path: str) -> str:
+    """' at file:line' of the innermost frame of the user's script in an exception."""
+    import traceback
+
+    mine = [f for f in traceback.extract_tb(e.__traceback__)
+            if os.path.abspath(f.filename) == script_path]
+    if not mine:
+        return ""
+    shown = os.path.relpath(mine[-1].filename)
+    return f" at {shown if not shown.startswith('..') else mine[-1].filename}:{mine[-1].lineno}"
 
 
 def _declared(p) -> Any:
