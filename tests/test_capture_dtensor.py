@@ -178,3 +178,16 @@ def test_a_rank_model_that_is_not_the_single_model_is_refused(tmp_path):
     """)
     with pytest.raises(InputError, match="not the block .* that its DTensor placement names"):
         check(path, Options(jobs=1, timeout=1))
+
+
+def test_param_sharding_cannot_contradict_a_dtensor_placement(tmp_path):
+    path = _script(tmp_path, HEADER.replace("OUT", "8") + """
+    PARAM_SHARDING = {"weight": lambda rank: ((0, 4), (0, 4))}  # rank 1 holds rows 4:8
+    def build_rank(rank):
+        m, x = build_single()
+        parallelize_module(m, init_device_mesh("cpu", (2,)),
+                           ColwiseParallel(output_layouts=Replicate()))
+        return m, x
+    """)
+    with pytest.raises(InputError, match="DTensor placement says"):
+        check(path, Options(jobs=1, timeout=1))

@@ -105,6 +105,11 @@ def input_lineage(single: InputTensor, rank: int, mine: InputTensor, sharding: d
         if shape != mine.shape:
             raise InputError(f"PARAM_SHARDING gives rank {rank} a {list(shape)} slice but the "
                              f"rank holds {list(mine.shape)}", file=path, tensor=name)
+        dt = mine.declared.get("dtensor") if isinstance(mine.declared, dict) else None
+        if dt is not None and dt.slice != declared:
+            raise InputError(f"PARAM_SHARDING gives rank {rank} the block {list(declared)} but "
+                             f"its DTensor placement says {list(dt.slice)}", file=path,
+                             tensor=name)
         return Provenance(single.id, rank, declared, "declared (PARAM_SHARDING)")
     if isinstance(mine.declared, dict) and "dtensor" in mine.declared:
         layout = mine.declared["dtensor"]
