@@ -191,3 +191,22 @@ def test_param_sharding_cannot_contradict_a_dtensor_placement(tmp_path):
     """)
     with pytest.raises(InputError, match="DTensor placement says"):
         check(path, Options(jobs=1, timeout=1))
+
+
+def test_a_dtensor_of_another_global_shape_is_refused(tmp_path):
+    path = _script(tmp_path, HEADER.replace("OUT", "8") + """
+    def build_rank(rank):
+        m, x = build_single()
+        mesh = init_device_mesh("cpu", (2,))
+        m.weight = torch.nn.Parameter(DTensor.from_local(m.weight.detach(), mesh,
+                                                         [torch.distributed.tensor.Shard(0)]))
+        return m, x
+    single_step = train_step
+    def train_step(model, x):
+        mesh = model.weight.device_mesh
+        loss = model(DTensor.from_local(x, mesh, [Replicate()])).full_tensor().sum()
+        loss.backward()
+        return loss
+    """)
+    with pytest.raises(InputError, match=r"global shape \[16, 4\] is not the single"):
+        check(path, Options(jobs=1, timeout=1))

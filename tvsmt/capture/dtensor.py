@@ -181,17 +181,17 @@ def refuse_dtensor(t, name: str, path: str) -> None:
                          "parameters)", file=path, tensor=name)
 
 
-def check_values(single_draws, rank_draws, sl: Slice, rank: int, name: str, path: str,
+def check_values(single_draws, rank_draws, layout: Layout, rank: int, name: str, path: str,
                  degenerate) -> None:
-    """The DTensor placement is the lineage; the values must agree with it wherever they
-    can say something (non-degenerate draws), or the script's models do not correspond."""
+    """The DTensor placement is the lineage; its global shape must be the single tensor's,
+    and the values must agree with it wherever they can say something (non-degenerate
+    draws), or the script's models do not correspond."""
+    shape = tuple(single_draws[0].shape)
+    if layout.shape != shape:
+        raise InputError(f"the DTensor's global shape {list(layout.shape)} is not the single "
+                         f"model's {list(shape)}", file=path, tensor=name)
+    sl = layout.slice
     view = tuple(slice(a, b) for a, b in sl)
-    shape = tuple(single_draws[0].shape) if single_draws else None
-    if shape is not None and tuple(b for _, b in sl) > shape or \
-            shape is not None and len(sl) != len(shape) or \
-            shape is not None and any(b > n for (_, b), n in zip(sl, shape)):
-        raise InputError(f"rank {rank}'s DTensor block {[list(x) for x in sl]} does not fit "
-                         f"the single model's {list(shape)} tensor", file=path, tensor=name)
     for s, r in zip(single_draws, rank_draws):
         if degenerate(r) or degenerate(s):
             continue

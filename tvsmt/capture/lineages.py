@@ -113,7 +113,7 @@ def input_lineage(single: InputTensor, rank: int, mine: InputTensor, sharding: d
         return Provenance(single.id, rank, declared, "declared (PARAM_SHARDING)")
     if isinstance(mine.declared, dict) and "dtensor" in mine.declared:
         layout = mine.declared["dtensor"]
-        check_values(single.draws, mine.draws, layout.slice, rank, name, path, _degenerate)
+        check_values(single.draws, mine.draws, layout, rank, name, path, _degenerate)
         return Provenance(single.id, rank, layout.slice,
                           f"from DTensor placement {layout.described}")
     dims = None
