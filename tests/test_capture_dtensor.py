@@ -8,8 +8,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -24,6 +22,7 @@ from tvsmt.verify import Options
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MLP = os.path.join(ROOT, "examples", "dtensor_mlp.py")
 BLOCK = os.path.join(ROOT, "examples", "dtensor_block.py")
+SP = os.path.join(ROOT, "examples", "dtensor_sp.py")
 
 
 def _line_of(path: str, text: str) -> int:
@@ -66,6 +65,26 @@ def test_dtensor_block_with_attention_is_equivalent():
     how = {(i["tensor"], i["rank"]): i["how"] for i in report.inputs}
     assert how[("param.attn.wq.weight", 1)].startswith("from DTensor placement [Shard(0)]")
     assert how[("param.attn.wo.weight", 1)].startswith("from DTensor placement [Shard(1)]")
+
+
+def test_sequence_parallel_norm_with_partial_gradient_is_equivalent():
+    """The norm's weight is constant (ones): only its placement can give its lineage; its
+    gradient is Partial and is claimed as the optimizer reads it (reduced)."""
+    report = check(SP, Options(jobs=1, timeout=3))
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+    how = {(i["tensor"], i["rank"]): i["how"] for i in report.inputs}
+    shards = {(i["tensor"], i["rank"]): i["slice"] for i in report.inputs}
+    assert how[("param.norm.weight", 1)].startswith("from DTensor placement [Replicate()]")
+    assert shards[("batch", 1)] == [[0, 2], [2, 4], [0, 8]]
+
+
+def test_sequence_parallel_fed_the_whole_sequence_is_a_violation(monkeypatch):
+    monkeypatch.setenv("TVSMT_BUG", "unsharded-input")
+    report = check(SP, Options(jobs=1, timeout=1))
+    assert report.verdict == "violation"
+    line = _line_of(SP, "h = self.norm(x)")
+    assert any(s.endswith(f"dtensor_sp.py:{line}") for s in _sources(report)), \
+        _sources(report)
 
 
 def test_placement_lineages_agree_with_inference_by_value():
@@ -114,13 +133,16 @@ def test_unparallelised_module_fed_a_shard_is_refused_at_the_users_line(
     assert "must have same reduction dim" in message
 
 
-def test_cli_refusal_is_one_line_with_exit_code_2():
-    env = dict(os.environ, TVSMT_BUG="unparallelised-fc2")
-    run = subprocess.run([sys.executable, "-m", "tvsmt.cli", "check", MLP], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 2
-    lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "dtensor_mlp.py:" in lines[0], run.stderr
+def test_cli_refusal_is_one_line_with_exit_code_2(monkeypatch, capfd):
+    from tvsmt.cli import main
+
+    monkeypatch.setenv("TVSMT_BUG", "unparallelised-fc2")
+    with pytest.raises(SystemExit) as code:
+        main(["check", MLP])
+    assert code.value.code == 2
+    err = capfd.readouterr().err  # file-descriptor level: torch's own log handlers too
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "dtensor_mlp.py:" in lines[0], err
 
 
 def _script(tmp_path, body: str) -> str:

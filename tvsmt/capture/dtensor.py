@@ -149,12 +149,19 @@ def leaf_parameter(local: torch.Tensor, layout: Layout) -> torch.Tensor:
     return d.requires_grad_(True)
 
 
-def grad_result(grad) -> tuple[Any, Spec | None]:
+def grad_result(grad, layout: Layout | None) -> tuple[Any, Spec | None]:
     """(the local tensor the optimizer's shard reads, what the DTensor says about it) of a
     parameter's `.grad`: a DTensor grad is described by its own placements, which
-    `grad_slice` turns into its block of the single gradient once tracing is done."""
+    `grad_slice` turns into its block of the single gradient once tracing is done.
+
+    A Partial gradient (a replicated parameter used on a shard, as SequenceParallel's norm
+    weights are) is only a term of the gradient: the optimizer's first operation on it
+    (`p.add_(g, ...)`, in place on the parameter) makes DTensor redistribute it to the
+    parameter's placements, so that redistribution is what is traced and claimed."""
     if not is_dtensor(grad):
         return grad, None
+    if layout is not None and any(p.is_partial() for p in grad.placements):
+        grad = grad.redistribute(layout.mesh, layout.placements)
     return grad.to_local(), spec_of(grad)
 
 

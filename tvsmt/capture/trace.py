@@ -159,7 +159,7 @@ class _Tracer:
                                  f"{type(loss).__name__}", file=self.script.path)
             grads = []
             for n, p in zip(pnames, params):
-                g, grad_slices[n] = dtensor.grad_result(p.grad)
+                g, grad_slices[n] = dtensor.grad_result(p.grad, layouts.get(n))
                 grads.append(g)
             return dtensor.loss_result(loss, self.script.path), grads
 
