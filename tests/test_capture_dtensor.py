@@ -232,3 +232,20 @@ def test_a_dtensor_of_another_global_shape_is_refused(tmp_path):
     """)
     with pytest.raises(InputError, match=r"global shape \[16, 4\] is not the single"):
         check(path, Options(jobs=1, timeout=1))
+
+
+def test_without_the_cache_reset_a_stale_mesh_is_an_internal_error(monkeypatch):
+    """DTensor's caches hand rank 1 the mesh of rank 0 (its coordinate, so its blocks); the
+    reset between worlds prevents it, and the coordinate check catches it if the reset
+    misses a cache: never another rank's block taken silently."""
+    import tvsmt.capture.world as world
+    from tvsmt.capture import capture
+    from tvsmt.errors import InternalError
+
+    monkeypatch.setattr(world, "reset_caches", lambda: None)
+    import tvsmt.capture.dtensor as dtensor
+
+    dtensor.reset_caches()  # start from empty caches, then let rank 0 fill them
+    with pytest.raises(InternalError, match="coordinate .* but this is rank 1"):
+        capture(MLP)
+    dtensor.reset_caches()
