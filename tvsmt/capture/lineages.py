@@ -20,6 +20,7 @@ from fractions import Fraction
 import torch
 
 from tvsmt.capture.assemble import rid
+from tvsmt.capture.dtensor import check_values
 from tvsmt.capture.program import InputTensor, Program
 from tvsmt.errors import InputError, StructuralViolation
 
@@ -104,7 +105,17 @@ def input_lineage(single: InputTensor, rank: int, mine: InputTensor, sharding: d
         if shape != mine.shape:
             raise InputError(f"PARAM_SHARDING gives rank {rank} a {list(shape)} slice but the "
                              f"rank holds {list(mine.shape)}", file=path, tensor=name)
+        dt = mine.declared.get("dtensor") if isinstance(mine.declared, dict) else None
+        if dt is not None and dt.slice != declared:
+            raise InputError(f"PARAM_SHARDING gives rank {rank} the block {list(declared)} but "
+                             f"its DTensor placement says {list(dt.slice)}", file=path,
+                             tensor=name)
         return Provenance(single.id, rank, declared, "declared (PARAM_SHARDING)")
+    if isinstance(mine.declared, dict) and "dtensor" in mine.declared:
+        layout = mine.declared["dtensor"]
+        check_values(single.draws, mine.draws, layout, rank, name, path, _degenerate)
+        return Provenance(single.id, rank, layout.slice,
+                          f"from DTensor placement {layout.described}")
     dims = None
     how = f"inferred from values ({len(mine.draws)} random draws)"
     if isinstance(mine.declared, dict) and "megatron_partition_dim" in mine.declared:
@@ -169,7 +180,7 @@ def input_and_claim_lineages(single: Program, ranks: dict[int, Program], shardin
             if r_grad is None:
                 raise StructuralViolation(f"rank {r} computes no gradient for {name} (its "
                                           f".grad is None after train_step)", tensor=name)
-            sl = by_input[f"param.{own}"]
+            sl = prog.grad_slices.get(own, by_input[f"param.{own}"])
             part = Part(sl, (rid(r, r_grad),))
             if part not in claims.setdefault(s_grad, []):
                 claims[s_grad].append(part)

@@ -69,6 +69,9 @@ class Program:
     grads: dict[str, str | None]  # parameter qualified name -> gradient tensor id
     aliases: dict[str, str] = field(default_factory=dict)  # tied name -> name of its tensor
     objects: dict[str, Any] = field(default_factory=dict)  # model/batch of draw 0 (values)
+    # parameter -> block of the single gradient its .grad holds, where the code says so
+    # (a DTensor gradient's placements; see dtensor.py); others use the parameter's block
+    grad_slices: dict[str, tuple] = field(default_factory=dict)
 
 
 def tensor_slots(value: Any) -> list:

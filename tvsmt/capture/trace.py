@@ -11,6 +11,7 @@ stale view) is refused rather than guessed.
 
 from __future__ import annotations
 
+import logging
 import operator
 import os
 import re
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
+from tvsmt.capture import dtensor
 from tvsmt.capture.program import CapNode, Collective, InputTensor, Program, Ref, tensor_slots
 from tvsmt.capture.script import CaptureScript
 from tvsmt.capture.world import rank_world
@@ -125,9 +127,13 @@ class _Tracer:
         self.batch_names, leaves, self.batch_spec = _batch_leaves(batch, script.path)
 
     def input_values(self, model, batch) -> dict[str, torch.Tensor]:
-        values = {f"param.{n}": p.detach().clone() for n, p in model.named_parameters()}
+        values = {f"param.{n}": dtensor.local_value(p) for n, p in model.named_parameters()}
+        for n, b in model.named_buffers():
+            dtensor.refuse_dtensor(b, n, self.script.path)
         values.update({f"buffer.{n}": b.detach().clone() for n, b in model.named_buffers()})
         names, leaves, _ = _batch_leaves(batch, self.script.path)
+        for n, t in zip(names, leaves):
+            dtensor.refuse_dtensor(t, n, self.script.path)
         if names != self.batch_names:
             raise InputError(f"{self.where}: the batch has a different structure on the "
                              f"second random draw", file=self.script.path)
@@ -140,9 +146,14 @@ class _Tracer:
 
         pnames, bnames = list(self.params), list(self.buffers)
         model, step, aliases = self.model, self.step, self.aliases
+        layouts = {n: dtensor.layout_of(p, n, self.script.path)
+                   for n, p in self.params.items() if dtensor.is_dtensor(p)}
+        grad_slices: dict[str, Any] = {}
 
         def traced(params, buffers, leaves):
-            params = [p.requires_grad_(True) if p.is_floating_point() else p for p in params]
+            params = [dtensor.leaf_parameter(p, layouts[n]) if n in layouts else
+                      p.requires_grad_(True) if p.is_floating_point() else p
+                      for n, p in zip(pnames, params)]
             mapping = dict(zip(pnames, params)) | dict(zip(bnames, buffers))
             mapping |= {a: mapping[n] for a, n in aliases.items()}
             batch = pytree.tree_unflatten(list(leaves), self.batch_spec)
@@ -151,24 +162,38 @@ class _Tracer:
             if loss is not None and not isinstance(loss, torch.Tensor):
                 raise InputError(f"train_step must return the loss tensor or None, not "
                                  f"{type(loss).__name__}", file=self.script.path)
-            return loss, [p.grad for p in params]
+            grads = []
+            for n, p in zip(pnames, params):
+                g, grad_slices[n] = dtensor.grad_result(p.grad, layouts.get(n))
+                grads.append(g)
+            return dtensor.loss_result(loss, self.script.path), grads
 
         values = self.input_values(self.model, self.batch)
         ins = ([values[f"param.{n}"] for n in pnames], [values[f"buffer.{n}"] for n in bnames],
                [values[n] for n in self.batch_names])
+        # torch logs a failing meta kernel with its traceback before raising: the error
+        # below says it in one line
+        quiet = logging.getLogger("torch._subclasses.fake_tensor")
+        level = quiet.level
+        quiet.setLevel(logging.CRITICAL)
         try:
             gm = make_fx(traced, tracing_mode="fake", record_stack_traces=True)(*ins)
         except InputError:
             raise
         except Exception as e:  # the user's code failed under tracing
-            raise InputError(f"{self.where}: tracing the training step failed: "
+            at = _user_line(e, self.script.path)
+            raise InputError(f"{self.where}{at}: tracing the training step failed: "
                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
                              file=self.script.path) from None
+        finally:
+            quiet.setLevel(level)
         inputs = []
         for n in pnames:
             p = self.params[n]
-            inputs.append(InputTensor(f"param.{n}", "param", n, tuple(p.shape),
-                                      [values[f"param.{n}"]], _declared(p)))
+            declared = {"dtensor": layouts[n]} if n in layouts else _declared(p)
+            inputs.append(InputTensor(f"param.{n}", "param", n,
+                                      tuple(values[f"param.{n}"].shape),
+                                      [values[f"param.{n}"]], declared))
         for n in bnames:
             inputs.append(InputTensor(f"buffer.{n}", "buffer", n, tuple(self.buffers[n].shape),
                                       [values[f"buffer.{n}"]]))
@@ -178,7 +203,21 @@ class _Tracer:
             inputs, pnames)
         program.rank = self.rank
         program.aliases = dict(aliases)
+        program.grad_slices = {n: dtensor.grad_slice(sp, n, self.script.path)
+                               for n, sp in grad_slices.items() if sp is not None}
         return _readable(program)
+
+
+def _user_line(e: BaseException, script_path: str) -> str:
+    """' at file:line' of the innermost frame of the user's script in an exception."""
+    import traceback
+
+    mine = [f for f in traceback.extract_tb(e.__traceback__)
+            if os.path.abspath(f.filename) == script_path]
+    if not mine:
+        return ""
+    shown = os.path.relpath(mine[-1].filename)
+    return f" at {shown if not shown.startswith('..') else mine[-1].filename}:{mine[-1].lineno}"
 
 
 def _declared(p) -> Any:

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 import torch.distributed as dist
 
+from tvsmt.capture.dtensor import local_distribution, reset_caches
 from tvsmt.errors import InputError
 
 
@@ -25,8 +26,9 @@ def _fake_store():
 def _reset_framework_singletons() -> None:
     """Framework state that outlives a process group and would leak between ranks.
 
-    Reset here: torch's own group registry (by destroy_process_group) and Megatron-Core's
-    parallel state when it is imported. Anything else a script keeps globally, it must reset
+    Reset here: torch's own group registry (by destroy_process_group), Megatron-Core's
+    parallel state when it is imported, and DTensor's caches (`reset_caches`, called around
+    every world). Anything else a script keeps globally, it must reset
     itself in build_rank.
     """
     ps = sys.modules.get("megatron.core.parallel_state")
@@ -45,9 +47,12 @@ def rank_world(rank: int, world_size: int, script: str = "<script>"):
     hook = sys.excepthook
     dist.init_process_group("fake", store=_fake_store(), rank=rank, world_size=world_size)
     try:
-        yield
+        reset_caches()
+        with local_distribution():
+            yield
     finally:
         _reset_framework_singletons()
+        reset_caches()
         if dist.is_initialized():
             dist.destroy_process_group()
         sys.excepthook = hook
