@@ -21,6 +21,7 @@ from tvsmt.plan import plan_from_dict
 from tvsmt.verify import Options, verify_plans
 
 SMALL = "llama3-ly2-dp2pp2tp2mb2"  # 8 ranks: 2 replicas x 2 micro-batches
+SMALL_MOE = "moe-ly4-dp2pp2tp2mb2"  # 8 ranks, MoE; replica 1 carries nnScaler's `idx` quirk
 BIG = "llama3-ly2-dp16pp4tp1mb8"  # 64 ranks: 16 replicas x 8 micro-batches
 
 
@@ -79,10 +80,15 @@ def _units_checked(single: dict, parallel: dict):
     return copies, folder.finish(src.records).info, len(p.nodes)
 
 
+@pytest.mark.parametrize("name", [SMALL, SMALL_MOE, "llama3moe-ly2-dp2pp2tp2mb2"])
 @pytest.mark.parametrize("opaque", [False, True])
-def test_every_unit_of_the_real_8_rank_plan_is_a_copy(small, opaque):
-    parallel = _opaque(small[1]) if opaque else small[1]
-    copies, info, nodes = _units_checked(small[0], parallel)
+def test_every_unit_of_the_real_8_rank_plan_is_a_copy(name, opaque):
+    """Also the MoE plans, whose export writes an `idx` on the all-gather half of fused
+    adapters of replica 1 only (an all-gather reads no piece index): those units used to be
+    taken for exceptions, which kept 224 of the 256 units of the 128-rank MoE plan."""
+    single, parallel = _raw(name)
+    parallel = _opaque(parallel) if opaque else parallel
+    copies, info, nodes = _units_checked(single, parallel)
     assert set(copies) == {(d, m) for d in (0, 1) for m in (0, 1, None)}
     assert all(copies.values()) and info.exceptions == []
     assert info.checked["nodes"] == nodes  # every node belongs to a unit and was compared
@@ -147,3 +153,28 @@ def test_a_reducer_of_a_real_plan_missing_a_replica_is_not_folded(big_plans):
     nodes[i] = replace(nodes[i], inputs=nodes[i].inputs[:-1])
     with pytest.raises(FoldRefused, match="misses"):
         fold_plans(single, replace(parallel, nodes=nodes))
+
+
+def _quirk_gather(parallel: dict) -> dict:
+    """An all-gather of replica 1 that carries the export's `idx` (see above)."""
+    per = parallel["world"]["pp"] * parallel["world"]["tp"]
+    return next(n for n in parallel["nodes"] if n["op"] == "all_gather" and "idx" in n["attrs"]
+                and n["rank"] // per == 1 and n["mb"] == 1 and len(set(n["inputs"])) > 1)
+
+
+def test_a_bug_in_an_all_gather_whose_index_folding_ignores_is_caught():
+    """Folding now ignores an all-gather's `idx`; gathering the shards in the wrong order on
+    such a node must still make its unit an exception, and the plan a violation."""
+    single, parallel = _raw(SMALL_MOE)
+    broken = json.loads(json.dumps(parallel))
+    node = _quirk_gather(broken)
+    ins = node["inputs"]
+    ins[0], ins[1] = ins[1], ins[0]  # shards concatenated in the wrong order
+    copies, info, _ = _units_checked(single, broken)
+    unit = (1, node["mb"])
+    assert copies[unit] is False and info.exceptions == [f"replica 1 micro-batch {node['mb']}"]
+    assert [u for u, ok in copies.items() if not ok] == [unit]
+    report = verify_plans(plan_from_dict(single, "single"), plan_from_dict(broken, "broken"),
+                          Options(jobs=1))
+    assert report.verdict == "violation", report.failures[:2]
+    assert any(f.kind == "counterexample" for f in report.failures)
