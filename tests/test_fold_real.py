@@ -178,3 +178,58 @@ def test_a_bug_in_an_all_gather_whose_index_folding_ignores_is_caught():
                           Options(jobs=1))
     assert report.verdict == "violation", report.failures[:2]
     assert any(f.kind == "counterexample" for f in report.failures)
+
+
+BIG_MOE = "moe-ly2-dp16pp2tp4mb16"  # 128 ranks: 16 replicas x 16 micro-batches, 327k nodes
+
+
+@pytest.fixture(scope="module")
+def big_moe():
+    from tvsmt.plan import load_plan
+
+    single, parallel = fixture_pair(BIG_MOE)
+    return load_plan(single), load_plan(parallel)
+
+
+def _shift_experts_in_a_dropped_unit(parallel):
+    """moe-expert-range-shifted (tokens dispatched to the wrong expert rank) placed on a
+    forward expert GEMM of a unit the fold drops (replica >= 2, micro-batch >= 2), done on
+    the loaded plan (the 327k-node dict would not fit the suite's memory twice)."""
+    per = parallel.world["pp"] * parallel.world["tp"]
+    i, n = next((i, n) for i, n in enumerate(parallel.nodes)
+                if n.op == "nnscaler_moe_gmm" and n.pass_ == "fw" and n.rank // per == 9
+                and n.mb == 11)
+    a = dict(n.attrs)
+    s, e, total = a["local_expert_start"], a["local_expert_end"], a["n_routed_experts"]
+    a["local_expert_start"], a["local_expert_end"] = (e % total), (e % total) + (e - s)
+    nodes = list(parallel.nodes)
+    nodes[i] = replace(n, attrs=a)
+    return replace(parallel, nodes=nodes), n
+
+
+@pytest.mark.slow
+def test_the_128_rank_moe_plan_folds_and_a_bug_in_a_dropped_unit_is_kept(big_moe):
+    """Every unit of the real MoE plan is a copy (no exception: before the all-gather fix,
+    224 were not), and the same plan with a wrong expert range in a unit the fold drops has
+    exactly that unit as an exception, kept (with its node) in the folded plan, where it is
+    verified (the 8-rank tests above show such a unit's bug is then a violation)."""
+    single, parallel = big_moe
+    plain = fold_plans(single, parallel).info
+    assert (plain.replicas, plain.micro_batches, plain.exceptions) == (16, 16, [])
+    assert plain.checked["nodes"] > 300_000 and plain.kept_units == 4
+    broken, node = _shift_experts_in_a_dropped_unit(parallel)
+    folded = fold_plans(single, broken)
+    assert folded.info.exceptions == ["replica 9 micro-batch 11"]
+    kept = next(n for n in folded.parallel.nodes if n.id == node.id)
+    assert kept.attrs["local_expert_start"] != node.attrs["local_expert_start"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("os").environ.get("TVSMT_SLOW"),
+                    reason="about 2 minutes: run with TVSMT_SLOW=1")
+def test_a_bug_in_a_dropped_unit_of_the_128_rank_moe_plan_is_a_violation(big_moe):
+    single, parallel = big_moe
+    broken, node = _shift_experts_in_a_dropped_unit(parallel)
+    report = verify_plans(single, broken, Options(jobs=2))
+    assert report.verdict == "violation", report.failures[:2]
+    assert "replica 9 micro-batch 11" in report.fold["exceptions"]

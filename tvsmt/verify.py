@@ -10,15 +10,14 @@ folding included. What a verdict means is decided in one place, tvsmt/policy.py.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from tvsmt.encoding.obligations import (PARALLEL_TEMPLATES, StageOutcome,  # noqa: F401
                                         build_obligations, encode_one)
 from tvsmt.graph import Graph
+from tvsmt.heap import plans_frozen
 from tvsmt.lineage import check_output_coverage, check_plan_shapes, unclaimed_sinks
 from tvsmt.plan import Plan, load_plan
 from tvsmt.plan.reader import check_pair
@@ -182,7 +181,7 @@ def verify_plans(single: Plan, parallel: Plan, opts: Options | None = None,
 
     opts = opts or Options()
     timer = timer or Timer()
-    with _plans_frozen():
+    with plans_frozen():
         if not opts.fold:
             return run(single, parallel, opts, timer)
         return _through_fold(lambda extra: fold_plans(single, parallel, extra),
@@ -241,27 +240,6 @@ def _through_fold(fold, unfolded, opts: Options, timer: Timer, run: Run) -> Repo
     return report
 
 
-@contextmanager
-def _plans_frozen():
-    """Loaded plans are millions of long-lived objects without reference cycles: frozen, the
-    cyclic collector stops re-scanning them at every collection of the later phases (that
-    scanning was a third of the fold of a 327k-node plan). Unfrozen at the end, so nothing
-    outlives the run; reference counting frees everything as before. Re-entrant."""
-    global _FROZEN
-    if _FROZEN == 0:
-        gc.freeze()
-    _FROZEN += 1
-    try:
-        yield
-    finally:
-        _FROZEN -= 1
-        if _FROZEN == 0:
-            gc.unfreeze()
-
-
-_FROZEN = 0  # depth of _plans_frozen
-
-
 def verify_pair(single_path: str, parallel_path: str, opts: Options | None = None,
                 jobs: int | None = None, **kw) -> Report:
     """Load two plan files and verify them (InputError on malformed input)."""
@@ -271,7 +249,7 @@ def verify_pair(single_path: str, parallel_path: str, opts: Options | None = Non
         opts.progress("loading plans", 0, None)
     with timer.phase("load"):
         pair = PlanPair.load(single_path, parallel_path)
-    with _plans_frozen():
+    with plans_frozen():
         return _verify_loaded(pair, opts, timer)
 
 
