@@ -9,6 +9,7 @@ import json
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from conftest import fixture_pair
 
@@ -233,3 +234,23 @@ def test_a_bug_in_a_dropped_unit_of_the_128_rank_moe_plan_is_a_violation(big_moe
     report = verify_plans(single, broken, Options(jobs=2))
     assert report.verdict == "violation", report.failures[:2]
     assert "replica 9 micro-batch 11" in report.fold["exceptions"]
+
+
+def test_an_all_gather_reads_no_piece_index_so_folding_may_ignore_it():
+    """Why the fold (and the stage templates) may ignore an all-gather's `idx`: its result is
+    the same with any idx or none, while its axis and its inputs' order do change it."""
+    from tvsmt.ops import NodeCtx, NumericBackend, get
+
+    spec = get("all_gather")
+    xs = [np.arange(6.0).reshape(2, 3), np.arange(6.0, 12.0).reshape(2, 3)]
+    out = lambda ins, **a: spec.forward(NumericBackend(), ins, dict(a, ranks=[4, 5]),  # noqa: E731
+                                        NodeCtx())[0]
+    base = out(xs, dim=1)
+    for idx in (0, 1):
+        assert np.array_equal(out(xs, dim=1, idx=idx), base)
+        assert spec.semantic_attrs({"dim": 1, "ranks": [4, 5], "idx": idx}) == \
+            spec.semantic_attrs({"dim": 1, "ranks": [12, 13]})
+    assert not np.array_equal(out(xs[::-1], dim=1), base)
+    assert out(xs, dim=0).shape != base.shape
+    assert spec.semantic_attrs({"dim": 0, "ranks": [4, 5]}) != spec.semantic_attrs(
+        {"dim": 1, "ranks": [4, 5]})
