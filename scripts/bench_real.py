@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Verify every real plan pair in ../shared/plans, each in its own child process, and print
 per plan: verdict (and the README's expected one), tvsmt's wall time (loading included), the
-ratio to the 8-rank llama3-ly2-dp2pp2tp2mb2 fixture measured in the same run, peak memory
+ratio to the 8-rank llama3-ly2-dp2pp2tp2mb2 fixture measured in the same run (the fixture is
+run again just before every plan and the ratio taken to that neighbouring run, so that the
+other helpers' changing load moves both sides of a ratio alike), peak memory
 (the child and its solver processes), whether it was folded (units checked) and the
 reference verifier's time as quoted in ../shared/plans/README.md.
 
@@ -104,11 +106,17 @@ def main() -> int:
         names = [n for n in names if n in args.only or n == BASELINE]
     names.sort(key=lambda n: (n != BASELINE, table.get(n, ("", "", 0))[2], n))
     rows = {}
+    base_of: dict[str, float] = {}  # plan -> the fixture's time in the run just before it
     for name in names:
+        if name != BASELINE:
+            base_of[name] = run(BASELINE, args.jobs).get("seconds")
         rows[name] = run(name, args.jobs)
         print(f"... {name}: {rows[name].get('verdict')} "
               f"{rows[name].get('seconds', 0):.1f} s", file=sys.stderr, flush=True)
-    base = rows.get(BASELINE, {}).get("seconds")
+    base_of[BASELINE] = rows.get(BASELINE, {}).get("seconds")
+    for name, secs in base_of.items():
+        if name in rows:
+            rows[name]["baseline_seconds"] = secs
     print(f"| plan | ranks | verdict (expected) | tvsmt (s) | x {BASELINE} | peak MB | folded "
           "| reference (s) |")
     print("| --- | ---: | --- | ---: | ---: | ---: | --- | ---: |")
@@ -116,7 +124,8 @@ def main() -> int:
         r = rows[name]
         expected, ref, ranks = table.get(name, ("?", "?", 0))
         secs = r.get("seconds")
-        ratio = f"{secs / base:.1f}" if secs and base else "-"
+        base = base_of.get(name)
+        ratio = f"{secs / base:.1f} ({base:.1f} s)" if secs and base else "-"
         mark = "" if r.get("verdict") == expected else " **MISMATCH**"
         print(f"| `{name}` | {ranks} | {r.get('verdict')} ({expected}){mark} | "
               f"{secs:.1f} | {ratio} | {r.get('peak_mb', 0):.0f} | {folded(r)} | {ref} |"

@@ -9,6 +9,7 @@ import json
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from conftest import fixture_pair
 
@@ -21,6 +22,7 @@ from tvsmt.plan import plan_from_dict
 from tvsmt.verify import Options, verify_plans
 
 SMALL = "llama3-ly2-dp2pp2tp2mb2"  # 8 ranks: 2 replicas x 2 micro-batches
+SMALL_MOE = "moe-ly4-dp2pp2tp2mb2"  # 8 ranks, MoE; replica 1 carries nnScaler's `idx` quirk
 BIG = "llama3-ly2-dp16pp4tp1mb8"  # 64 ranks: 16 replicas x 8 micro-batches
 
 
@@ -79,10 +81,15 @@ def _units_checked(single: dict, parallel: dict):
     return copies, folder.finish(src.records).info, len(p.nodes)
 
 
+@pytest.mark.parametrize("name", [SMALL, SMALL_MOE, "llama3moe-ly2-dp2pp2tp2mb2"])
 @pytest.mark.parametrize("opaque", [False, True])
-def test_every_unit_of_the_real_8_rank_plan_is_a_copy(small, opaque):
-    parallel = _opaque(small[1]) if opaque else small[1]
-    copies, info, nodes = _units_checked(small[0], parallel)
+def test_every_unit_of_the_real_8_rank_plan_is_a_copy(name, opaque):
+    """Also the MoE plans, whose export writes an `idx` on the all-gather half of fused
+    adapters of replica 1 only (an all-gather reads no piece index): those units used to be
+    taken for exceptions, which kept 224 of the 256 units of the 128-rank MoE plan."""
+    single, parallel = _raw(name)
+    parallel = _opaque(parallel) if opaque else parallel
+    copies, info, nodes = _units_checked(single, parallel)
     assert set(copies) == {(d, m) for d in (0, 1) for m in (0, 1, None)}
     assert all(copies.values()) and info.exceptions == []
     assert info.checked["nodes"] == nodes  # every node belongs to a unit and was compared
@@ -147,3 +154,103 @@ def test_a_reducer_of_a_real_plan_missing_a_replica_is_not_folded(big_plans):
     nodes[i] = replace(nodes[i], inputs=nodes[i].inputs[:-1])
     with pytest.raises(FoldRefused, match="misses"):
         fold_plans(single, replace(parallel, nodes=nodes))
+
+
+def _quirk_gather(parallel: dict) -> dict:
+    """An all-gather of replica 1 that carries the export's `idx` (see above)."""
+    per = parallel["world"]["pp"] * parallel["world"]["tp"]
+    return next(n for n in parallel["nodes"] if n["op"] == "all_gather" and "idx" in n["attrs"]
+                and n["rank"] // per == 1 and n["mb"] == 1 and len(set(n["inputs"])) > 1)
+
+
+def test_a_bug_in_an_all_gather_whose_index_folding_ignores_is_caught():
+    """Folding now ignores an all-gather's `idx`; gathering the shards in the wrong order on
+    such a node must still make its unit an exception, and the plan a violation."""
+    single, parallel = _raw(SMALL_MOE)
+    broken = json.loads(json.dumps(parallel))
+    node = _quirk_gather(broken)
+    ins = node["inputs"]
+    ins[0], ins[1] = ins[1], ins[0]  # shards concatenated in the wrong order
+    copies, info, _ = _units_checked(single, broken)
+    unit = (1, node["mb"])
+    assert copies[unit] is False and info.exceptions == [f"replica 1 micro-batch {node['mb']}"]
+    assert [u for u, ok in copies.items() if not ok] == [unit]
+    report = verify_plans(plan_from_dict(single, "single"), plan_from_dict(broken, "broken"),
+                          Options(jobs=1))
+    assert report.verdict == "violation", report.failures[:2]
+    assert any(f.kind == "counterexample" for f in report.failures)
+
+
+BIG_MOE = "moe-ly2-dp16pp2tp4mb16"  # 128 ranks: 16 replicas x 16 micro-batches, 327k nodes
+
+
+@pytest.fixture(scope="module")
+def big_moe():
+    from tvsmt.plan import load_plan
+
+    single, parallel = fixture_pair(BIG_MOE)
+    return load_plan(single), load_plan(parallel)
+
+
+def _shift_experts_in_a_dropped_unit(parallel):
+    """moe-expert-range-shifted (tokens dispatched to the wrong expert rank) placed on a
+    forward expert GEMM of a unit the fold drops (replica >= 2, micro-batch >= 2), done on
+    the loaded plan (the 327k-node dict would not fit the suite's memory twice)."""
+    per = parallel.world["pp"] * parallel.world["tp"]
+    i, n = next((i, n) for i, n in enumerate(parallel.nodes)
+                if n.op == "nnscaler_moe_gmm" and n.pass_ == "fw" and n.rank // per == 9
+                and n.mb == 11)
+    a = dict(n.attrs)
+    s, e, total = a["local_expert_start"], a["local_expert_end"], a["n_routed_experts"]
+    a["local_expert_start"], a["local_expert_end"] = (e % total), (e % total) + (e - s)
+    nodes = list(parallel.nodes)
+    nodes[i] = replace(n, attrs=a)
+    return replace(parallel, nodes=nodes), n
+
+
+@pytest.mark.slow
+def test_the_128_rank_moe_plan_folds_and_a_bug_in_a_dropped_unit_is_kept(big_moe):
+    """Every unit of the real MoE plan is a copy (no exception: before the all-gather fix,
+    224 were not), and the same plan with a wrong expert range in a unit the fold drops has
+    exactly that unit as an exception, kept (with its node) in the folded plan, where it is
+    verified (the 8-rank tests above show such a unit's bug is then a violation)."""
+    single, parallel = big_moe
+    plain = fold_plans(single, parallel).info
+    assert (plain.replicas, plain.micro_batches, plain.exceptions) == (16, 16, [])
+    assert plain.checked["nodes"] > 300_000 and plain.kept_units == 4
+    broken, node = _shift_experts_in_a_dropped_unit(parallel)
+    folded = fold_plans(single, broken)
+    assert folded.info.exceptions == ["replica 9 micro-batch 11"]
+    kept = next(n for n in folded.parallel.nodes if n.id == node.id)
+    assert kept.attrs["local_expert_start"] != node.attrs["local_expert_start"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("os").environ.get("TVSMT_SLOW"),
+                    reason="about 2 minutes: run with TVSMT_SLOW=1")
+def test_a_bug_in_a_dropped_unit_of_the_128_rank_moe_plan_is_a_violation(big_moe):
+    single, parallel = big_moe
+    broken, node = _shift_experts_in_a_dropped_unit(parallel)
+    report = verify_plans(single, broken, Options(jobs=2))
+    assert report.verdict == "violation", report.failures[:2]
+    assert "replica 9 micro-batch 11" in report.fold["exceptions"]
+
+
+def test_an_all_gather_reads_no_piece_index_so_folding_may_ignore_it():
+    """Why the fold (and the stage templates) may ignore an all-gather's `idx`: its result is
+    the same with any idx or none, while its axis and its inputs' order do change it."""
+    from tvsmt.ops import NodeCtx, NumericBackend, get
+
+    spec = get("all_gather")
+    xs = [np.arange(6.0).reshape(2, 3), np.arange(6.0, 12.0).reshape(2, 3)]
+    out = lambda ins, **a: spec.forward(NumericBackend(), ins, dict(a, ranks=[4, 5]),  # noqa: E731
+                                        NodeCtx())[0]
+    base = out(xs, dim=1)
+    for idx in (0, 1):
+        assert np.array_equal(out(xs, dim=1, idx=idx), base)
+        assert spec.semantic_attrs({"dim": 1, "ranks": [4, 5], "idx": idx}) == \
+            spec.semantic_attrs({"dim": 1, "ranks": [12, 13]})
+    assert not np.array_equal(out(xs[::-1], dim=1), base)
+    assert out(xs, dim=0).shape != base.shape
+    assert spec.semantic_attrs({"dim": 0, "ranks": [4, 5]}) != spec.semantic_attrs(
+        {"dim": 1, "ranks": [4, 5]})

@@ -17,6 +17,7 @@ from typing import NamedTuple
 from tvsmt.encoding.obligations import (PARALLEL_TEMPLATES, StageOutcome,  # noqa: F401
                                         build_obligations, encode_one)
 from tvsmt.graph import Graph
+from tvsmt.heap import plans_frozen
 from tvsmt.lineage import check_output_coverage, check_plan_shapes, unclaimed_sinks
 from tvsmt.plan import Plan, load_plan
 from tvsmt.plan.reader import check_pair
@@ -180,10 +181,11 @@ def verify_plans(single: Plan, parallel: Plan, opts: Options | None = None,
 
     opts = opts or Options()
     timer = timer or Timer()
-    if not opts.fold:
-        return run(single, parallel, opts, timer)
-    return _through_fold(lambda extra: fold_plans(single, parallel, extra),
-                         lambda: run(single, parallel, opts, timer), opts, timer, run)
+    with plans_frozen():
+        if not opts.fold:
+            return run(single, parallel, opts, timer)
+        return _through_fold(lambda extra: fold_plans(single, parallel, extra),
+                             lambda: run(single, parallel, opts, timer), opts, timer, run)
 
 
 def verify_source(source, opts: Options | None = None, timer: Timer | None = None) -> Report:
@@ -247,6 +249,11 @@ def verify_pair(single_path: str, parallel_path: str, opts: Options | None = Non
         opts.progress("loading plans", 0, None)
     with timer.phase("load"):
         pair = PlanPair.load(single_path, parallel_path)
+    with plans_frozen():
+        return _verify_loaded(pair, opts, timer)
+
+
+def _verify_loaded(pair: PlanPair, opts: Options, timer: Timer) -> Report:
     if any(lin.hypothesis for lin in pair.parallel.lineages):
         # inferred lineages only cut stages: one whose stage fails is dropped and the
         # neighbouring stages merge (tvsmt/capture/driver.py), never a violation by itself

@@ -32,6 +32,7 @@ from tvsmt.fold.units import (
     assign_units,
     node_units,
 )
+from tvsmt.heap import plans_frozen
 from tvsmt.plan.model import Node, Plan
 
 
@@ -207,7 +208,8 @@ def fold_source(source: UnitSource, extra: int = 0, jobs: int = 1) -> Folded:
 def fold_plans(single: Plan, parallel: Plan, extra: int = 0) -> Folded:
     """Fold a loaded pair (raises FoldRefused when the plan does not fit)."""
     _check_foldable(parallel, extra)  # before splitting the plan into units
-    return fold_source(LoadedPlan(single, parallel), extra)
+    with plans_frozen():
+        return fold_source(LoadedPlan(single, parallel), extra)
 
 
 def _check_foldable(parallel: Plan, extra: int) -> None:

@@ -27,13 +27,17 @@ from math import gcd, isqrt, prod
 class Dim:
     """One reduced dimension: original size `n`; `g` must be divisible by its divisor."""
 
-    __slots__ = ("id", "n", "g", "label")
+    __slots__ = ("id", "n", "g", "label", "_mono")
 
     def __init__(self, ident: int, n: int, label: str = ""):
         self.id, self.n, self.g, self.label = ident, n, n, label
+        self._mono = None
 
     def mono(self) -> "Mono":
-        return Mono(Fraction(1), (self.id,))
+        m = self._mono  # immutable: made once (shape rules ask for it millions of times)
+        if m is None:
+            m = self._mono = Mono(_ONE, (self.id,))
+        return m
 
     def __mul__(self, other):
         return self.mono() * other
@@ -53,14 +57,26 @@ class Dim:
         return f"Dim({self.label or self.id}:{self.n})"
 
 
-@dataclass(frozen=True, eq=False)
+_ONE = Fraction(1)
+
+
 class Mono:
-    coef: Fraction
-    dims: tuple[int, ...]  # dim ids, with multiplicity
+    """coef * prod(dims); immutable (a plain slotted class: made in every shape rule)."""
+
+    __slots__ = ("coef", "dims")
+
+    def __init__(self, coef: Fraction, dims: tuple[int, ...]):
+        self.coef = coef
+        self.dims = dims  # dim ids, with multiplicity
+
+    def __repr__(self):
+        return f"Mono({self.coef}, {self.dims})"
 
     def __mul__(self, other):
         o = as_mono(other)
-        return Mono(self.coef * o.coef, tuple(sorted(self.dims + o.dims)))
+        a, b = self.coef, o.coef
+        coef = b if a == 1 else a if b == 1 else a * b
+        return Mono(coef, tuple(sorted(self.dims + o.dims)))
 
     __rmul__ = __mul__
 

@@ -145,6 +145,14 @@ def _reads_pieces(attrs) -> dict:
             "idx": attrs.get("idx"), "pieces": len(attrs.get("ranks") or ())}
 
 
+def _reads_gather(attrs) -> dict:
+    """A gather concatenates its inputs in order: it reads the axis (and, kept to be strict,
+    the number of ranks), never a piece index. nnScaler's export writes `idx` on the
+    all-gather half of some fused adapters on replicas >= 1 only, which must not make those
+    replicas look different from replica 0 (folding, stage templates)."""
+    return {"dim": attrs.get("dim"), "pieces": len(attrs.get("ranks") or ())}
+
+
 _comm("all_reduce", sum_fw, identity_shape, "sum of the group's inputs", _reads_nothing,
       unit_sum=True)
 _comm("reducer", sum_fw, identity_shape,
@@ -158,7 +166,7 @@ _comm("broadcast", broadcast_fw, identity_shape,
       "[x] -> [x] (one copy per output slot); with several inputs, the one at the position of "
       "attrs.src in attrs.ranks", rank_attrs=("ranks", "src"))
 _comm("all_gather", all_gather_fw, all_gather_shape,
-      "concatenate the inputs along attrs.dim in input order", _reads_pieces)
+      "concatenate the inputs along attrs.dim in input order", _reads_gather)
 _comm("chunk", chunk_fw, chunk_shape,
       "[x] -> [piece attrs.idx of len(attrs.ranks) equal pieces along attrs.dim]",
       _reads_pieces)
