@@ -15,6 +15,13 @@ from tvsmt.capture.script import CaptureScript, load_script
 from tvsmt.capture.trace import trace_program
 
 
+# ATen ops whose result depends on their input's shape only (the seed of the backward pass is
+# ones_like(loss)): what they make is a constant, like a mask, whatever feeds them.
+VALUE_FREE = {"aten.ones_like.default", "aten.zeros_like.default", "aten.full_like.default",
+              "aten.empty_like.default", "aten.new_ones.default", "aten.new_zeros.default",
+              "aten.new_full.default", "aten.new_empty.default"}
+
+
 @dataclass
 class CapturedPair:
     """The two plans as execplan dicts, plus what the report shows about the capture."""
@@ -101,7 +108,8 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True) -> Captured
         # stage that needs them: never hypothesised
         varying = {rid(r, i.id) for r, p in ranks.items() for i in p.inputs}
         for pn in p_nodes:
-            if any(t in varying for t in pn.node.inputs if t is not None):
+            if pn.node.op not in VALUE_FREE and any(t in varying for t in pn.node.inputs
+                                                    if t is not None):
                 varying.update(t for t in pn.node.outputs if t is not None)
         constant = {t for t in produced if t not in varying}
         hyps = hypotheses(single, s_values, produced, p_values, p_shapes,
