@@ -7,12 +7,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from tvsmt.capture.assemble import PlacedNode, join, live_nodes, rid
 from tvsmt.capture.execute import run
 from tvsmt.capture.lineages import CapLineage, Provenance, hypotheses, input_and_claim_lineages
 from tvsmt.capture.program import CapNode, Program
 from tvsmt.capture.script import CaptureScript, load_script
 from tvsmt.capture.trace import trace_program
+from tvsmt.plan.mesh import Mesh
 
 
 # ATen ops whose result depends on their input's shape only (the seed of the backward pass is
@@ -32,6 +35,9 @@ class CapturedPair:
     provenance: list[Provenance]
     timings: dict[str, float] = field(default_factory=dict)
     hypotheses: int = 0
+    # claims (single tensor -> what differs) whose values differ between the programs on
+    # the concrete run: a real bug, witnessed by a random input (see driver.py)
+    witnessed: dict[str, str] = field(default_factory=dict)
 
     def plans(self):
         from tvsmt.plan.reader import check_pair, plan_from_dict
@@ -42,9 +48,9 @@ class CapturedPair:
         return s, p
 
 
-def _node_dict(n: CapNode, rank: int) -> dict:
+def _node_dict(n: CapNode, rank: int, unmarked: int = 0) -> dict:
     d = {"id": n.id, "op": n.op, "pass": None if n.comm is not None else "fw", "rank": rank,
-         "mb": 0, "inputs": list(n.inputs), "outputs": list(n.outputs), "attrs": n.attrs}
+         "mb": unmarked if n.mb is None else n.mb, "inputs": list(n.inputs), "outputs": list(n.outputs), "attrs": n.attrs}
     if n.source:
         d["source"] = n.source
     return d
@@ -93,7 +99,7 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True) -> Captured
     timings["convert"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    n_hyp = 0
+    n_hyp, witnessed = 0, {}
     produced = [t for pn in p_nodes for t in pn.node.outputs if t is not None]
     position = {t: i for i, t in enumerate(produced)}
     if with_hypotheses:
@@ -115,6 +121,7 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True) -> Captured
         hyps = hypotheses(single, s_values, produced, p_values, p_shapes,
                           claim_ids | constant, s_order, s_ops, p_ops)
         n_hyp = len(hyps)
+        witnessed = concrete_mismatches(lineages, s_values, p_values)
         lineages += hyps
     for lin in lineages:
         if lin.kind == "claim":
@@ -132,6 +139,10 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True) -> Captured
     p_ids = _used([pn.node for pn in p_nodes],
                   [rid(r, i.id) for r, p in ranks.items() for i in p.inputs])
     world = sc.world_size
+    mesh, layout = world_layout(world, [pn.node.comm.ranks for pn in p_nodes
+                                        if pn.node.comm is not None])
+    marked = sorted({pn.node.mb for pn in p_nodes if pn.node.mb is not None})
+    n_mb = max(marked) + 1 if marked else 1
     name = _name(sc.path)
     single_dict = {
         "format": "tvsmt.execplan", "version": 1, "name": name, "kind": "single",
@@ -142,14 +153,63 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True) -> Captured
         "outputs": s_out, "lineages": []}
     parallel_dict = {
         "format": "tvsmt.execplan", "version": 1, "name": name, "kind": "parallel",
-        "world": {"dp": 1, "tp": world, "pp": 1, "mb": 1, "ranks": world,
-                  "model": {"capture": sc.path, "layout": "captured ranks (no dp/tp/pp "
-                                                          "layout is assumed)"}},
+        "world": {"dp": mesh.dp, "tp": mesh.tp, "pp": mesh.pp, "mb": n_mb, "ranks": world,
+                  "model": {"capture": sc.path, "layout": layout}},
         "tensors": _tensors(p_ids, p_shapes, p_roles),
-        "nodes": [_node_dict(pn.node, pn.rank) for pn in p_nodes],
+        # outside the marked micro-batches (gradient synchronisation): no micro-batch
+        "nodes": [_node_dict(pn.node, pn.rank, -1 if marked else 0) for pn in p_nodes],
         "outputs": [],
         "lineages": [_lineage_dict(lin) for lin in lineages]}
-    return CapturedPair(sc.path, single_dict, parallel_dict, provenance, timings, n_hyp)
+    return CapturedPair(sc.path, single_dict, parallel_dict, provenance, timings, n_hyp,
+                        witnessed)
+
+
+def world_layout(world: int, groups: list[tuple[int, ...]]) -> tuple[Mesh, str]:
+    """The (dp, tp) mesh that the code's collective groups fit, and how it was found.
+
+    A factorisation dp x tp of the world fits when every group is a tensor-parallel group
+    (ranks d*tp .. d*tp+tp-1) or a data-parallel one (ranks t, t+tp, ...) of it and both
+    axes of size > 1 carry a collective. Exactly one must fit; otherwise (no collective,
+    pipeline stages, several fits such as one group over the whole world) the world stays
+    one axis of WORLD_SIZE ranks and the layout says so."""
+    seen = {tuple(sorted(g)) for g in groups}
+    fits = []
+    for tp in range(1, world + 1):
+        if world % tp:
+            continue
+        mesh = Mesh(dp=world // tp, tp=tp)
+        axes = {ax: {tuple(mesh.group(r, ax)) for r in range(world)} for ax in ("dp", "tp")}
+        if all(any(g in axes[ax] for ax in axes) for g in seen) and all(
+                any(g in axes[ax] for g in seen) for ax in axes if getattr(mesh, ax) > 1):
+            fits.append(mesh)
+    if len(fits) == 1 and fits[0].dp > 1 and fits[0].tp > 1:
+        m = fits[0]
+        return m, f"dp {m.dp} x tp {m.tp}, from the groups the code creates"
+    return Mesh(tp=world), ("captured ranks: the groups do not determine a dp x tp layout, "
+                            "so none is assumed")
+
+
+def concrete_mismatches(lineages: list[CapLineage], s_values: dict, p_values: dict
+                        ) -> dict[str, str]:
+    """The claims that the concrete run (random draw 0, every rank) already contradicts:
+    single tensor -> the rank tensor and how far it is off."""
+    out = {}
+    for lin in lineages:
+        if lin.kind != "claim" or lin.single not in s_values:
+            continue
+        for part in lin.parts:
+            t = part.sum_of[0]
+            want = s_values[lin.single][tuple(slice(a, b) for a, b in part.slice)]
+            got = p_values.get(t)
+            if got is None or got.shape != want.shape:
+                continue
+            if not torch.allclose(got.double(), want.double(), rtol=1e-3,
+                                  atol=1e-5 * (1 + float(want.abs().max()))):
+                err = float((got.double() - want.double()).abs().max())
+                out[lin.single] = (f"on the concrete run (random inputs) {t} differs from "
+                                   f"its block of {lin.single} by up to {err:.3g}")
+                break
+    return out
 
 
 def _lineage_dict(lin: CapLineage) -> dict:

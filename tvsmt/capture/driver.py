@@ -23,7 +23,7 @@ from typing import Any
 from tvsmt.capture.build import CapturedPair, capture_pair
 from tvsmt.errors import InputError, StructuralViolation
 from tvsmt.plan.model import Plan
-from tvsmt.report.report import VIOLATION, Failure, Report
+from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, VIOLATION, Failure, Report
 
 
 @dataclass
@@ -44,16 +44,22 @@ def drop_lineages(plan: Plan, drop: set[int]) -> Plan:
     return dataclasses.replace(plan, lineages=lineages)
 
 
-def hypotheses_to_drop(single: Plan, parallel: Plan, report: Report) -> set[int]:
+def hypotheses_to_drop(single: Plan, parallel: Plan, report: Report,
+                       witnessed: dict[str, str] | None = None) -> set[int]:
     """The hypotheses a run's failures discredit: every failing hypothesis, and every
     hypothesis that a failing claim's stage assumed (a claim can fail only because its
-    stage was cut at a hypothesis that holds but says too little: merging decides)."""
+    stage was cut at a hypothesis that holds but says too little: merging decides), unless
+    the claim's counterexample is witnessed by the concrete run: then the bug is real and
+    the stage that shows it stays small."""
     from tvsmt.stages import cut_stages
 
+    witnessed = witnessed or {}
     lins = parallel.lineages
     failing = {f.lineage for f in report.failures if f.lineage is not None}
     drop = {i for i in failing if lins[i].hypothesis}
-    claims = {i for i in failing if not lins[i].hypothesis}
+    real = {f.lineage for f in report.failures if f.lineage is not None
+            and f.kind == "counterexample" and lins[f.lineage].single in witnessed}
+    claims = {i for i in failing if not lins[i].hypothesis} - real
     if claims:
         for stage in cut_stages(single, parallel).stages:
             if stage.target in claims:
@@ -61,29 +67,58 @@ def hypotheses_to_drop(single: Plan, parallel: Plan, report: Report) -> set[int]
     return drop
 
 
-def verify_with_hypotheses(single: Plan, parallel: Plan, opts=None, max_rounds: int = 50
+def verify_with_hypotheses(single: Plan, parallel: Plan, opts=None, max_rounds: int = 50,
+                           witnessed: dict[str, str] | None = None
                            ) -> tuple[Report, dict[str, int]]:
-    """Verify; drop discredited hypotheses and re-verify until none is left to drop."""
+    """Verify; drop discredited hypotheses and re-verify until none is left to drop.
+
+    witnessed: claims (single tensor -> how) that the concrete run of the captured
+    programs contradicts. Their counterexamples stand as violations even when their stage
+    assumed hypotheses (all proven in that run), and one of them proven equivalent would
+    contradict the real programs: the verdict is then inconclusive, never equivalent."""
     from tvsmt.verify import Options, verify_plans
 
     opts = opts or Options()
+    witnessed = witnessed or {}
     proposed = sum(lin.hypothesis for lin in parallel.lineages)
     dropped, rounds = 0, 0
     while True:
         rounds += 1
         report = verify_plans(single, parallel, opts)
-        bad = hypotheses_to_drop(single, parallel, report)
+        bad = hypotheses_to_drop(single, parallel, report, witnessed)
         if not bad:
             break
         if rounds >= max_rounds:  # never a pass: give up as inconclusive
-            report.verdict = "inconclusive"
+            report.verdict = INCONCLUSIVE
             report.failures.append(Failure("inconclusive", f"hypotheses still failing after "
                                                            f"{rounds} rounds"))
             break
         dropped += len(bad)
         parallel = drop_lineages(parallel, bad)
+    _account_for_witnesses(report, parallel, witnessed)
     return report, {"proposed": proposed, "dropped": dropped, "kept": proposed - dropped,
                     "rounds": rounds}
+
+
+def _account_for_witnesses(report: Report, parallel: Plan, witnessed: dict[str, str]) -> None:
+    """Say on each failing claim what the concrete run saw; a witnessed claim that did not
+    fail makes the run inconclusive (the proof contradicts the real programs)."""
+    failed = set()
+    for f in report.failures:
+        if f.lineage is None or f.lineage >= len(parallel.lineages):
+            continue
+        single = parallel.lineages[f.lineage].single
+        if single in witnessed and not parallel.lineages[f.lineage].hypothesis:
+            failed.add(single)
+            if f.kind == "counterexample":
+                f.message += f"; confirmed {witnessed[single]}"
+    missed = [t for t in witnessed if t not in failed]
+    for t in missed:
+        report.failures.append(Failure(
+            "inconclusive", f"{t} was not found wrong by the solver, but {witnessed[t]}: "
+            f"the proof contradicts the real programs, so it is not trusted", tensor=t))
+    if missed and report.verdict == EQUIVALENT:
+        report.verdict = INCONCLUSIVE
 
 
 def _as_capture_report(report: Report, pair: CapturedPair | None, hyp: dict) -> CaptureReport:
@@ -104,9 +139,25 @@ def check_pair(pair: CapturedPair, opts=None) -> CaptureReport:
     opts = dataclasses.replace(opts, fold=False)  # captured ids never follow the fold layout
     single, parallel = pair.plans()
     t0 = time.perf_counter()
-    report, hyp = verify_with_hypotheses(single, parallel, opts)
+    report, hyp = verify_with_hypotheses(single, parallel, opts,
+                                         witnessed=pair.witnessed)
     pair.timings["verify"] = time.perf_counter() - t0
+    _first_wrong_result_first(report, single)
     return _as_capture_report(report, pair, hyp)
+
+
+def _first_wrong_result_first(report: Report, single: Plan) -> None:
+    """Order failures by where the single program starts computing what failed (the first
+    node of the failing stage's single side): the earliest wrong result, such as a loss
+    normalised wrongly in the forward pass before the gradients it scales, comes first."""
+    at = {n.id: i for i, n in enumerate(single.nodes)}
+    produced = {t: i for i, n in enumerate(single.nodes) for t in n.outputs if t is not None}
+
+    def start(f: Failure) -> int:
+        nodes = [at[n["id"]] for n in f.single_nodes if n.get("id") in at]
+        return min(nodes) if nodes else produced.get(f.tensor, -1)
+
+    report.failures.sort(key=start)
 
 
 def check(script, opts=None) -> CaptureReport:

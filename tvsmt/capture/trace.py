@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
+from tvsmt.capture.markers import microbatch_of
 from tvsmt.capture.program import CapNode, Collective, InputTensor, Program, Ref, tensor_slots
 from tvsmt.capture.script import CaptureScript
 from tvsmt.capture.world import rank_world
@@ -152,7 +153,10 @@ class _Tracer:
         ins = ([values[f"param.{n}"] for n in pnames], [values[f"buffer.{n}"] for n in bnames],
                [values[n] for n in self.batch_names])
         try:
-            gm = make_fx(traced, tracing_mode="fake", record_stack_traces=True)(*ins)
+            import torch.fx.traceback as fx_traceback
+
+            with fx_traceback.preserve_node_meta():  # keeps tvsmt.capture.microbatch marks
+                gm = make_fx(traced, tracing_mode="fake", record_stack_traces=True)(*ins)
         except InputError:
             raise
         except Exception as e:  # the user's code failed under tracing
@@ -358,7 +362,8 @@ class _Converter:
             self.mutate(node.args[w])
         cap = CapNode(node.name, name, inputs, tensor_slots(outs),
                       {"args": _to_json(args), "kwargs": _to_json(kwargs)},
-                      source_of(node, self.path), call=(target, args, kwargs))
+                      source_of(node, self.path), call=(target, args, kwargs),
+                      mb=microbatch_of(node))
         self.nodes.append(cap)
         self.define(node, outs)
 
@@ -437,7 +442,8 @@ class _Converter:
         if kind == "broadcast":
             attrs["src"] = src
         self.nodes.append(CapNode(out, op, [inp], [out], attrs, source_of(node, self.path),
-                                  comm=Collective(kind, tuple(ranks), reduce, src)))
+                                  comm=Collective(kind, tuple(ranks), reduce, src),
+                                  mb=microbatch_of(node)))
         return out
 
     def _shape_for(self, name: str, val) -> None:
