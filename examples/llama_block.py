@@ -30,6 +30,8 @@ from tvsmt.capture import microbatch
 WORLD_SIZE = 4
 TP, DP, MICRO = 2, 2, 2
 HIDDEN, HEADS, FFN, SEQ, BATCH = 16, 4, 32, 4, 4
+if os.environ.get("TVSMT_LLAMA_WIDTHS") == "8b":  # Llama-3-8B widths (scripts/bench_capture.py)
+    HIDDEN, HEADS, FFN, SEQ = 4096, 32, 14336, 2048
 HEAD_DIM = HIDDEN // HEADS
 BUG = os.environ.get("TVSMT_BUG", "")
 

@@ -353,7 +353,8 @@ def report_cmd(path, as_json, html_path):
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Keep the generated plans and reports here (default: a temporary folder).")
 def demo(out_dir):
-    """Generate a small parallel plan, verify it, break it, and show the localized report."""
+    """Generate a small parallel plan, verify it, break it, and show the localized report;
+    then the same from PyTorch code (a tensor-parallel MLP captured, proven and broken)."""
     from tvsmt.demo import run_demo
 
     sys.exit(run_demo(out_dir))

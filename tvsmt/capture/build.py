@@ -78,18 +78,32 @@ def _used(nodes: list[CapNode], inputs: list[str]) -> list[str]:
     return list(seen)
 
 
-def capture_pair(script: str | Any, *, with_hypotheses: bool = True) -> CapturedPair:
-    """Trace the script's single step and every rank's step; build the plan pair."""
+def capture_pair(script: str | Any, *, with_hypotheses: bool = True,
+                 carry_from: CapturedPair | None = None) -> CapturedPair:
+    """Trace the script's single step and every rank's step; build the plan pair.
+
+    carry_from: a pair captured from the same code at other (small) widths. The programs are
+    then traced with fake tensors (no values: any width costs nothing), must have exactly
+    its structure, and take its lineages with every slice scaled to the new sizes
+    (tvsmt/capture/scale.py); the report says so for every input."""
     sc: CaptureScript = load_script(script)
     timings: dict[str, float] = {}
+    fake = carry_from is not None
     t0 = time.perf_counter()
-    single = trace_program(sc, None)
-    ranks = {r: trace_program(sc, r) for r in range(sc.world_size)}
+    single = trace_program(sc, None, fake=fake)
+    ranks = {r: trace_program(sc, r, fake=fake) for r in range(sc.world_size)}
     timings["trace"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     order = join(ranks, sc.path)
-    lineages, provenance = input_and_claim_lineages(single, ranks, sc.param_sharding, sc.path)
+    if carry_from is None:
+        lineages, provenance = input_and_claim_lineages(single, ranks, sc.param_sharding,
+                                                        sc.path)
+    else:
+        from tvsmt.capture.scale import carried_lineages
+
+        lineages, provenance = carried_lineages(carry_from, single, ranks, sc.path)
+        with_hypotheses = False  # carried over with the rest
     s_out = ([single.loss] if single.loss is not None else []) + list(
         dict.fromkeys(g for g in single.grads.values() if g is not None))
     s_nodes = live_nodes(single.nodes, set(s_out))
@@ -124,7 +138,7 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True) -> Captured
         witnessed = concrete_mismatches(lineages, s_values, p_values)
         lineages += hyps
     for lin in lineages:
-        if lin.kind == "claim":
+        if lin.kind == "claim" or (lin.kind == "hypothesis" and fake):
             lin.position = max(position.get(t, -1) for p in lin.parts for t in p.sum_of)
     lineages.sort(key=lambda lin: (lin.position, lin.kind != "hypothesis"))
     timings["lineages"] = time.perf_counter() - t0
@@ -160,8 +174,13 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True) -> Captured
         "nodes": [_node_dict(pn.node, pn.rank, -1 if marked else 0) for pn in p_nodes],
         "outputs": [],
         "lineages": [_lineage_dict(lin) for lin in lineages]}
-    return CapturedPair(sc.path, single_dict, parallel_dict, provenance, timings, n_hyp,
-                        witnessed)
+    pair = CapturedPair(sc.path, single_dict, parallel_dict, provenance, timings,
+                        n_hyp or sum(lin.kind == "hypothesis" for lin in lineages), witnessed)
+    if carry_from is not None:
+        from tvsmt.capture.scale import check_same_structure
+
+        check_same_structure(carry_from, pair)
+    return pair
 
 
 def world_layout(world: int, groups: list[tuple[int, ...]]) -> tuple[Mesh, str]:

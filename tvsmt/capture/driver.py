@@ -60,11 +60,43 @@ def hypotheses_to_drop(single: Plan, parallel: Plan, report: Report,
     real = {f.lineage for f in report.failures if f.lineage is not None
             and f.kind == "counterexample" and lins[f.lineage].single in witnessed}
     claims = {i for i in failing if not lins[i].hypothesis} - real
-    if claims:
-        for stage in cut_stages(single, parallel).stages:
-            if stage.target in claims:
-                drop.update(i for i in stage.inputs if lins[i].hypothesis)
+    stages = {st.target: st for st in cut_stages(single, parallel).stages} \
+        if claims or real else {}
+    for i in claims:
+        if i in stages:
+            drop.update(j for j in stages[i].inputs if lins[j].hypothesis)
+    drop |= _small_merges(single, parallel, real, stages, drop)
     return drop
+
+
+MERGE_LIMIT = 200  # parallel nodes of a merged stage worth showing for a witnessed claim
+
+
+def _small_merges(single: Plan, parallel: Plan, real: set[int], stages: dict, drop: set[int]
+                  ) -> set[int]:
+    """For each witnessed claim whose stage assumes hypotheses: if its stage with no
+    hypothesis at all stays small (at most MERGE_LIMIT parallel nodes), every hypothesis
+    inside that stage, so that the next round shows the whole computation of the wrong
+    result (a missing collective has no line of its own). Larger stages keep their small
+    counterexample: merging them is what times out. One step, never a chain of rounds."""
+    from tvsmt.stages import cut_stages
+
+    lins = parallel.lineages
+    todo = [i for i in sorted(real) if i in stages
+            and any(lins[j].hypothesis for j in stages[i].inputs)]
+    if not todo:
+        return set()
+    hyps = {lin.index for lin in lins if lin.hypothesis}
+    bare = drop_lineages(parallel, hyps)
+    wide = {bare.lineages[st.target].single: st for st in cut_stages(single, bare).stages}
+    out: set[int] = set()
+    for i in todo:
+        st = wide.get(lins[i].single)
+        if st is None or len(st.parallel_nodes) > MERGE_LIMIT:
+            continue
+        inside = {t for k in st.parallel_nodes for t in bare.nodes[k].outputs if t}
+        out |= {j for j in hyps if any(t in inside for p in lins[j].parts for t in p.sum_of)}
+    return out - drop
 
 
 def verify_with_hypotheses(single: Plan, parallel: Plan, opts=None, max_rounds: int = 50,

@@ -64,12 +64,18 @@ def _leaf_name(keypath) -> str:
     return ".".join(["batch"] + parts)
 
 
-def build(script: CaptureScript, rank: int | None, draw: int):
-    """(model, batch) of one rank (None: the single device) for random draw `draw`."""
+def build(script: CaptureScript, rank: int | None, draw: int, fake: bool = False):
+    """(model, batch) of one rank (None: the single device) for random draw `draw`; with
+    `fake`, every tensor is a FakeTensor (shapes only: a model of any width costs nothing)."""
+    from contextlib import nullcontext
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     torch.manual_seed(SEED + 7919 * draw)
-    if rank is None:
-        return _split_built(script.build_single(), "build_single", script.path)
-    return _split_built(script.build_rank(rank), f"build_rank({rank})", script.path)
+    with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
+        if rank is None:
+            return _split_built(script.build_single(), "build_single", script.path)
+        return _split_built(script.build_rank(rank), f"build_rank({rank})", script.path)
 
 
 def anchor_stack_traces(path: str) -> None:
@@ -90,16 +96,18 @@ def anchor_stack_traces(path: str) -> None:
         todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
 
 
-def trace_program(script: CaptureScript, rank: int | None, draws: int = 2) -> Program:
-    """Build and trace one rank (rank None: the single device in a world of one rank)."""
+def trace_program(script: CaptureScript, rank: int | None, draws: int = 2,
+                  fake: bool = False) -> Program:
+    """Build and trace one rank (rank None: the single device in a world of one rank);
+    `fake`: built with fake tensors, one draw of no values (tvsmt.capture.scale)."""
     anchor_stack_traces(script.path)
     world = 1 if rank is None else script.world_size
     with rank_world(0 if rank is None else rank, world, script.path):
-        model, batch = build(script, rank, 0)
+        model, batch = build(script, rank, 0, fake)
         step = script.single_step if rank is None else script.train_step
         traced = _Tracer(script, rank, model, batch, step)
         program = traced.run()
-        for k in range(1, draws):
+        for k in range(1, 1 if fake else draws):
             m, b = build(script, rank, k)
             values = traced.input_values(m, b)
             for inp in program.inputs:
