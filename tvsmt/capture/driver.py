@@ -4,10 +4,13 @@ proven.
 
 Why this is sound: the verdict is taken from the last run, in which no hypothesis failed,
 so every assumption used there is either an input lineage or proven (`unsat`). A failing
-hypothesis never makes a violation; only the claims (gradients, losses) can, and a failing
+hypothesis never makes a violation; only the claims (gradients, losses) can. A failing
 claim whose stage assumed hypotheses drops them too and is verified again over the merged
-stage, so a violation is only reported where the claim fails without any hypothesis (as
-when the pair is verified with no hypotheses at all). Inconclusive stays inconclusive.
+stage, unless the concrete run of the captured programs already shows that claim wrong
+(`witnessed`): its counterexample then stands (the bug is real: the programs differ on a
+random input), and merging it, which is what times out on the Llama block, is skipped. A
+witnessed claim that gets proven makes the run inconclusive. Inconclusive stays
+inconclusive.
 """
 
 from __future__ import annotations
