@@ -188,9 +188,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "inferred lineages are trusted: a failing hypothesis is ignored instead of dropped",
         "inferred lineages",
         (Patch("tvsmt/capture/driver.py",
-               "        bad = hypotheses_to_drop(single, parallel, report)\n"
+               "        bad = hypotheses_to_drop(single, parallel, report, witnessed)\n"
                "        if not bad:\n",
-               "        bad = hypotheses_to_drop(single, parallel, report)\n"
+               "        bad = hypotheses_to_drop(single, parallel, report, witnessed)\n"
                "        if bad:\n"
                "            from tvsmt.policy import decide\n"
                "            decide(report, [f for f in report.failures if f.lineage not in bad])\n"
@@ -198,6 +198,15 @@ MUTATIONS: tuple[Mutation, ...] = (
                "        if not bad:\n"),),
         ("tests/test_capture.py::test_a_wrong_hypothesis_never_turns_into_a_pass",),
         fast=True),
+    Mutation(
+        "witness-ignored-when-proven",
+        "a claim the concrete run contradicts passes when the solver proves it",
+        "inferred lineages",
+        (Patch("tvsmt/capture/driver.py",
+               "    if missed and report.verdict == EQUIVALENT:\n",
+               "    if False:\n"),),
+        ("tests/test_capture_llama.py::"
+         "test_a_witnessed_claim_that_the_solver_proves_is_never_a_pass",)),
     Mutation(
         "cache-previous-hash",
         "a cached verdict is looked up under the stage's previous obligation hash",

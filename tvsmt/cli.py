@@ -193,43 +193,63 @@ def _solver_options(several: bool):
 solver_options = _solver_options(several=False)
 
 
-@main.command(epilog=EXIT_CODES_HELP)
-@click.argument("single", type=click.Path(dir_okay=False))
-@click.argument("parallel", type=click.Path(dir_okay=False))
-@click.option("--report", "report_path", type=click.Path(dir_okay=False),
-              help="Write the JSON report to this file.")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False),
-              help="Write a self-contained HTML report (failing stages drawn) to this file.")
-@_solver_options(several=True)
-@click.option("--crosscheck", is_flag=False, flag_value="z3,cvc5", default=None,
-              metavar="[A,B,...]", callback=lambda ctx, param, value: _crosscheck_value(value),
-              help="Solve with every listed solver profile (names or .toml paths; alone: "
-                   "z3,cvc5, and then after the plan files or as --crosscheck=A,B). A pass "
-                   "needs unsat from every solver; sat against unsat, or a one-sided answer, "
-                   "is inconclusive. Giving --solver twice or more does the same.")
-@click.option("--corpus", "corpus", type=click.Path(file_okay=False), default=None,
-              help="SMT-LIB corpus folder (default: smt_corpus/<plan pair name>).")
-@click.option("--no-corpus", is_flag=True, help="Do not write or read a corpus.")
-@click.option("--fresh", is_flag=True,
-              help="Ignore verdicts already in the corpus (and start over from a damaged "
-                   "manifest).")
-@click.option("--no-fold", is_flag=True,
-              help="Verify every replica and micro-batch instead of folding the copies.")
-@click.option("--strict", is_flag=True,
-              help="Fail (inconclusive, exit 3) when the parallel plan computes results that "
-                   "no lineage claims (they are listed in the report either way).")
-def verify(single, parallel, report_path, html_path, jobs, timeout, solver, backend, scheduler,
-           crosscheck, corpus, no_corpus, fresh, no_fold, strict):
-    """Verify that PARALLEL computes what SINGLE computes."""
+def verify_options(f):
+    """The options of `verify`, shared with `check` (which takes exactly the same)."""
+    for opt in reversed([
+        click.option("--report", "report_path", type=click.Path(dir_okay=False),
+                     help="Write the JSON report to this file."),
+        click.option("--html", "html_path", type=click.Path(dir_okay=False),
+                     help="Write a self-contained HTML report (failing stages drawn) to this "
+                          "file."),
+        _solver_options(several=True),
+        click.option("--crosscheck", is_flag=False, flag_value="z3,cvc5", default=None,
+                     metavar="[A,B,...]",
+                     callback=lambda ctx, param, value: _crosscheck_value(value),
+                     help="Solve with every listed solver profile (names or .toml paths; "
+                          "alone: z3,cvc5, and then after the plan files or as "
+                          "--crosscheck=A,B). A pass needs unsat from every solver; sat "
+                          "against unsat, or a one-sided answer, is inconclusive. Giving "
+                          "--solver twice or more does the same."),
+        click.option("--corpus", "corpus", type=click.Path(file_okay=False), default=None,
+                     help="SMT-LIB corpus folder (default: smt_corpus/<plan pair name>)."),
+        click.option("--no-corpus", is_flag=True, help="Do not write or read a corpus."),
+        click.option("--fresh", is_flag=True,
+                     help="Ignore verdicts already in the corpus (and start over from a "
+                          "damaged manifest)."),
+        click.option("--no-fold", is_flag=True,
+                     help="Verify every replica and micro-batch instead of folding the "
+                          "copies."),
+        click.option("--strict", is_flag=True,
+                     help="Fail (inconclusive, exit 3) when the parallel plan computes "
+                          "results that no lineage claims (they are listed in the report "
+                          "either way)."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def verify_option_values(name: str, report_path, html_path, jobs, timeout, solver, backend,
+                         scheduler, crosscheck, corpus, no_corpus, fresh, no_fold, strict
+                         ) -> dict:
+    """Options keywords from verify's options, checked (`name`: the default corpus's)."""
     check_backend(backend, scheduler)
     solver, crosscheck = _solver_choice(solver, crosscheck)
     _check_folder("--report", report_path)
     _check_folder("--html", html_path)
-    corpus = None if no_corpus else (corpus or default_corpus(parallel))
-    sys.exit(run_verify(single, parallel, report_path, html_path, jobs=jobs, timeout=timeout,
-                        solver=solver, backend=backend, scheduler=scheduler,
-                        crosscheck=crosscheck, corpus=corpus, fresh=fresh, fold=not no_fold,
-                        strict=strict))
+    corpus = None if no_corpus else (corpus or default_corpus(name))
+    return dict(jobs=jobs, timeout=timeout, solver=solver, backend=backend,
+                scheduler=scheduler, crosscheck=crosscheck, corpus=corpus, fresh=fresh,
+                fold=not no_fold, strict=strict)
+
+
+@main.command(epilog=EXIT_CODES_HELP)
+@click.argument("single", type=click.Path(dir_okay=False))
+@click.argument("parallel", type=click.Path(dir_okay=False))
+@verify_options
+def verify(single, parallel, report_path, html_path, **options):
+    """Verify that PARALLEL computes what SINGLE computes."""
+    opts = verify_option_values(parallel, report_path, html_path, **options)
+    sys.exit(run_verify(single, parallel, report_path, html_path, **opts))
 
 
 def _crosscheck_value(value: str | None) -> tuple[str, ...] | None:
@@ -351,7 +371,8 @@ def report_cmd(path, as_json, html_path):
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Keep the generated plans and reports here (default: a temporary folder).")
 def demo(out_dir):
-    """Generate a small parallel plan, verify it, break it, and show the localized report."""
+    """Generate a small parallel plan, verify it, break it, and show the localized report;
+    then the same from PyTorch code (a tensor-parallel MLP captured, proven and broken)."""
     from tvsmt.demo import run_demo
 
     sys.exit(run_demo(out_dir))
@@ -385,36 +406,23 @@ def capture_cmd(script, out_dir):
                f"({len(pair.parallel['lineages'])} lineages, {pair.hypotheses} hypotheses)")
 
 
-@main.command("check")
+@main.command("check", epilog=EXIT_CODES_HELP)
 @click.argument("script", type=click.Path(dir_okay=False))
-@click.option("--report", "report_path", type=click.Path(dir_okay=False),
-              help="Write the JSON report to this file.")
-@solver_options
-@click.option("--crosscheck", is_flag=True,
-              help="Solve with z3 AND cvc5; any disagreement or one-sided answer is "
-                   "inconclusive.")
-@click.option("--corpus", "corpus", type=click.Path(file_okay=False), default=None,
-              help="SMT-LIB corpus folder (default: none).")
-@click.option("--fresh", is_flag=True, help="Ignore verdicts already in the corpus.")
-def check_cmd(script, report_path, jobs, timeout, solver, backend, scheduler, crosscheck,
-              corpus, fresh):
-    """Capture a PyTorch SCRIPT and verify it (verify's report and exit codes)."""
+@verify_options
+def check_cmd(script, report_path, html_path, **options):
+    """Capture a PyTorch SCRIPT and verify it: verify's options, report and exit codes
+    (captured pairs are verified unfolded; the corpus defaults to
+    smt_corpus/capture_<script name>)."""
     from tvsmt.capture import check
-    from tvsmt.report.render import render
     from tvsmt.verify import Options
 
-    if backend == "dask" and not scheduler:
-        raise click.UsageError("--backend dask needs --scheduler ADDRESS")
-    if crosscheck and solver != "z3":
-        raise click.UsageError("--crosscheck runs z3 and cvc5; it takes no --solver")
+    stem = os.path.splitext(os.path.basename(script))[0]
+    opts = verify_option_values(f"capture_{stem}.json", report_path, html_path, **options)
     with _progress_bar() as bar:
         task = bar.add_task("capturing", total=None)
-        opts = Options(jobs=jobs, timeout=timeout, solver=solver, backend=backend,
-                       scheduler=scheduler, crosscheck=crosscheck, corpus=corpus, fresh=fresh,
-                       progress=lambda phase, done, total: bar.update(
-                           task, description=phase, completed=done, total=total))
-        report = check(script, opts)
-    render(report)
+        report = check(script, Options(progress=lambda phase, done, total: bar.update(
+            task, description=phase, completed=done, total=total), **opts))
+    code = show_report(report, report_path, html_path)
     for inp in report.inputs:
         if inp["rank"] == 0:
             click.echo(f"input {inp['tensor']}: {inp['how']}")
@@ -422,10 +430,7 @@ def check_cmd(script, report_path, jobs, timeout, solver, backend, scheduler, cr
         h = report.hypotheses
         click.echo(f"hypotheses: {h['proposed']} proposed, {h['dropped']} dropped, "
                    f"{h['rounds']} verification rounds")
-    if report_path:
-        report.save(report_path)
-        click.echo(f"report written to {report_path}")
-    sys.exit(report.exit_code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

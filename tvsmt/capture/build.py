@@ -7,12 +7,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from tvsmt.capture.assemble import PlacedNode, join, live_nodes, rid
 from tvsmt.capture.execute import run
 from tvsmt.capture.lineages import CapLineage, Provenance, hypotheses, input_and_claim_lineages
 from tvsmt.capture.program import CapNode, Program
 from tvsmt.capture.script import CaptureScript, load_script
 from tvsmt.capture.trace import trace_program
+from tvsmt.plan.mesh import Mesh
+
+
+# ATen ops whose result depends on their input's shape only (the seed of the backward pass is
+# ones_like(loss)): what they make is a constant, like a mask, whatever feeds them.
+VALUE_FREE = {"aten.ones_like.default", "aten.zeros_like.default", "aten.full_like.default",
+              "aten.empty_like.default", "aten.new_ones.default", "aten.new_zeros.default",
+              "aten.new_full.default", "aten.new_empty.default"}
 
 
 @dataclass
@@ -25,6 +35,9 @@ class CapturedPair:
     provenance: list[Provenance]
     timings: dict[str, float] = field(default_factory=dict)
     hypotheses: int = 0
+    # claims (single tensor -> what differs) whose values differ between the programs on
+    # the concrete run: a real bug, witnessed by a random input (see driver.py)
+    witnessed: dict[str, str] = field(default_factory=dict)
 
     def plans(self):
         from tvsmt.plan.reader import check_pair, plan_from_dict
@@ -35,9 +48,9 @@ class CapturedPair:
         return s, p
 
 
-def _node_dict(n: CapNode, rank: int) -> dict:
+def _node_dict(n: CapNode, rank: int, unmarked: int = 0) -> dict:
     d = {"id": n.id, "op": n.op, "pass": None if n.comm is not None else "fw", "rank": rank,
-         "mb": 0, "inputs": list(n.inputs), "outputs": list(n.outputs), "attrs": n.attrs}
+         "mb": unmarked if n.mb is None else n.mb, "inputs": list(n.inputs), "outputs": list(n.outputs), "attrs": n.attrs}
     if n.source:
         d["source"] = n.source
     return d
@@ -65,18 +78,32 @@ def _used(nodes: list[CapNode], inputs: list[str]) -> list[str]:
     return list(seen)
 
 
-def capture_pair(script: str | Any, *, with_hypotheses: bool = True) -> CapturedPair:
-    """Trace the script's single step and every rank's step; build the plan pair."""
+def capture_pair(script: str | Any, *, with_hypotheses: bool = True,
+                 carry_from: CapturedPair | None = None) -> CapturedPair:
+    """Trace the script's single step and every rank's step; build the plan pair.
+
+    carry_from: a pair captured from the same code at other (small) widths. The programs are
+    then traced with fake tensors (no values: any width costs nothing), must have exactly
+    its structure, and take its lineages with every slice scaled to the new sizes
+    (tvsmt/capture/scale.py); the report says so for every input."""
     sc: CaptureScript = load_script(script)
     timings: dict[str, float] = {}
+    fake = carry_from is not None
     t0 = time.perf_counter()
-    single = trace_program(sc, None)
-    ranks = {r: trace_program(sc, r) for r in range(sc.world_size)}
+    single = trace_program(sc, None, fake=fake)
+    ranks = {r: trace_program(sc, r, fake=fake) for r in range(sc.world_size)}
     timings["trace"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     order = join(ranks, sc.path)
-    lineages, provenance = input_and_claim_lineages(single, ranks, sc.param_sharding, sc.path)
+    if carry_from is None:
+        lineages, provenance = input_and_claim_lineages(single, ranks, sc.param_sharding,
+                                                        sc.path)
+    else:
+        from tvsmt.capture.scale import carried_lineages
+
+        lineages, provenance = carried_lineages(carry_from, single, ranks, sc.path)
+        with_hypotheses = False  # carried over with the rest
     s_out = ([single.loss] if single.loss is not None else []) + list(
         dict.fromkeys(g for g in single.grads.values() if g is not None))
     s_nodes = live_nodes(single.nodes, set(s_out))
@@ -86,7 +113,7 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True) -> Captured
     timings["convert"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    n_hyp = 0
+    n_hyp, witnessed = 0, {}
     produced = [t for pn in p_nodes for t in pn.node.outputs if t is not None]
     position = {t: i for i, t in enumerate(produced)}
     if with_hypotheses:
@@ -101,15 +128,17 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True) -> Captured
         # stage that needs them: never hypothesised
         varying = {rid(r, i.id) for r, p in ranks.items() for i in p.inputs}
         for pn in p_nodes:
-            if any(t in varying for t in pn.node.inputs if t is not None):
+            if pn.node.op not in VALUE_FREE and any(t in varying for t in pn.node.inputs
+                                                    if t is not None):
                 varying.update(t for t in pn.node.outputs if t is not None)
         constant = {t for t in produced if t not in varying}
         hyps = hypotheses(single, s_values, produced, p_values, p_shapes,
                           claim_ids | constant, s_order, s_ops, p_ops)
         n_hyp = len(hyps)
+        witnessed = concrete_mismatches(lineages, s_values, p_values)
         lineages += hyps
     for lin in lineages:
-        if lin.kind == "claim":
+        if lin.kind == "claim" or (lin.kind == "hypothesis" and fake):
             lin.position = max(position.get(t, -1) for p in lin.parts for t in p.sum_of)
     lineages.sort(key=lambda lin: (lin.position, lin.kind != "hypothesis"))
     timings["lineages"] = time.perf_counter() - t0
@@ -124,6 +153,10 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True) -> Captured
     p_ids = _used([pn.node for pn in p_nodes],
                   [rid(r, i.id) for r, p in ranks.items() for i in p.inputs])
     world = sc.world_size
+    mesh, layout = world_layout(world, [pn.node.comm.ranks for pn in p_nodes
+                                        if pn.node.comm is not None])
+    marked = sorted({pn.node.mb for pn in p_nodes if pn.node.mb is not None})
+    n_mb = max(marked) + 1 if marked else 1
     name = _name(sc.path)
     single_dict = {
         "format": "tvsmt.execplan", "version": 1, "name": name, "kind": "single",
@@ -134,14 +167,68 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True) -> Captured
         "outputs": s_out, "lineages": []}
     parallel_dict = {
         "format": "tvsmt.execplan", "version": 1, "name": name, "kind": "parallel",
-        "world": {"dp": 1, "tp": world, "pp": 1, "mb": 1, "ranks": world,
-                  "model": {"capture": sc.path, "layout": "captured ranks (no dp/tp/pp "
-                                                          "layout is assumed)"}},
+        "world": {"dp": mesh.dp, "tp": mesh.tp, "pp": mesh.pp, "mb": n_mb, "ranks": world,
+                  "model": {"capture": sc.path, "layout": layout}},
         "tensors": _tensors(p_ids, p_shapes, p_roles),
-        "nodes": [_node_dict(pn.node, pn.rank) for pn in p_nodes],
+        # outside the marked micro-batches (gradient synchronisation): no micro-batch
+        "nodes": [_node_dict(pn.node, pn.rank, -1 if marked else 0) for pn in p_nodes],
         "outputs": [],
         "lineages": [_lineage_dict(lin) for lin in lineages]}
-    return CapturedPair(sc.path, single_dict, parallel_dict, provenance, timings, n_hyp)
+    pair = CapturedPair(sc.path, single_dict, parallel_dict, provenance, timings,
+                        n_hyp or sum(lin.kind == "hypothesis" for lin in lineages), witnessed)
+    if carry_from is not None:
+        from tvsmt.capture.scale import check_same_structure
+
+        check_same_structure(carry_from, pair)
+    return pair
+
+
+def world_layout(world: int, groups: list[tuple[int, ...]]) -> tuple[Mesh, str]:
+    """The (dp, tp) mesh that the code's collective groups fit, and how it was found.
+
+    A factorisation dp x tp of the world fits when every group is a tensor-parallel group
+    (ranks d*tp .. d*tp+tp-1) or a data-parallel one (ranks t, t+tp, ...) of it and both
+    axes of size > 1 carry a collective. Exactly one must fit; otherwise (no collective,
+    pipeline stages, several fits such as one group over the whole world) the world stays
+    one axis of WORLD_SIZE ranks and the layout says so."""
+    seen = {tuple(sorted(g)) for g in groups}
+    fits = []
+    for tp in range(1, world + 1):
+        if world % tp:
+            continue
+        mesh = Mesh(dp=world // tp, tp=tp)
+        axes = {ax: {tuple(mesh.group(r, ax)) for r in range(world)} for ax in ("dp", "tp")}
+        if all(any(g in axes[ax] for ax in axes) for g in seen) and all(
+                any(g in axes[ax] for g in seen) for ax in axes if getattr(mesh, ax) > 1):
+            fits.append(mesh)
+    if len(fits) == 1 and fits[0].dp > 1 and fits[0].tp > 1:
+        m = fits[0]
+        return m, f"dp {m.dp} x tp {m.tp}, from the groups the code creates"
+    return Mesh(tp=world), ("captured ranks: the groups do not determine a dp x tp layout, "
+                            "so none is assumed")
+
+
+def concrete_mismatches(lineages: list[CapLineage], s_values: dict, p_values: dict
+                        ) -> dict[str, str]:
+    """The claims that the concrete run (random draw 0, every rank) already contradicts:
+    single tensor -> the rank tensor and how far it is off."""
+    out = {}
+    for lin in lineages:
+        if lin.kind != "claim" or lin.single not in s_values:
+            continue
+        for part in lin.parts:
+            t = part.sum_of[0]
+            want = s_values[lin.single][tuple(slice(a, b) for a, b in part.slice)]
+            got = p_values.get(t)
+            if got is None or got.shape != want.shape:
+                continue
+            if not torch.allclose(got.double(), want.double(), rtol=1e-3,
+                                  atol=1e-5 * (1 + float(want.abs().max()))):
+                err = float((got.double() - want.double()).abs().max())
+                out[lin.single] = (f"on the concrete run (random inputs) {t} differs from "
+                                   f"its block of {lin.single} by up to {err:.3g}")
+                break
+    return out
 
 
 def _lineage_dict(lin: CapLineage) -> dict:

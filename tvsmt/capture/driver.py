@@ -4,10 +4,13 @@ proven.
 
 Why this is sound: the verdict is taken from the last run, in which no hypothesis failed,
 so every assumption used there is either an input lineage or proven (`unsat`). A failing
-hypothesis never makes a violation; only the claims (gradients, losses) can, and a failing
+hypothesis never makes a violation; only the claims (gradients, losses) can. A failing
 claim whose stage assumed hypotheses drops them too and is verified again over the merged
-stage, so a violation is only reported where the claim fails without any hypothesis (as
-when the pair is verified with no hypotheses at all). Inconclusive stays inconclusive.
+stage, unless the concrete run of the captured programs already shows that claim wrong
+(`witnessed`): its counterexample then stands (the bug is real: the programs differ on a
+random input), and merging it, which is what times out on the Llama block, is skipped. A
+witnessed claim that gets proven makes the run inconclusive. Inconclusive stays
+inconclusive.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 from tvsmt.capture.build import CapturedPair, capture_pair
 from tvsmt.errors import InputError, StructuralViolation
 from tvsmt.plan.model import Plan
-from tvsmt.report.report import VIOLATION, Failure, Report
+from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, VIOLATION, Failure, Report
 
 
 @dataclass
@@ -44,46 +47,113 @@ def drop_lineages(plan: Plan, drop: set[int]) -> Plan:
     return dataclasses.replace(plan, lineages=lineages)
 
 
-def hypotheses_to_drop(single: Plan, parallel: Plan, report: Report) -> set[int]:
+def hypotheses_to_drop(single: Plan, parallel: Plan, report: Report,
+                       witnessed: dict[str, str] | None = None) -> set[int]:
     """The hypotheses a run's failures discredit: every failing hypothesis, and every
     hypothesis that a failing claim's stage assumed (a claim can fail only because its
-    stage was cut at a hypothesis that holds but says too little: merging decides)."""
+    stage was cut at a hypothesis that holds but says too little: merging decides), unless
+    the claim's counterexample is witnessed by the concrete run: then the bug is real and
+    the stage that shows it stays small."""
     from tvsmt.stages import cut_stages
 
+    witnessed = witnessed or {}
     lins = parallel.lineages
     failing = {f.lineage for f in report.failures if f.lineage is not None}
     drop = {i for i in failing if lins[i].hypothesis}
-    claims = {i for i in failing if not lins[i].hypothesis}
-    if claims:
-        for stage in cut_stages(single, parallel).stages:
-            if stage.target in claims:
-                drop.update(i for i in stage.inputs if lins[i].hypothesis)
+    real = {f.lineage for f in report.failures if f.lineage is not None
+            and f.kind == "counterexample" and lins[f.lineage].single in witnessed}
+    claims = {i for i in failing if not lins[i].hypothesis} - real
+    stages = {st.target: st for st in cut_stages(single, parallel).stages} \
+        if claims or real else {}
+    for i in claims:
+        if i in stages:
+            drop.update(j for j in stages[i].inputs if lins[j].hypothesis)
+    drop |= _small_merges(single, parallel, real, stages, drop)
     return drop
 
 
-def verify_with_hypotheses(single: Plan, parallel: Plan, opts=None, max_rounds: int = 50
+MERGE_LIMIT = 200  # parallel nodes of a merged stage worth showing for a witnessed claim
+
+
+def _small_merges(single: Plan, parallel: Plan, real: set[int], stages: dict, drop: set[int]
+                  ) -> set[int]:
+    """For each witnessed claim whose stage assumes hypotheses: if its stage with no
+    hypothesis at all stays small (at most MERGE_LIMIT parallel nodes), every hypothesis
+    inside that stage, so that the next round shows the whole computation of the wrong
+    result (a missing collective has no line of its own). Larger stages keep their small
+    counterexample: merging them is what times out. One step, never a chain of rounds."""
+    from tvsmt.stages import cut_stages
+
+    lins = parallel.lineages
+    todo = [i for i in sorted(real) if i in stages
+            and any(lins[j].hypothesis for j in stages[i].inputs)]
+    if not todo:
+        return set()
+    hyps = {lin.index for lin in lins if lin.hypothesis}
+    bare = drop_lineages(parallel, hyps)
+    wide = {bare.lineages[st.target].single: st for st in cut_stages(single, bare).stages}
+    out: set[int] = set()
+    for i in todo:
+        st = wide.get(lins[i].single)
+        if st is None or len(st.parallel_nodes) > MERGE_LIMIT:
+            continue
+        inside = {t for k in st.parallel_nodes for t in bare.nodes[k].outputs if t}
+        out |= {j for j in hyps if any(t in inside for p in lins[j].parts for t in p.sum_of)}
+    return out - drop
+
+
+def verify_with_hypotheses(single: Plan, parallel: Plan, opts=None, max_rounds: int = 50,
+                           witnessed: dict[str, str] | None = None
                            ) -> tuple[Report, dict[str, int]]:
-    """Verify; drop discredited hypotheses and re-verify until none is left to drop."""
+    """Verify; drop discredited hypotheses and re-verify until none is left to drop.
+
+    witnessed: claims (single tensor -> how) that the concrete run of the captured
+    programs contradicts. Their counterexamples stand as violations even when their stage
+    assumed hypotheses (all proven in that run), and one of them proven equivalent would
+    contradict the real programs: the verdict is then inconclusive, never equivalent."""
     from tvsmt.verify import Options, verify_plans
 
     opts = opts or Options()
+    witnessed = witnessed or {}
     proposed = sum(lin.hypothesis for lin in parallel.lineages)
     dropped, rounds = 0, 0
     while True:
         rounds += 1
         report = verify_plans(single, parallel, opts)
-        bad = hypotheses_to_drop(single, parallel, report)
+        bad = hypotheses_to_drop(single, parallel, report, witnessed)
         if not bad:
             break
         if rounds >= max_rounds:  # never a pass: give up as inconclusive
-            report.verdict = "inconclusive"
+            report.verdict = INCONCLUSIVE
             report.failures.append(Failure("inconclusive", f"hypotheses still failing after "
                                                            f"{rounds} rounds"))
             break
         dropped += len(bad)
         parallel = drop_lineages(parallel, bad)
+    _account_for_witnesses(report, parallel, witnessed)
     return report, {"proposed": proposed, "dropped": dropped, "kept": proposed - dropped,
                     "rounds": rounds}
+
+
+def _account_for_witnesses(report: Report, parallel: Plan, witnessed: dict[str, str]) -> None:
+    """Say on each failing claim what the concrete run saw; a witnessed claim that did not
+    fail makes the run inconclusive (the proof contradicts the real programs)."""
+    failed = set()
+    for f in report.failures:
+        if f.lineage is None or f.lineage >= len(parallel.lineages):
+            continue
+        single = parallel.lineages[f.lineage].single
+        if single in witnessed and not parallel.lineages[f.lineage].hypothesis:
+            failed.add(single)
+            if f.kind == "counterexample":
+                f.message += f"; confirmed {witnessed[single]}"
+    missed = [t for t in witnessed if t not in failed]
+    for t in missed:
+        report.failures.append(Failure(
+            "inconclusive", f"{t} was not found wrong by the solver, but {witnessed[t]}: "
+            f"the proof contradicts the real programs, so it is not trusted", tensor=t))
+    if missed and report.verdict == EQUIVALENT:
+        report.verdict = INCONCLUSIVE
 
 
 def _as_capture_report(report: Report, pair: CapturedPair | None, hyp: dict) -> CaptureReport:
@@ -104,9 +174,25 @@ def check_pair(pair: CapturedPair, opts=None) -> CaptureReport:
     opts = dataclasses.replace(opts, fold=False)  # captured ids never follow the fold layout
     single, parallel = pair.plans()
     t0 = time.perf_counter()
-    report, hyp = verify_with_hypotheses(single, parallel, opts)
+    report, hyp = verify_with_hypotheses(single, parallel, opts,
+                                         witnessed=pair.witnessed)
     pair.timings["verify"] = time.perf_counter() - t0
+    _first_wrong_result_first(report, single)
     return _as_capture_report(report, pair, hyp)
+
+
+def _first_wrong_result_first(report: Report, single: Plan) -> None:
+    """Order failures by where the single program starts computing what failed (the first
+    node of the failing stage's single side): the earliest wrong result, such as a loss
+    normalised wrongly in the forward pass before the gradients it scales, comes first."""
+    at = {n.id: i for i, n in enumerate(single.nodes)}
+    produced = {t: i for i, n in enumerate(single.nodes) for t in n.outputs if t is not None}
+
+    def start(f: Failure) -> int:
+        nodes = [at[n["id"]] for n in f.single_nodes if n.get("id") in at]
+        return min(nodes) if nodes else produced.get(f.tensor, -1)
+
+    report.failures.sort(key=start)
 
 
 def check(script, opts=None) -> CaptureReport:

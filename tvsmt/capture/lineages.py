@@ -199,11 +199,9 @@ def _every_parameter_is_held(single: Program, claims: dict[str, list[Part]], pat
     block of one, that no rank holds would leave its gradient unchecked."""
     names = {g: n for n, g in single.grads.items() if g is not None}
     for g, name in names.items():
-        seen = torch.zeros(single.shapes[g], dtype=torch.bool)
-        for p in claims.get(g, []):
-            seen[tuple(slice(a, b) for a, b in p.slice)] = True
-        if not bool(seen.all()):
-            raise InputError(f"no rank holds {'parameter' if not seen.any() else 'all of'} "
+        slices = [p.slice for p in claims.get(g, [])]
+        if not covers(tuple(single.shapes[g]), slices):
+            raise InputError(f"no rank holds {'all of' if slices else 'parameter'} "
                              f"{name} (of shape {list(single.shapes[g])})", file=path,
                              tensor=name)
 
@@ -256,32 +254,53 @@ def hypotheses(single: Program, s_values: dict, order_ids: list[str], p_values: 
                 key, pivot = _normalised(_view(sv, sl))
                 if pivot:
                     index.setdefault((s_ops.get(s), shape, key), []).append((s, sl, pivot))
-    s_pos = {t: i / max(1, len(s_order)) for i, t in enumerate(s_order)}
     grouped: dict[str, list[tuple[Part, int]]] = {}
-    n = max(1, len(order_ids))
     position = {t: i for i, t in enumerate(order_ids)}
     for t, v in wanted:
         key, pivot = _normalised(v)
-        best = None
+        hits = []
         for s, sl, s_pivot in index.get((p_ops.get(t), tuple(v.shape), key), []):
             factor = _nice(pivot / s_pivot)
-            if factor is None:
+            # a single number is a small ratio of another by coincidence too often: only
+            # an exact match of one-element tensors is taken
+            if factor is None or (factor != 1 and v.numel() == 1):
                 continue
             block = _view(s_values[s], sl)
             if not torch.allclose(block * float(factor), v, rtol=1e-3,
                                   atol=1e-5 * (1 + float(v.abs().max()))):
                 continue
-            score = (factor != 1, abs(s_pos[s] - position[t] / n))
-            if best is None or score < best[0]:
-                best = (score, s, sl, factor)
-        if best is not None:
-            _, s, sl, factor = best
+            hits.append((factor != 1, s, sl, factor))
+        # Every equal single tensor made by the same op (the three views of one input of
+        # q, k and v are equal): a parallel tensor may serve several lineages, so a stage
+        # finds the one its single side reaches instead of a sibling it cannot use.
+        exact = [h for h in hits if not h[0]] or hits
+        for _, s, sl, factor in exact:
             scale = None if factor == 1 else (
                 (1 / factor).numerator, (1 / factor).denominator)
             grouped.setdefault(s, []).append((Part(sl, (t,), scale), position[t]))
     # Only single tensors that every rank holds a piece of: a lineage naming some ranks only
     # would cut the single graph where the other ranks' graphs are not cut.
+    # One scale per lineage: the forward tensors of every unit equal the single ones, the
+    # backward ones of every unit are scaled alike; a part with another factor (a backward
+    # tensor that happens to be proportional to a forward one) is a coincidence
+    for s, items in grouped.items():
+        counts: dict = {}
+        for p, _ in items:
+            counts[p.scale] = counts.get(p.scale, 0) + 1
+        common = max(counts, key=lambda k: (counts[k], k is None))
+        grouped[s] = [(p, pos) for p, pos in items if p.scale == common]
+    # And only lineages that cover every element of their single tensor: a stage cut at a
+    # partly covered tensor leaves the rest of it free (a spurious counterexample).
     world = {t.split(":", 1)[0] for t in order_ids}
     return [CapLineage(s, [p for p, _ in items], True, max(pos for _, pos in items),
                        "hypothesis") for s, items in grouped.items()
-            if {p.sum_of[0].split(":", 1)[0] for p, _ in items} == world]
+            if {p.sum_of[0].split(":", 1)[0] for p, _ in items} == world
+            and covers(tuple(s_values[s].shape), [p.slice for p, _ in items])]
+
+
+def covers(shape: tuple[int, ...], slices: list[Slice]) -> bool:
+    """Whether the slices together hold every element of a tensor of this shape."""
+    seen = torch.zeros(shape, dtype=torch.bool)
+    for sl in slices:
+        seen[tuple(slice(a, b) for a, b in sl)] = True
+    return bool(seen.all())

@@ -45,6 +45,7 @@ class CapNode:
     source: str | None = None
     call: tuple | None = None  # (OpOverload, args template, kwargs template) of ATen nodes
     comm: Collective | None = None
+    mb: int | None = None  # micro-batch marked by tvsmt.capture.microbatch, if any
 
 
 @dataclass

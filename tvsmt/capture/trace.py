@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
 from tvsmt.capture import dtensor
+from tvsmt.capture.markers import microbatch_of
 from tvsmt.capture.program import CapNode, Collective, InputTensor, Program, Ref, tensor_slots
 from tvsmt.capture.script import CaptureScript
 from tvsmt.capture.world import rank_world
@@ -70,12 +71,18 @@ def _leaf_name(keypath) -> str:
     return ".".join(["batch"] + parts)
 
 
-def build(script: CaptureScript, rank: int | None, draw: int):
-    """(model, batch) of one rank (None: the single device) for random draw `draw`."""
+def build(script: CaptureScript, rank: int | None, draw: int, fake: bool = False):
+    """(model, batch) of one rank (None: the single device) for random draw `draw`; with
+    `fake`, every tensor is a FakeTensor (shapes only: a model of any width costs nothing)."""
+    from contextlib import nullcontext
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     torch.manual_seed(SEED + 7919 * draw)
-    if rank is None:
-        return _split_built(script.build_single(), "build_single", script.path)
-    return _split_built(script.build_rank(rank), f"build_rank({rank})", script.path)
+    with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
+        if rank is None:
+            return _split_built(script.build_single(), "build_single", script.path)
+        return _split_built(script.build_rank(rank), f"build_rank({rank})", script.path)
 
 
 def anchor_stack_traces(path: str) -> None:
@@ -96,16 +103,18 @@ def anchor_stack_traces(path: str) -> None:
         todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
 
 
-def trace_program(script: CaptureScript, rank: int | None, draws: int = 2) -> Program:
-    """Build and trace one rank (rank None: the single device in a world of one rank)."""
+def trace_program(script: CaptureScript, rank: int | None, draws: int = 2,
+                  fake: bool = False) -> Program:
+    """Build and trace one rank (rank None: the single device in a world of one rank);
+    `fake`: built with fake tensors, one draw of no values (tvsmt.capture.scale)."""
     anchor_stack_traces(script.path)
     world = 1 if rank is None else script.world_size
     with rank_world(0 if rank is None else rank, world, script.path):
-        model, batch = build(script, rank, 0)
+        model, batch = build(script, rank, 0, fake)
         step = script.single_step if rank is None else script.train_step
         traced = _Tracer(script, rank, model, batch, step)
         program = traced.run()
-        for k in range(1, draws):
+        for k in range(1, 1 if fake else draws):
             m, b = build(script, rank, k)
             values = traced.input_values(m, b)
             for inp in program.inputs:
@@ -177,7 +186,10 @@ class _Tracer:
         level = quiet.level
         quiet.setLevel(logging.CRITICAL)
         try:
-            gm = make_fx(traced, tracing_mode="fake", record_stack_traces=True)(*ins)
+            import torch.fx.traceback as fx_traceback
+
+            with fx_traceback.preserve_node_meta():  # keeps tvsmt.capture.microbatch marks
+                gm = make_fx(traced, tracing_mode="fake", record_stack_traces=True)(*ins)
         except InputError:
             raise
         except Exception as e:  # the user's code failed under tracing
@@ -429,7 +441,8 @@ class _Converter:
             self.mutate(node.args[w])
         cap = CapNode(node.name, name, inputs, tensor_slots(outs),
                       {"args": _to_json(args), "kwargs": _to_json(kwargs)},
-                      source_of(node, self.path), call=(target, args, kwargs))
+                      source_of(node, self.path), call=(target, args, kwargs),
+                      mb=microbatch_of(node))
         self.nodes.append(cap)
         self.define(node, outs)
 
@@ -513,7 +526,8 @@ class _Converter:
         if kind == "broadcast":
             attrs["src"] = src
         self.nodes.append(CapNode(out, op, [inp], [out], attrs, source_of(node, self.path),
-                                  comm=Collective(kind, tuple(ranks), reduce, src)))
+                                  comm=Collective(kind, tuple(ranks), reduce, src),
+                                  mb=microbatch_of(node)))
         return out
 
     def aten_node(self, node, suffix: str, target, args: tuple, inputs: list[str],
@@ -524,7 +538,8 @@ class _Converter:
         self.shapes[oid] = tuple(shape)
         self.nodes.append(CapNode(oid, str(target), list(inputs), [oid],
                                   {"args": _to_json(list(args)), "kwargs": {}},
-                                  source_of(node, self.path), call=(target, args, {})))
+                                  source_of(node, self.path), call=(target, args, {}),
+                                  mb=microbatch_of(node)))
         return oid
 
     def tensor_ids(self, node, fx_nodes) -> list[str]:
@@ -634,12 +649,14 @@ class _Converter:
                     self.fail(node, f"{node.target}: the sent value is not a tensor")
                 self.nodes.append(CapNode(oid, "send", [tid], [], {"src": src, "dst": dst},
                                           where, comm=Collective("send", (src, dst),
-                                                                 tag=int(tag))))
+                                                                 tag=int(tag)),
+                                          mb=microbatch_of(node)))
                 continue
             self._shape_for(oid, t.meta["val"])
             self.nodes.append(CapNode(oid, "move", [None], [oid], {"src": src, "dst": dst},
                                       where, comm=Collective("recv", (src, dst),
-                                                             tag=int(tag))))
+                                                             tag=int(tag)),
+                                      mb=microbatch_of(node)))
             self.mutate(t)
             self.define(t, oid)  # the buffer now holds the received value
         self.define(node, None)

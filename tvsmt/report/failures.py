@@ -15,9 +15,12 @@ def node_entries(plan: Plan, idxs, edges: bool = True) -> list[dict]:
     for the first MAX_DRAWN, the dataflow (inputs, outputs, a collective's group) that the
     HTML report draws."""
     out = []
+    with_mb = isinstance(plan.world.get("mb"), int) and plan.world["mb"] > 1
     for k, i in enumerate(idxs):
         n = plan.nodes[i]
         entry = {"id": n.id, "op": n.op, "rank": n.rank}
+        if with_mb:  # the micro-batch, where the plan has several (-1: none, e.g. grad sync)
+            entry["mb"] = n.mb
         if n.source:
             entry["source"] = n.source
         if edges and k < MAX_DRAWN:

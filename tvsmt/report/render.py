@@ -115,8 +115,9 @@ def _source_lines(nodes, limit: int = 3) -> list[str]:
         seen.add(src)
         file, _, line = src.rpartition(":")
         text = linecache.getline(file, int(line)).strip() if line.isdigit() else ""
-        out.append(f"{src} (rank {n.get('rank')}): {text}" if text else
-                   f"{src} (rank {n.get('rank')})")
+        where = f"rank {n.get('rank')}" + (f", micro-batch {n['mb']}"
+                                           if n.get("mb", -1) >= 0 else "")
+        out.append(f"{src} ({where}): {text}" if text else f"{src} ({where})")
         if len(out) == limit:
             break
     return out
