@@ -16,7 +16,8 @@ member of its expert-parallel group, an exact `all_to_all` inside the group send
 member q, whose `nnscaler_moe_gmm` runs its local experts on the slots routed to them, a
 second `all_to_all` brings the outputs back and `moe_combine` adds them into this rank's
 rows: a tp partial sum (all_reduce forward; the gradients of the tokens and router weights
-are partial sums, all_reduce backward, IdentityAllreduce). The shared experts are column/row tensor-parallel like Llama's SwiGLU.
+are partial sums, all_reduce backward, IdentityAllreduce). The shared experts are column/row
+tensor-parallel like Llama's SwiGLU.
 An expert weight's gradient on one rank covers its token group only: it is summed over
 micro-batches and over the expert-data-parallel group (every replica's ranks at the same
 position q: dp * tp/ep ranks) by one reducer.
