@@ -47,7 +47,7 @@ CONFIGS = {
     "671B + expert gradient x EP in replica 21, micro-batch 9, layer 40": dict(
         model="deepseek-v3", layers=61, dp=32, pp=8, tp=8, mb=16,
         mutation=["moe-expert-grad-not-divided", [21, 9],
-                  "L40.moe.experts.out:BW.nnscaler_moe_gmm@"]),
+                  "L40.moe.experts.tokens_out:BW.nnscaler_moe_gmm@"]),
 }
 NODES_PER_LAYER_REPLICA = 108  # measured on generated plans: parallel nodes / (layers*dp*tp*mb)
 DIMS = dict(hidden=64, heads=8, ffn=128, vocab=128, seq=8)

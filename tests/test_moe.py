@@ -47,8 +47,9 @@ def test_real_moe_128_ranks_is_equivalent():
     assert report.verdict == "equivalent", report.failures[:2]
 
 
-# Bugs that fit the real plans (they have no auxiliary loss).
-REAL_BUGS = [b for b in MOE_BUGS if b != "moe-aux-grad-scaled-by-tp"]
+# Bugs that fit the real plans (no auxiliary loss; expert parallelism without all_to_all).
+REAL_BUGS = [b for b in MOE_BUGS if b not in ("moe-aux-grad-scaled-by-tp",
+                                              "moe-dispatch-wrong-rank")]
 
 
 @pytest.fixture(scope="module")
@@ -65,28 +66,33 @@ def test_bug_in_a_real_moe_plan_is_caught(llama3moe, bug):
     assert report.verdict == "violation", (record, report.failures[:1])
 
 
-def test_real_plans_have_no_auxiliary_loss(llama3moe):
-    with pytest.raises(NotApplicable):
-        apply(llama3moe[1], "moe-aux-grad-scaled-by-tp")
+def test_real_plans_have_no_auxiliary_loss_nor_all_to_all(llama3moe):
+    for bug in ("moe-aux-grad-scaled-by-tp", "moe-dispatch-wrong-rank"):
+        with pytest.raises(NotApplicable):
+            apply(llama3moe[1], bug)
 
 
 # ----------------------------------------------------------------------------- generated plans
 
 SMALL_MOE = dict(hidden=16, heads=4, ffn=16, vocab=16, seq=4)
 
-# (layers, dp, tp = ep, pp, mb): layer 0 is dense, the others MoE
-MOE_CONFIGS = [(2, 1, 1, 1, 1), (2, 2, 2, 1, 2), (2, 1, 4, 2, 1), (3, 2, 2, 2, 2),
-               (2, 4, 1, 2, 4), (2, 3, 2, 1, 3)]
+# (layers, dp, tp, pp, mb, ep): layer 0 is dense, the others MoE; ep None = tp
+MOE_CONFIGS = [(2, 1, 1, 1, 1, None), (2, 2, 2, 1, 2, None), (2, 1, 4, 2, 1, None),
+               (3, 2, 2, 2, 2, None), (2, 4, 1, 2, 4, None), (2, 3, 2, 1, 3, None),
+               (2, 2, 4, 1, 2, 2), (2, 1, 4, 2, 1, 1), (2, 2, 2, 2, 1, 1)]
 
 
-@pytest.mark.parametrize("layers,dp,tp,pp,mb", MOE_CONFIGS, ids=lambda v: str(v))
-def test_generated_moe_is_equivalent(layers, dp, tp, pp, mb):
-    single, parallel = generate_pair("moe", layers=layers, dp=dp, tp=tp, pp=pp, mb=mb,
+@pytest.mark.parametrize("layers,dp,tp,pp,mb,ep", MOE_CONFIGS, ids=lambda v: str(v))
+def test_generated_moe_is_equivalent(layers, dp, tp, pp, mb, ep):
+    single, parallel = generate_pair("moe", layers=layers, dp=dp, tp=tp, pp=pp, mb=mb, ep=ep,
                                      **SMALL_MOE)
     s, p = plan_from_dict(single, "single"), plan_from_dict(parallel, "parallel")
     check_pair(s, p)
     ops = {n.op for n in p.nodes}
     assert {"gate_fw", "nnscaler_moe_gmm", "moe_aux_loss"} <= ops
+    if tp > 1:  # tokens go through the dispatch, and through all_to_all when ep > 1
+        assert {"moe_dispatch", "moe_combine"} <= ops
+        assert ("all_to_all" in ops) == ((ep or tp) > 1)
     report = _verify(s, p)
     assert report.verdict == "equivalent", report.failures[:2]
     assert report.stages_proven == report.stages_total > 0
@@ -107,6 +113,22 @@ def test_expert_ranges_follow_the_tp_index():
     assert ranges == {(t, ps): (2 * t, 2 * t + 2) for t in range(4) for ps in ("fw", "bw")}
 
 
+def test_expert_parallel_groups_and_expert_data_parallel_reducers():
+    """ep = 2 inside tp = 4: ranks t and t + 2 hold the same experts; all_to_all stays inside
+    {0, 1} and {2, 3}; an expert gradient is reduced over dp * tp/ep = 4 ranks."""
+    _, parallel = generate_pair("moe", layers=2, dp=2, tp=4, pp=1, mb=1, ep=2, **SMALL_MOE)
+    ranges = {n["rank"]: (n["attrs"]["local_expert_start"], n["attrs"]["local_expert_end"])
+              for n in parallel["nodes"] if n["op"] == "nnscaler_moe_gmm"}
+    assert ranges == {r: (0, 4) if r % 2 == 0 else (4, 8) for r in range(8)}
+    groups = {tuple(n["attrs"]["ranks"]) for n in parallel["nodes"] if n["op"] == "all_to_all"}
+    assert groups == {(0, 1), (2, 3), (4, 5), (6, 7)}
+    red = [n for n in parallel["nodes"] if n["op"] == "reducer"
+           and n["outputs"][0].startswith("L1.moe.experts.w1.grad")]
+    assert {n["rank"]: tuple(n["attrs"]["ranks"]) for n in red} == {
+        r: (r % 2, r % 2 + 2, r % 2 + 4, r % 2 + 6) for r in range(8)}
+    assert parallel["world"]["model"]["expert_parallel"]["ep"] == 2
+
+
 @pytest.fixture(scope="module")
 def generated_moe():
     single, parallel = generate_pair("moe", layers=2, dp=2, tp=2, pp=1, mb=2, **SMALL_MOE)
@@ -121,10 +143,30 @@ def test_moe_bug_in_a_generated_plan_is_caught(generated_moe, bug):
     assert report.verdict == "violation", (record, report.failures[:1])
 
 
+@pytest.fixture(scope="module")
+def generated_moe_ep2_tp4():
+    single, parallel = generate_pair("moe", layers=2, dp=2, tp=4, pp=1, mb=2, ep=2,
+                                     **SMALL_MOE)
+    return plan_from_dict(single, "single"), parallel
+
+
+@pytest.mark.parametrize("bug", ["moe-expert-grad-wrong-group", "moe-expert-grad-not-divided",
+                                 "moe-dispatch-wrong-rank", "moe-combine-other-microbatch"])
+def test_moe_bug_with_ep_smaller_than_tp_is_caught(generated_moe_ep2_tp4, bug):
+    """ep = 2 inside tp = 4: the expert-data-parallel group (4 ranks) differs from the
+    data-parallel one (2 ranks), and the wrong-group bug is the data-parallel reducer."""
+    single, parallel = generated_moe_ep2_tp4
+    broken, record = apply(parallel, bug, seed=0)
+    if bug == "moe-expert-grad-wrong-group":
+        assert record["split_into"] == "data-parallel reducers"
+    report = _verify(single, plan_from_dict(broken, "broken"), timeout=5)
+    assert report.verdict == "violation", (record, report.failures[:1])
+
+
 def test_moe_bugs_that_need_a_partner_are_not_applicable_without_one():
     _, parallel = generate_pair("moe", layers=2, dp=1, tp=1, pp=1, mb=1, **SMALL_MOE)
     for bug in ("moe-expert-grad-wrong-group", "moe-expert-range-shifted",
-                "moe-combine-other-microbatch"):
+                "moe-combine-other-microbatch", "moe-dispatch-wrong-rank"):
         with pytest.raises(NotApplicable):
             apply(parallel, bug)
 
@@ -162,7 +204,76 @@ def test_streamed_moe_plan_folds_and_a_bug_in_a_dropped_unit_is_caught():
     report = verify_source(StreamedPlan("moe", **world), Options(jobs=1))
     assert report.verdict == "equivalent", (report.fold_note, report.failures[:1])
     assert report.fold is not None
-    bug = ("moe-expert-grad-not-divided", (2, 2), "L1.moe.experts.out:BW.nnscaler_moe_gmm@")
+    bug = ("moe-expert-grad-not-divided", (2, 2),
+           "L1.moe.experts.tokens_out:BW.nnscaler_moe_gmm@")
     report = verify_source(StreamedPlan("moe", **world, mutation=bug), Options(jobs=1))
     assert report.verdict == "violation", report.failures[:1]
     assert report.fold["exceptions"]
+
+
+# ----------------------------------------------------------------------------- folding
+
+FOLD_WORLD = dict(layers=2, dp=3, tp=2, pp=1, mb=3, **SMALL_MOE)  # ep = tp = 2, all_to_all
+
+
+@pytest.fixture(scope="module")
+def foldable_moe():
+    single, parallel = generate_pair("moe", **FOLD_WORLD)
+    return plan_from_dict(single, "single"), parallel
+
+
+def test_generated_moe_with_three_replicas_and_micro_batches_folds(foldable_moe):
+    single, parallel = foldable_moe
+    report = _verify(single, plan_from_dict(parallel, "parallel"))
+    assert report.verdict == "equivalent", (report.fold_note, report.failures[:1])
+    assert report.fold is not None, report.fold_note
+    assert report.fold["kept_replicas"] == [0, 1] and report.fold["exceptions"] == []
+
+
+# the node each MoE bug is placed at (trying every node copies the plan once per node)
+_BUG_SITE = {"moe-expert-grad-wrong-group": ("reducer", None),
+             "moe-expert-grad-not-divided": ("nnscaler_moe_gmm", "bw"),
+             "moe-aux-grad-scaled-by-tp": ("moe_aux_loss", "bw"),
+             "moe-dispatch-wrong-rank": ("all_to_all", None),
+             "moe-expert-range-shifted": ("nnscaler_moe_gmm", "fw"),
+             "moe-combine-other-microbatch": ("moe_dispatch", "fw")}
+
+
+def _in_last_unit(parallel: dict, bug: str) -> tuple[dict, dict]:
+    """The bug placed at a node of replica 2, micro-batch 2 (or, for a bug on a reducer, of
+    replica 2): a unit that folding drops."""
+    per_replica = FOLD_WORLD["tp"] * FOLD_WORLD["pp"]
+    op, pass_ = _BUG_SITE[bug]
+    for n in parallel["nodes"]:
+        if n["op"] != op or n["pass"] != pass_ or n["rank"] // per_replica != 2:
+            continue
+        if n["mb"] == 2 or op == "reducer":
+            try:
+                return apply(parallel, bug, where=n["id"])
+            except NotApplicable:
+                continue
+    raise AssertionError(f"{bug}: no placement in replica 2")
+
+
+@pytest.mark.parametrize("bug", MOE_BUGS)
+def test_moe_bug_in_a_folded_away_unit_is_caught(foldable_moe, bug):
+    single, parallel = foldable_moe
+    broken, record = _in_last_unit(parallel, bug)
+    report = _verify(single, plan_from_dict(broken, "broken"), timeout=5)
+    assert report.verdict == "violation", (record, report.fold_note, report.failures[:1])
+    if report.fold is not None:  # folded: the mutated unit was verified as an exception
+        assert report.fold["exceptions"], record
+    else:  # refused, with a reason, and verified unfolded
+        assert report.fold_note
+
+
+def test_streamed_moe_plan_with_ep_smaller_than_tp_is_refused_not_misfolded():
+    """The streamed generator carries ep, but ep < tp is not streamable yet: an expert
+    gradient's lineage sums several tp ranks of each replica (the expert-data-parallel
+    group), which the stream's widening of the representative trace does not do. It refuses,
+    naming the lineage, instead of guessing; ep = tp streams (the test above)."""
+    from tvsmt.fold.folder import FoldRefused
+    from tvsmt.frontends.stream import StreamedPlan
+
+    with pytest.raises(FoldRefused, match="not one copy per unit"):
+        StreamedPlan("moe", layers=2, dp=3, tp=2, pp=1, mb=3, ep=1, **SMALL_MOE)

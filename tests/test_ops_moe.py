@@ -20,7 +20,8 @@ from tvsmt.ops import NodeCtx, NumericBackend, SymbolicBackend, all_ops
 from tvsmt.ops.backend import UNINTERPRETED, route_topk
 from tvsmt.ops.registry import ShapeConstraints, TShape, shape_rule
 
-TESTED_OPS = {"gate_fw", "nnscaler_moe_gmm", "moe_aux_loss"}  # read by test_ops_torch's coverage test
+TESTED_OPS = {"gate_fw", "nnscaler_moe_gmm", "moe_aux_loss", "moe_dispatch",
+              "moe_combine"}  # read by test_ops_torch's coverage test
 
 NB = NumericBackend()
 RNG = np.random.default_rng(77)
@@ -353,7 +354,7 @@ def _accepts(rule, ins, outs, attrs, fix=None) -> bool:
     return solver.check() == z3.sat
 
 
-@pytest.mark.parametrize("op", sorted(TESTED_OPS))
+@pytest.mark.parametrize("op", ["gate_fw", "moe_aux_loss", "nnscaler_moe_gmm"])
 def test_shape_rules_keep_experts_and_k(op):
     """The rules accept the real shapes (fw and bw) and never let E, El or k shrink, while
     the tokens may."""
@@ -397,3 +398,132 @@ def test_unsupported_router_attributes_are_refused():
 
 def test_real_functions_tolerate_nan_free_rows():
     assert math.isfinite(UNINTERPRETED["uf_topk4"](0, 2, 1, 1, 0.1, 0.9, 0.3, 0.5))
+
+
+# ----------------------------------------------------------------------------- expert parallelism
+
+
+def all_to_all_ref(xs):
+    """torch.distributed.all_to_all_single on equal splits, emulated: member q receives
+    chunk q of every member's tensor, in member order."""
+    n = len(xs)
+    return [torch.cat([x.chunk(n, 0)[q] for x in xs], 0) for q in range(n)]
+
+
+def _a2a(xs):
+    spec = all_ops()["all_to_all"]
+    ranks = list(range(len(xs)))
+    return [spec.forward(NB, list(xs), {"dim": 0, "split_dim": 0, "ranks": ranks, "idx": q},
+                         CTX)[0] for q in ranks]
+
+
+def test_all_to_all_matches_torch_and_is_its_own_inverse():
+    xs = [rand(6, 3) for _ in range(3)]
+    got = _a2a(xs)
+    for mine, ref in zip(got, all_to_all_ref([t(x) for x in xs])):
+        close(mine, ref.numpy())
+    for back, x in zip(_a2a(got), xs):  # hence the backward of an all_to_all is one
+        close(back, x)
+
+
+def ep_layer(ins, tp, ep, n_experts):
+    """The generator's expert-parallel layer on one tp group, with the registry's ops:
+    dispatch, all_to_all, local experts, all_to_all, combine, summed over the tp ranks.
+    Returns (y, backward(g) -> [g_h, g_w, g_W11, g_W33, g_W22] of the full tensors)."""
+    h, idx, w, w11, w33, w22 = ins
+    ops = all_ops()
+    el = n_experts // ep
+    tokens = h.shape[0]
+    dis = [{"piece": r, "pieces": tp, "ep": ep} for r in range(tp)]
+    gmm = [dict(n_routed_experts=n_experts, local_expert_start=(r % ep) * el,
+                local_expert_end=(r % ep + 1) * el, consts=[]) for r in range(tp)]
+    local = [(w11[(r % ep) * el:(r % ep + 1) * el], w33[(r % ep) * el:(r % ep + 1) * el],
+              w22[(r % ep) * el:(r % ep + 1) * el]) for r in range(tp)]
+
+    def a2a(parts):  # inside each group of ep consecutive ranks
+        out = []
+        for g0 in range(0, tp, ep):
+            out += _a2a(parts[g0:g0 + ep])
+        return out
+
+    sent = [ops["moe_dispatch"].forward(NB, [h, idx, w], dis[r], CTX) for r in range(tp)]
+    recv = [a2a([s[i] for s in sent]) for i in range(3)]
+    yq = [ops["nnscaler_moe_gmm"].forward(NB, [recv[0][r], recv[1][r], recv[2][r], *local[r]],
+                                          gmm[r], CTX)[0] for r in range(tp)]
+    ys = a2a(yq)
+    y = sum(ops["moe_combine"].forward(NB, [ys[r]], dis[r], CTX)[0] for r in range(tp))
+
+    def backward(g):
+        g_ys = [ops["moe_combine"].backward(NB, [g, ys[r]], dis[r], CTX)[0] for r in range(tp)]
+        g_yq = a2a(g_ys)
+        bw = [ops["nnscaler_moe_gmm"].backward(
+            NB, [g_yq[r], recv[0][r], recv[1][r], recv[2][r], *local[r]], gmm[r], CTX)
+            for r in range(tp)]
+        g_x, g_w = a2a([b[0] for b in bw]), a2a([b[2] for b in bw])
+        dbw = [ops["moe_dispatch"].backward(NB, [g_x[r], None, g_w[r], h, idx, w], dis[r],
+                                            CTX) for r in range(tp)]
+        assert all(d[1] is None for d in dbw)
+        experts = []
+        for slot in (3, 4, 5):  # the expert-data-parallel sum: ranks at the same position
+            experts.append(np.concatenate([sum(bw[r][slot] for r in range(tp) if r % ep == q)
+                                           for q in range(ep)]))
+        return [sum(d[0] for d in dbw), sum(d[2] for d in dbw)] + experts
+
+    assert y.shape == (tokens, h.shape[1])
+    return y, backward
+
+
+@pytest.mark.parametrize("tp,ep", [(2, 2), (4, 2), (4, 1), (4, 4)])
+def test_expert_parallel_layer_matches_torch_forward_and_backward(tp, ep):
+    ins, _ = gmm_inputs(start=0, end=8, tokens=8)
+    h, idx, w, a, b, c = ins
+    y, backward = ep_layer(ins, tp, ep, 8)
+    ts = [t(h, True), torch.from_numpy(idx.astype(np.int64)), t(w, True), t(a, True),
+          t(b, True), t(c, True)]
+    ref = gmm_ref(*ts, 0)
+    close(y, ref.detach().numpy())
+    g = rand(*y.shape)
+    expected = torch.autograd.grad(ref, [ts[0]] + ts[2:], grad_outputs=[t(g)])
+    for mine, exp in zip(backward(g), expected):
+        close(mine, exp.numpy())
+
+
+def test_dispatch_to_the_wrong_member_changes_the_result():
+    """A member receiving another member's tokens (with its own indices) computes something
+    else: the all_to_all's order matters, so the bug zoo's wrong-rank dispatch is a bug."""
+    ins, _ = gmm_inputs(start=0, end=8, tokens=8)
+    ops = all_ops()
+    h, idx, w = ins[:3]
+    dis = [{"piece": r, "pieces": 2, "ep": 2} for r in range(2)]
+    sent = [ops["moe_dispatch"].forward(NB, [h, idx, w], d, CTX) for d in dis]
+    right = _a2a([s[0] for s in sent])
+    wrong = _a2a([sent[1][0], sent[0][0]])
+    assert not np.allclose(right[0], wrong[0])
+
+
+@pytest.mark.parametrize("op", ["moe_dispatch", "moe_combine"])
+def test_dispatch_and_combine_symbolic_match_numeric_and_keep_rows(op):
+    be, spec, env = SymbolicBackend(), all_ops()[op], {}
+    attrs = {"piece": 1, "pieces": 2, "ep": 2}
+    if op == "moe_dispatch":
+        ins = [rand(4, 3), np.array([[0., 1.], [2., 3.], [1., 0.], [3., 2.]]), rand(4, 2)]
+        bw_extra = 3
+    else:
+        ins = [rand(4, 3)]
+        bw_extra = 1
+    num = spec.forward(NB, ins, attrs, CTX)
+    sym = spec.forward(be, symbols(ins, "x", env), attrs, CTX)
+    for a, b in zip(num, sym):
+        close(evaluated(b, env), a)
+    gs = [rand(*o.shape) for o in num]
+    if op == "moe_dispatch":
+        gs[1] = None
+    num_bw = spec.backward(NB, gs + ins, attrs, CTX)
+    sym_bw = spec.backward(be, symbols(gs + ins, "b", env), attrs, CTX)
+    for a, b in zip(num_bw, sym_bw):
+        if a is not None:
+            close(evaluated(b, env), a)
+    assert len(num_bw) == bw_extra
+    fw = shape_rule(spec, False)
+    assert _accepts(fw, ins, num, attrs)
+    assert not _accepts(fw, ins, num, attrs, (0, 0))  # rows are positions: never reduced

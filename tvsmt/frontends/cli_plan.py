@@ -46,7 +46,8 @@ def plan():
 @click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages.")
 @click.option("--mb", type=int, default=1, show_default=True, help="Micro-batches.")
 @click.option("--ep", type=int, default=None,
-              help="moe only: expert-parallel ranks, folded into the tp group (must be tp).")
+              help="moe only: expert-parallel ranks, a divisor of tp (groups of ep tp ranks; "
+                   "default tp).")
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), required=True,
               help="Folder for single.json.gz and parallel.json.gz (or .jsonl.gz).")
 @click.option("--format", "form", type=click.Choice(["json", "jsonl"]), default="json",
@@ -65,12 +66,12 @@ def generate(model, layers, hidden, heads, ffn, vocab, seq, batch, dp, tp, pp, m
                                   out_dir)
     suffix = ".jsonl.gz" if form == "jsonl" else ".json.gz"
     try:
-        if ep is not None and (model not in ("moe", "deepseek-v3") or ep != tp):
-            raise ValueError(f"--ep {ep}: expert parallelism exists for --model moe only and "
-                             f"is folded into the tensor-parallel group (ep = tp = {tp})")
+        if ep is not None and model not in ("moe", "deepseek-v3"):
+            raise ValueError(f"--ep {ep}: expert parallelism exists for --model moe and "
+                             "deepseek-v3 only")
         single, parallel = generate_pair(model, layers=layers, hidden=hidden, heads=heads,
                                          ffn=ffn, vocab=vocab, seq=seq, batch=batch, dp=dp,
-                                         tp=tp, pp=pp, mb=mb)
+                                         tp=tp, pp=pp, mb=mb, ep=ep)
         s_path, p_path = write_pair_dicts(out_dir, single, parallel, suffix=suffix)
     except ValueError as e:
         raise PlanInputError(str(e)) from None

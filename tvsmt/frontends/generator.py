@@ -106,6 +106,11 @@ def validate(cfg: ModelConfig, world: World) -> None:
     for name in ("heads", "ffn", "vocab"):
         if getattr(cfg, name) % tp:
             raise ValueError(f"{name} {getattr(cfg, name)} is not divisible by tp={tp}")
+    if cfg.model in ("moe", "deepseek-v3"):
+        shaped = moe._WithShape(cfg, moe.DEEPSEEK_V3) if cfg.model == "deepseek-v3" else cfg
+        moe.validate(shaped, tp, world.ep, cfg.batch // (dp * mb) * cfg.seq)
+    elif world.ep is not None:
+        raise ValueError(f"ep={world.ep}: expert parallelism exists for the moe models only")
 
 
 def _world_dict(cfg: ModelConfig, world: World) -> dict[str, Any]:
@@ -127,6 +132,11 @@ def _world_dict(cfg: ModelConfig, world: World) -> dict[str, Any]:
                           "lm_head": "column-parallel (vocab split), logits all_gather"}})
     else:
         model["tensor_parallel"] = {"layers": mlp.layer_modes(cfg.layers)}
+    if cfg.model in ("moe", "deepseek-v3"):
+        model["expert_parallel"] = {
+            "ep": world.ep_size, "groups": "ep consecutive ranks of the tp group",
+            "dispatch": "moe_dispatch + all_to_all, combine: all_to_all + moe_combine",
+            "expert_grads": "one reducer over the expert-data-parallel group (dp * tp/ep)"}
     return {"dp": world.dp, "tp": world.tp, "pp": world.pp, "mb": world.mb,
             "ranks": world.ranks, "model": model}
 
@@ -151,7 +161,7 @@ def _trace(cfg: ModelConfig, world: World, kind: str, name: str) -> tuple[PlanBu
 def build_pair(cfg: ModelConfig, world: World) -> tuple[dict, dict]:
     validate(cfg, world)
     name = (f"{cfg.model}_dp{world.dp}_tp{world.tp}_pp{world.pp}_mb{world.mb}"
-            f"_ly{cfg.layers}")
+            + (f"_ep{world.ep}" if world.ep is not None else "") + f"_ly{cfg.layers}")
     sb, st = _trace(cfg, World(), "single", name)
     sb.add_output("loss")
     for key in st.weight_grads:
@@ -166,15 +176,16 @@ def build_pair(cfg: ModelConfig, world: World) -> tuple[dict, dict]:
 def generate_pair(model: str = "llama3", layers: int = 2, hidden: int = 64, heads: int = 4,
                   ffn: int = 128, vocab: int = 128, seq: int = 8, batch: int | None = None,
                   dp: int = 1, tp: int = 1, pp: int = 1, mb: int = 1,
-                  eps: float = 1e-5) -> tuple[dict, dict]:
-    """(single, parallel) execplan v1 dicts of one training iteration of `model`.
+                  eps: float = 1e-5, ep: int | None = None) -> tuple[dict, dict]:
+    """(single, parallel) execplan v1 dicts of one training iteration of `model`; `ep`: the
+    expert-parallel size of the moe models (a divisor of tp, default tp).
 
     Raises ValueError for an unknown model or a configuration that does not divide (batch by
     dp*mb, heads/ffn/vocab by tp, hidden by heads, fewer layers than pipeline stages, ...)."""
     if batch is None:
         batch = default_batch(dp, mb) if isinstance(dp, int) and isinstance(mb, int) else 2
     cfg = ModelConfig(model, layers, hidden, heads, ffn, vocab, seq, batch, eps)
-    return build_pair(cfg, World(dp, tp, pp, mb))
+    return build_pair(cfg, World(dp, tp, pp, mb, ep))
 
 
 def write_pair(out_dir: str | os.PathLike, model: str = "llama3", **kw) -> tuple[str, str]:

@@ -6,14 +6,21 @@ MoE block: a router (`gate_fw`: sigmoid scores, group-limited top-k, normalised 
 route_scale), routed experts (`nnscaler_moe_gmm`), shared experts (a SwiGLU) and a
 sequence-wise auxiliary load-balancing loss (`moe_aux_loss`) added to the training loss.
 
-Expert parallelism is folded into the tensor-parallel group (ep = tp, as nnScaler's `pas_moe`
-places the real plans): tp rank t holds the routed experts [t E/tp, (t+1) E/tp) and computes
-them for every token of its replica's micro-batch; the router runs replicated on every tp rank
-(it reads whole score rows); the GEMM's output is a tp partial sum (all_reduce forward), and
-the gradients of its inputs (tokens, router weights) are partial sums (all_reduce backward,
-IdentityAllreduce). The shared experts are column/row tensor-parallel like Llama's SwiGLU.
-Expert weight gradients are summed over micro-batches and over the replicas holding the same
-experts (the expert-data-parallel group: same stage, same tp index), as every other weight.
+Expert parallelism (ep, a divisor of tp; default ep = tp) is carved out of the
+tensor-parallel group, as Megatron carves it out of dp x tp: the tp group splits into tp/ep
+expert-parallel groups of ep consecutive ranks; rank t holds the routed experts of its
+position q = t % ep, [q E/ep, (q+1) E/ep). The router runs replicated on every tp rank (it
+reads whole score rows). Tokens: tp rank t owns rows piece t of the micro-batch's T tokens;
+`moe_dispatch` copies them (with their indices and router weights) into one send block per
+member of its expert-parallel group, an exact `all_to_all` inside the group sends block q to
+member q, whose `nnscaler_moe_gmm` runs its local experts on the slots routed to them, a
+second `all_to_all` brings the outputs back and `moe_combine` adds them into this rank's
+rows: a tp partial sum (all_reduce forward; the gradients of the tokens and router weights
+are partial sums, all_reduce backward, IdentityAllreduce). The shared experts are column/row
+tensor-parallel like Llama's SwiGLU.
+An expert weight's gradient on one rank covers its token group only: it is summed over
+micro-batches and over the expert-data-parallel group (every replica's ranks at the same
+position q: dp * tp/ep ranks) by one reducer.
 """
 
 from __future__ import annotations
@@ -46,10 +53,18 @@ def moe_shape(cfg) -> MoEShape:
     return MoEShape(**{k: getattr(cfg, k, getattr(base, k)) for k in base.__dataclass_fields__})
 
 
-def validate(cfg, tp: int) -> MoEShape:
+def validate(cfg, tp: int, ep: int | None = None, rows: int | None = None) -> MoEShape:
+    """The MoE shape of cfg, or ValueError naming what does not divide (ep None: ep = tp)."""
     ms = moe_shape(cfg)
-    if ms.experts % tp:
-        raise ValueError(f"{ms.experts} routed experts are not divisible by tp = ep = {tp}")
+    ep = tp if ep is None else ep
+    if type(ep) is not int or ep < 1 or tp % ep:
+        raise ValueError(f"expert-parallel size ep={ep} must divide tp={tp} (the experts are "
+                         "split over a part of the tensor-parallel group)")
+    if ms.experts % ep:
+        raise ValueError(f"{ms.experts} routed experts are not divisible by ep = {ep}")
+    if rows is not None and tp > 1 and rows % tp:
+        raise ValueError(f"{rows} tokens per micro-batch are not divisible by tp={tp} (each tp "
+                         "rank dispatches its own rows)")
     if ms.n_groups < 1 or ms.experts % ms.n_groups:
         raise ValueError(f"{ms.experts} experts do not form {ms.n_groups} groups")
     if not 0 < ms.topk <= ms.experts or not 0 < ms.topk_groups <= ms.n_groups:
@@ -63,9 +78,11 @@ def validate(cfg, tp: int) -> MoEShape:
 def moe_ffn(tr: Tracer, cfg, p: str, x: Val, b: int) -> tuple[Val, Val]:
     """MoE feed-forward on the normalized input x (b, s, H), replicated over the tp group.
     Returns (output (b, s, H), replicated; auxiliary loss of this micro-batch)."""
-    ms = validate(cfg, tr.tp)
-    s, hid, e, k = cfg.seq, cfg.hidden, ms.experts, ms.topk
+    s, hid = cfg.seq, cfg.hidden
     t_rows = b * s
+    ep = tr.w.ep_size
+    ms = validate(cfg, tr.tp, ep, t_rows)
+    e, k = ms.experts, ms.topk
     xt = view(tr, f"{p}.tokens", x, (t_rows, hid), [-1, hid], split=None)
     x_gate, x_exp = tr.multiref(xt, 2)
     wg = tr.param(f"{p}.gate.weight", (e, hid))
@@ -85,23 +102,11 @@ def moe_ffn(tr: Tracer, cfg, p: str, x: Val, b: int) -> tuple[Val, Val]:
                 {"n_routed_experts": e, "alpha": ms.aux_alpha}, batch=False, reduce="dm",
                 role="loss")
 
-    # routed experts: expert-parallel over the tp group
+    # routed experts: expert-parallel over groups of ep tp ranks
     h = tr.tp_enter(x_exp)
     h_route, h_s1, h_s3 = tr.multiref(h, 3)
     w_exp = tr.tp_enter(w_exp)
-    el = e // tr.tp
-    w11 = tr.param(f"{p}.experts.w1", (e, ms.expert_ffn, hid), split=0)
-    w33 = tr.param(f"{p}.experts.w3", (e, ms.expert_ffn, hid), split=0)
-    w22 = tr.param(f"{p}.experts.w2", (e, hid, ms.expert_ffn), split=0)
-
-    def expert_range(t: int) -> dict:
-        return {"n_routed_experts": e, "local_expert_start": t * el,
-                "local_expert_end": (t + 1) * el, "consts": []}
-
-    y = tr.op_per_rank("nnscaler_moe_gmm", [h_route, idx, w_exp, w11, w33, w22],
-                       f"{p}.experts.out", (t_rows, hid), expert_range, split=None,
-                       partial=True)
-    y = tr.all_reduce(y)
+    y = routed_experts(tr, ms, p, h_route, idx, w_exp, t_rows, hid, ep)
 
     # shared experts: a SwiGLU, column- then row-parallel
     g = linear(tr, f"{p}.shared.gate", h_s1, f"{p}.shared.w1", ms.shared_ffn, COL)
@@ -112,6 +117,47 @@ def moe_ffn(tr: Tracer, cfg, p: str, x: Val, b: int) -> tuple[Val, Val]:
 
     out = tr.op("add", [y, z], f"{p}.out_tokens", (t_rows, hid), {"alpha": 1})
     return view(tr, f"{p}.out", out, (b, s, hid), [b, s, hid], split=None), aux
+
+
+def routed_experts(tr: Tracer, ms: MoEShape, p: str, h: Val, idx: Val, w: Val, t_rows: int,
+                   hid: int, ep: int) -> Val:
+    """The routed experts' output (T, H), complete on every tp rank. tp = 1: one GEMM over
+    every expert; otherwise dispatch, all_to_all, local experts, all_to_all, combine and the
+    tp all_reduce (see the module docstring)."""
+    e, k = ms.experts, ms.topk
+    el = e // ep
+    w11 = tr.param(f"{p}.experts.w1", (e, ms.expert_ffn, hid), split=0, pieces=ep)
+    w33 = tr.param(f"{p}.experts.w3", (e, ms.expert_ffn, hid), split=0, pieces=ep)
+    w22 = tr.param(f"{p}.experts.w2", (e, hid, ms.expert_ffn), split=0, pieces=ep)
+
+    def expert_range(t: int) -> dict:
+        q = t % ep
+        return {"n_routed_experts": e, "local_expert_start": q * el,
+                "local_expert_end": (q + 1) * el, "consts": []}
+
+    if tr.tp == 1:
+        return tr.op_per_rank("nnscaler_moe_gmm", [h, idx, w, w11, w33, w22], f"{p}.experts.out",
+                              (t_rows, hid), expert_range, split=None)
+    tp = tr.tp
+    sent = ep * (t_rows // tp)
+
+    def dispatch(t: int) -> dict:
+        return {"piece": t, "pieces": tp, "ep": ep}
+
+    xs, ids, ws = tr.op_per_rank(
+        "moe_dispatch", [h, idx, w],
+        [f"{p}.dispatch.tokens", f"{p}.dispatch.indices", f"{p}.dispatch.weights"],
+        [(sent, hid), (sent, k), (sent, k)], dispatch, split=None, hidden=True,
+        partial_grads=True)
+    ids.grad = False
+    xs, ids, ws = tr.all_to_all(xs, ep), tr.all_to_all(ids, ep), tr.all_to_all(ws, ep)
+    yq = tr.op_per_rank("nnscaler_moe_gmm", [xs, ids, ws, w11, w33, w22],
+                        f"{p}.experts.tokens_out", (sent, hid), expert_range, split=None,
+                        hidden=True)
+    ys = tr.all_to_all(yq, ep)
+    y = tr.op_per_rank("moe_combine", [ys], f"{p}.experts.out", (t_rows, hid),
+                       lambda t: {"piece": t, "pieces": tp, "ep": ep}, split=None, partial=True)
+    return tr.all_reduce(y)
 
 
 def moe_block(tr: Tracer, cfg, layer: int, h: Val, mask: Val, b: int) -> tuple[Val, Val]:

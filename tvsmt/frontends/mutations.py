@@ -577,14 +577,34 @@ def moe_expert_range_shifted(v: PlanView, rng, where):
     return _record(n, [n["id"]], n["outputs"], experts=[s, e], dispatched_as=[new, new + e - s])
 
 
+def moe_dispatch_wrong_rank(v: PlanView, rng, where):
+    """Tokens dispatched to the wrong expert rank: one rank's dispatch all_to_all takes each
+    member's token block from the next member (its tokens go to the wrong expert rank, while
+    their indices and router weights go to the right one)."""
+    cands = []
+    for n in v.nodes:
+        if n["op"] != "all_to_all" or len(n["inputs"]) < 2 or n["pass"] is not None:
+            continue
+        if any(c["op"] == GMM and c["pass"] == "fw" and c["inputs"][0] in n["outputs"]
+               for c in v.consumers.get(n["outputs"][0], [])):
+            cands.append(n)
+    n = _pick(cands, rng, where, "all_to_all dispatching tokens to an expert GEMM (ep > 1)")
+    old = list(n["inputs"])
+    n["inputs"] = old[1:] + old[:1]
+    v.refresh()
+    return _record(n, [n["id"]], n["outputs"], inputs=old, rotated_to=n["inputs"])
+
+
 def moe_combine_other_microbatch(v: PlanView, rng, where):
     """The routed experts' outputs are combined with the router weights of another
-    micro-batch (same rank, same producer, another micro-batch's tensor)."""
+    micro-batch (same rank, same producer, another micro-batch's tensor), read by the expert
+    GEMM or, with expert parallelism, by the dispatch that sends them to the expert ranks."""
     cands = []
-    for n in _gmm_nodes(v, "fw"):
+    for n in _gmm_nodes(v, "fw") + [m for m in v.nodes
+                                    if m["op"] == "moe_dispatch" and m["pass"] == "fw"]:
         t = n["inputs"][2]
         p = v.producer.get(t)
-        if p is None:
+        if p is None or p["op"] == "all_to_all":  # dispatched weights: bug the dispatch
             continue
         slot = p["outputs"].index(t)
         for q in v.nodes:
@@ -594,8 +614,9 @@ def moe_combine_other_microbatch(v: PlanView, rng, where):
                     and v.shape(q["outputs"][slot]) == v.shape(t)):
                 cands.append((n, q["outputs"][slot]))
                 break
-    n, other = _pick(cands, rng, where, "nnscaler_moe_gmm with another micro-batch's router "
-                     "weights on its rank (mb > 1)", node_of=lambda c: c[0])
+    n, other = _pick(cands, rng, where, "nnscaler_moe_gmm or moe_dispatch with another "
+                     "micro-batch's router weights on its rank (mb > 1)",
+                     node_of=lambda c: c[0])
     old = n["inputs"][2]
     n["inputs"][2] = other
     v.refresh()
@@ -615,10 +636,34 @@ def _expert_grad(v: PlanView, t: str, depth: int = 0) -> bool:
     return False
 
 
+def _tp_index(v: PlanView, t: str) -> int:
+    return v.rank_of(t) % v.w("tp")
+
+
 def moe_expert_grad_wrong_group(v: PlanView, rng, where):
-    """Expert gradients reduced over the whole data-parallel group of the stage (every rank,
-    whatever experts it holds) instead of the expert-data-parallel group (the ranks holding
-    the same experts): other experts' gradients are added in."""
+    """Expert gradients reduced over the wrong group. Where the expert-data-parallel group
+    is wider than the data-parallel one (ep < tp: every replica's ranks holding the same
+    experts, dp * tp/ep of them), the reducer is split into data-parallel reducers (the
+    other token groups' parts are lost); otherwise it is widened to the whole data-parallel
+    group of the stage (every rank, whatever experts it holds): other experts' gradients are
+    added in."""
+    edp = [n for n in v.nodes if n["op"] == "reducer" and n["inputs"]
+           and _expert_grad(v, n["inputs"][0])
+           and len({_tp_index(v, t) for t in n["inputs"]}) > 1]
+    if edp:
+        n = _pick(edp, rng, where, "reducer of an expert gradient over the "
+                  "expert-data-parallel group")
+        inst, orig = v.instance(n), list(n["inputs"])
+        for m in inst:
+            mine = m["rank"] % v.w("tp")
+            keep = [i for i, t in enumerate(orig) if _tp_index(v, t) == mine]
+            ranks = m["attrs"].get("ranks")
+            m["inputs"] = [orig[i] for i in keep]
+            if isinstance(ranks, list) and len(ranks) == len(orig):
+                m["attrs"]["ranks"] = [ranks[i] for i in keep]
+        v.refresh()
+        return _record(n, [m["id"] for m in inst], [o for m in inst for o in m["outputs"]],
+                       split_into="data-parallel reducers")
     cands = []
     for n in v.nodes:
         if n["op"] != "reducer" or not n["inputs"] or not _expert_grad(v, n["inputs"][0]):
@@ -748,6 +793,9 @@ _ALL = [
     Mutation("moe-aux-grad-scaled-by-tp", "mixture of experts",
              "the auxiliary load-balancing loss's gradient is multiplied by the tensor-parallel "
              "size on one rank", moe_aux_grad_scaled_by_tp),
+    Mutation("moe-dispatch-wrong-rank", "mixture of experts",
+             "tokens are dispatched to the wrong expert rank: one dispatch all_to_all takes "
+             "every member's token block from the next member", moe_dispatch_wrong_rank),
     Mutation("moe-expert-range-shifted", "mixture of experts",
              "tokens are dispatched to the wrong expert rank: one expert GEMM computes another "
              "rank's experts' tokens with its own expert weights", moe_expert_range_shifted),

@@ -37,10 +37,15 @@ class World:
     tp: int = 1
     pp: int = 1
     mb: int = 1
+    ep: int | None = None  # expert-parallel size, a divisor of tp (None: ep = tp)
 
     @property
     def ranks(self) -> int:
         return self.dp * self.tp * self.pp
+
+    @property
+    def ep_size(self) -> int:
+        return self.tp if self.ep is None else self.ep
 
     def rank(self, d: int, stage: int, t: int) -> int:
         """rank = dp_index*(pp*tp) + pp_stage*tp + tp_index (as the reference fixtures)."""
@@ -56,12 +61,16 @@ class Layout:
     partial: the tp group's tensors add up to the value (before an all_reduce);
     reduce: "dm" = the value is the sum over every (replica, micro-batch) instance (a loss, a
     weight gradient of one micro-batch), "d" = the sum over replicas (accumulated gradients).
+    pieces: the split axis is cut in `pieces` pieces (0: tp), piece t % pieces on tp rank t
+    (expert weights, split over the expert-parallel group only); with `partial`, the ranks
+    holding one piece add up to it (an expert gradient of one token group).
     """
 
     batch: bool = True
     split: int | None = None
     partial: bool = False
     reduce: str = ""
+    pieces: int = 0
 
 
 REPLICATED = Layout(batch=False)
@@ -78,6 +87,7 @@ class Val:
     role: str
     grad: bool  # requires a gradient
     param: bool = False
+    hidden: bool = False  # has no single-plan counterpart (no lineage): e.g. a dispatch buffer
 
     @property
     def kv(self) -> tuple[str, int]:
@@ -123,6 +133,7 @@ class Tracer:
         self._tape: list[tuple] = []
         self._ver: dict[str, int] = defaultdict(int)
         self._rank_attrs: dict[str, Any] = {}  # op sid -> attrs_of(tp index), see op_per_rank
+        self._partial_grads: set[str] = set()  # op sids whose input gradients are tp partial
 
     # ------------------------------------------------------------------ runs
 
@@ -158,6 +169,8 @@ class Tracer:
     # ------------------------------------------------------------------ registration
 
     def _register(self, v: Val, is_input: bool = False) -> None:
+        if v.hidden:
+            return
         kv = v.kv
         if kv not in self.instances:
             (self.input_order if is_input else self.order).append(kv)
@@ -185,17 +198,19 @@ class Tracer:
         return v
 
     def _held(self, key: str, full: Sequence[int], split: int | None, role: str,
-              grad: bool) -> Val:
+              grad: bool, pieces: int = 0) -> Val:
         """A graph input held by each rank of the current stage (weight, constant), read by
         every micro-batch: one lineage instance per (replica, micro-batch, tp rank)."""
         full = tuple(full)
-        layout = self._norm_layout(Layout(batch=False, split=split), len(full))
+        pieces = 0 if pieces == self.tp else pieces
+        layout = self._norm_layout(Layout(batch=False, split=split, pieces=pieces), len(full))
         shape = list(full)
         if layout.split is not None:
-            if full[layout.split] % self.tp:
+            n = pieces or self.tp
+            if full[layout.split] % n:
                 raise ValueError(f"{key}: axis {layout.split} of {list(full)} is not divisible "
-                                 f"by tp={self.tp}")
-            shape[layout.split] //= self.tp
+                                 f"into {n} pieces")
+            shape[layout.split] //= n
         ids = []
         for r in self.group():
             tid = self._per_rank.get((key, r))
@@ -208,8 +223,11 @@ class Tracer:
         self._register(v, is_input=True)
         return v
 
-    def param(self, key: str, full: Sequence[int], split: int | None = None) -> Val:
-        return self._held(key, full, split, "param", grad=True)
+    def param(self, key: str, full: Sequence[int], split: int | None = None,
+              pieces: int = 0) -> Val:
+        """A weight; `pieces` (a divisor of tp): split in that many pieces, piece t % pieces
+        on tp rank t (expert weights over the expert-parallel group)."""
+        return self._held(key, full, split, "param", grad=True, pieces=pieces)
 
     def const(self, key: str, full: Sequence[int]) -> Val:
         return self._held(key, full, None, "const", grad=False)
@@ -228,9 +246,12 @@ class Tracer:
     def op(self, op: str, inputs: Sequence[Val], outs: str | Sequence[str],
            shapes: Sequence[int] | Sequence[Sequence[int]], attrs: dict | None = None, *,
            split: Any = _INHERIT, partial: bool = False, batch: bool | None = None,
-           reduce: str = "", role: str = "activation", differentiable: bool = True):
+           reduce: str = "", role: str = "activation", differentiable: bool = True,
+           hidden: bool = False, partial_grads: bool = False):
         """One forward operator on every rank of the tp group. Returns a Val (one output) or a
-        list of Vals. The outputs' layout is the first split input's layout unless given."""
+        list of Vals. The outputs' layout is the first split input's layout unless given.
+        hidden: the outputs have no single-plan counterpart (no lineage); partial_grads: the
+        gradients of its inputs are tp partial sums (each rank differentiates its own rows)."""
         single_out = isinstance(outs, str)
         names = [outs] if single_out else list(outs)
         shape_list = [tuple(shapes)] if single_out else [tuple(s) for s in shapes]
@@ -249,11 +270,14 @@ class Tracer:
         out_vals = []
         for name, shape in zip(names, shape_list):
             layout = self._norm_layout(Layout(batch, split, partial, reduce), len(shape))
-            v = Val(name, self._new_ver(name), [], self.stage, layout, shape, role, grad)
+            v = Val(name, self._new_ver(name), [], self.stage, layout, shape, role, grad,
+                    hidden=hidden)
             v.ids = [self._tid(name, v.ver, r) for r in self.group()]
             self._declare(v)
             out_vals.append(v)
-        hint = self._hint_for(sid, [v.kv for v in inputs])
+        if partial_grads:
+            self._partial_grads.add(sid)
+        hint = self._hint_for(sid, [v.kv for v in inputs if not v.hidden])
         for t, r in enumerate(self.group()):
             nid = self._nid(sid, r)
             self.b.add_node(nid, op, "fw", r, self.m, [v.ids[t] for v in inputs],
@@ -261,7 +285,8 @@ class Tracer:
             hint.parallel.append(nid)
         for v in out_vals:
             self._register(v)
-            self.hints.setdefault(v.kv, hint)
+            if not v.hidden:
+                self.hints.setdefault(v.kv, hint)
         self._tape.append(("op", op, sid, list(inputs), out_vals, attrs))
         return out_vals[0] if single_out else out_vals
 
@@ -305,7 +330,8 @@ class Tracer:
                   shape: Sequence[int] | None = None) -> Val:
         stage = self.stage if stage is None else stage
         v = Val(x.key, self._new_ver(x.key), [], stage, layout,
-                tuple(shape) if shape is not None else x.shape, x.role, x.grad, x.param)
+                tuple(shape) if shape is not None else x.shape, x.role, x.grad, x.param,
+                hidden=x.hidden)
         v.ids = [self._tid(x.key, v.ver, r) for r in self.group(stage)]
         self._declare(v)
         return v
@@ -353,6 +379,29 @@ class Tracer:
                             self.m, list(x.ids), [y.ids[t]], {"dim": dim, "ranks": ranks})
         self._register(y)
         self._tape.append(("all_gather", x, y, dim))
+        return y
+
+    def _all_to_all(self, x: Val, ep: int) -> Val:
+        y = self._comm_val(x, x.layout)
+        ranks = self.group()
+        for t, r in enumerate(ranks):
+            members = ranks[t - t % ep:t - t % ep + ep]
+            self.b.add_node(self._nid(f"{y.key}~{y.ver}:all_to_all", r), "all_to_all", None, r,
+                            self.m, [x.ids[ranks.index(q)] for q in members], [y.ids[t]],
+                            {"dim": 0, "split_dim": 0, "ranks": members, "idx": t % ep})
+        self._register(y)
+        return y
+
+    def all_to_all(self, x: Val, ep: int) -> Val:
+        """Exchange row pieces inside each expert-parallel group (ep consecutive tp ranks):
+        rank q of a group receives piece q of every member's rows, in member order (the
+        dispatch / combine of routed tokens). Its own inverse, so also its backward."""
+        if ep == 1:
+            return x
+        if self.tp % ep:
+            raise AssertionError(f"expert-parallel size {ep} does not divide tp={self.tp}")
+        y = self._all_to_all(x, ep)
+        self._tape.append(("all_to_all", x, y, ep))
         return y
 
     def _chunk(self, x: Val, dim: int) -> Val:
@@ -438,6 +487,11 @@ class Tracer:
                         raise AssertionError(f"gradient of {x.key} is not a tp partial sum")
                     self.stage = g.stage
                     set_grad(x, self._all_reduce(g), replace_ok=True)
+            elif kind == "all_to_all":
+                _, x, y, ep = entry
+                if id(y) in grads:
+                    self.stage = y.stage
+                    set_grad(x, self._all_to_all(grads[id(y)], ep))
             elif kind == "all_gather":
                 _, x, y, dim = entry
                 if id(y) in grads:
@@ -459,8 +513,10 @@ class Tracer:
             raise AssertionError(f"gradient of the tp partial sum {v.key}")
         partial = (self.tp > 1 and lay.split is None
                    and any(o.layout.split is not None for o in ins if o is not v))
+        if lay.pieces and self.tp > lay.pieces:  # an expert weight: one token group's part
+            partial = True
         return Layout(batch=lay.batch, split=lay.split, partial=partial,
-                      reduce="dm" if v.param else "")
+                      reduce="dm" if v.param else "", pieces=lay.pieces)
 
     def _bw_op(self, op, sid, ins, outs, gouts, attrs) -> list[Val | None]:
         bsid = sid.replace(f":{op}", f":BW.{op}", 1)
@@ -472,13 +528,16 @@ class Tracer:
             key = f"{v.key}.grad"
             if v.param and key not in self.weight_grads:
                 self.weight_grads.append(key)
-            g = Val(key, self._new_ver(key), [], self.stage, self._grad_layout(v, ins), v.shape,
-                    "grad", grad=False, param=v.param)
+            layout = self._grad_layout(v, ins)
+            if sid in self._partial_grads and self.tp > 1:
+                layout = replace(layout, partial=True)
+            g = Val(key, self._new_ver(key), [], self.stage, layout, v.shape,
+                    "grad", grad=False, param=v.param, hidden=v.hidden)
             g.ids = [self._tid(key, g.ver, r) for r in self.group()]
             self._declare(g)
             gins.append(g)
-        inputs = [g.kv for g in gouts if g is not None] + [v.kv for v in ins]
-        hint = self._hint_for(bsid, inputs)
+        inputs = [g.kv for g in gouts if g is not None and not g.hidden]
+        hint = self._hint_for(bsid, inputs + [v.kv for v in ins if not v.hidden])
         for t, r in enumerate(self.group()):
             nid = self._nid(bsid, r)
             self.b.add_node(nid, op, "bw", r, self.m,
@@ -490,7 +549,8 @@ class Tracer:
         for g in gins:
             if g is not None:
                 self._register(g)
-                self.hints.setdefault(g.kv, hint)
+                if not g.hidden:
+                    self.hints.setdefault(g.kv, hint)
                 if g.param:
                     self._accumulate(g)
         return gins
@@ -539,13 +599,16 @@ class Tracer:
         finals: dict[str, list[str]] = {}
         for key in self.weight_grads:
             per_d = [self._final_vals[(key, d)] for d in range(self.w.dp)]
-            if self.w.dp == 1:
+            src = per_d[0]
+            # an expert gradient of one token group is reduced over the expert-data-parallel
+            # group: every replica's ranks holding the same experts (t % pieces)
+            pieces = src.layout.pieces if src.layout.partial else 0
+            if self.w.dp == 1 and not pieces:
                 finals[key] = list(per_d[0].ids)
                 continue
-            src = per_d[0]
             ver = src.ver + 1
             hint = _Hint([], [], [src.kv])
-            layout = replace(src.layout, reduce="")
+            layout = replace(src.layout, reduce="", partial=False)
             out = []
             for d in range(self.w.dp):
                 self.d, self.m = d, 0
@@ -554,11 +617,13 @@ class Tracer:
                     r = self.w.rank(d, src.stage, t)
                     tid = self._tid(key, ver, r, per_mb=False)
                     self.b.add_tensor(tid, src.shape, "grad")
-                    inputs = [per_d[dd].ids[t] for dd in range(self.w.dp)]
+                    ts = [u for u in range(self.tp) if u % pieces == t % pieces] if pieces \
+                        else [t]
+                    inputs = [per_d[dd].ids[u] for dd in range(self.w.dp) for u in ts]
                     nid = f"{key}:reducer@r{r}"
                     self.b.add_node(nid, "reducer", None, r, 0, inputs, [tid],
-                                    {"ranks": [self.w.rank(dd, src.stage, t)
-                                               for dd in range(self.w.dp)]})
+                                    {"ranks": [self.w.rank(dd, src.stage, u)
+                                               for dd in range(self.w.dp) for u in ts]})
                     hint.parallel.append(nid)
                     v.ids.append(tid)
                 self._register(v)
@@ -622,8 +687,9 @@ class Tracer:
                 size = inst.shape[0]
                 sl.append([k * size, (k + 1) * size])
             elif i == lay.split:
-                size = n // self.tp
-                sl.append([inst.t * size, (inst.t + 1) * size])
+                pieces = lay.pieces or self.tp
+                size, piece = n // pieces, inst.t % pieces
+                sl.append([piece * size, (piece + 1) * size])
             else:
                 sl.append([0, n])
         if tuple(e - s for s, e in sl) != tuple(inst.shape):
@@ -638,7 +704,8 @@ class Tracer:
         for n, inst in enumerate(insts):
             sl = self._slice(inst, full)
             if lay.reduce:
-                gk = ("all",) if lay.partial else (inst.t,)
+                gk = ("all", inst.t % lay.pieces if lay.pieces else 0) if lay.partial \
+                    else (inst.t,)
             elif lay.partial:
                 gk = (inst.d, inst.m)
             else:
@@ -660,5 +727,5 @@ class Tracer:
             aligned = None
             if hint is not None:
                 aligned = {"single": list(hint.single), "parallel": list(hint.parallel),
-                           "inputs": [index[i] for i in hint.inputs]}
+                           "inputs": [index[i] for i in hint.inputs if i in index]}
             index[kv] = self.b.add_lineage(key, parts, aligned)

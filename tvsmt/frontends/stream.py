@@ -80,12 +80,12 @@ class StreamedPlan:
     def __init__(self, model: str = "llama3", layers: int = 2, hidden: int = 64,
                  heads: int = 4, ffn: int = 128, vocab: int = 128, seq: int = 8,
                  dp: int = 1, tp: int = 1, pp: int = 1, mb: int = 1, eps: float = 1e-5,
-                 mutation: tuple[str, Unit, str] | None = None):
-        self.world = World(dp, tp, pp, mb)
+                 mutation: tuple[str, Unit, str] | None = None, ep: int | None = None):
+        self.world = World(dp, tp, pp, mb, ep)
         batch = default_batch(dp, mb)
         rows = batch // (dp * mb)
         cfg = ModelConfig(model, layers, hidden, heads, ffn, vocab, seq, batch, eps)
-        rep_world = World(min(dp, 2), tp, pp, min(mb, 2))
+        rep_world = World(min(dp, 2), tp, pp, min(mb, 2), ep)
         rep_cfg = replace(cfg, batch=rows * rep_world.dp * rep_world.mb)
         name = f"{model}_dp{dp}_tp{tp}_pp{pp}_mb{mb}_ly{layers}"
         single_full, _ = build_pair(cfg, World())  # the single plan is small at any scale

@@ -32,7 +32,7 @@ from fractions import Fraction
 import numpy as np
 
 from tvsmt.ops.backend import TOPK_UFS, exact
-from tvsmt.ops.definitions._common import nontrivial, require
+from tvsmt.ops.definitions._common import add_all, nontrivial, require
 from tvsmt.ops.registry import AttrError, OpSpec, register
 
 # ----------------------------------------------------------------------------- router
@@ -301,3 +301,131 @@ register(OpSpec(
         "experts, alpha = attrs.alpha; exact indicators. bw [g, weights, indices] -> [g * "
         "alpha / S * f[b, idx[b,s,j]], null]. Per sequence, so splitting the batch by "
         "sequences (dp, micro-batches) sums it exactly. k is never reduced."))
+
+
+# ----------------------------------------------------------------------------- dispatch / combine
+# Expert parallelism with all_to_all (the generator's plans): tp rank t owns rows piece t of
+# the tokens (of `pieces` = tp pieces); `moe_dispatch` builds its send buffer, one row block
+# per member of its expert-parallel group (attrs.ep ranks): its rows with their indices and
+# router weights; an `all_to_all` (comm.py) brings every member's block q to member q, which
+# runs its local experts (`nnscaler_moe_gmm`: the expert range selects, by index, the slots
+# routed to them); a second all_to_all brings the outputs back and `moe_combine` adds the ep
+# blocks up into this rank's rows of a (T, H) tensor, a tp partial sum. (Masking the weights
+# of the other ranks' slots in the send buffer as well would change nothing, the expert
+# range already selects; measured: nested indicators there turn 2 s proofs into z3 timeouts.)
+
+
+def _rows(attrs, n_rows: int) -> tuple[int, int]:
+    pieces, piece = attrs.get("pieces"), attrs.get("piece")
+    if type(pieces) is not int or type(piece) is not int or not 0 <= piece < pieces:
+        raise AttrError(f"moe dispatch/combine: attrs.piece={piece!r} is not a piece of "
+                        f"attrs.pieces={pieces!r}")
+    if n_rows % pieces:
+        raise AttrError(f"moe dispatch/combine: {n_rows} rows do not form {pieces} pieces")
+    size = n_rows // pieces
+    return piece * size, (piece + 1) * size
+
+
+def _copies(attrs) -> int:
+    n = attrs.get("ep")
+    if type(n) is not int or n < 1:
+        raise AttrError(f"moe dispatch/combine: attrs.ep={n!r} is not an expert-parallel size")
+    return n
+
+
+def dispatch_fw(be, ins, attrs, ctx):
+    x, idx, w = ins[:3]
+    lo, hi = _rows(attrs, x.shape[0])
+    n = _copies(attrs)
+    return [np.concatenate([t[lo:hi]] * n) for t in (x, idx, w)]
+
+
+def dispatch_bw(be, ins, attrs, ctx):
+    g_x, g_w, x, idx, w = ins[0], ins[2], ins[3], ins[4], ins[5]
+    lo, hi = _rows(attrs, x.shape[0])
+    size = hi - lo
+    outs = []
+    for g, like in ((g_x, x), (g_w, w)):
+        out = be.zeros(like.shape)
+        if g is not None:
+            out[lo:hi] = add_all([g[q * size:(q + 1) * size] for q in range(_copies(attrs))])
+        outs.append(out)
+    return [outs[0], None, outs[1]]
+
+
+def _rows_unreduced(c, t) -> None:
+    c.eq(t[0], t.orig[0])  # the row pieces are positions: tokens are never reduced here
+
+
+def dispatch_shape(c, ins, outs, attrs):
+    x, idx, w = ins[:3]
+    require(len(x) == 2 and len(idx) == 2 and tuple(idx.orig) == tuple(w.orig)
+            and idx.orig[0] == x.orig[0], f"moe_dispatch: x {list(x.orig)}, indices "
+            f"{list(idx.orig)}, weights {list(w.orig)} are not (T, H), (T, k), (T, k)")
+    n = _copies(attrs)
+    lo, hi = _rows(attrs, x.orig[0])
+    for src, out in zip((x, idx, w), outs):
+        _rows_unreduced(c, src)
+        if out is not None:
+            require(tuple(out.orig) == (n * (hi - lo), src.orig[1]),
+                    f"moe_dispatch: output {list(out.orig)} is not [{n * (hi - lo)}, "
+                    f"{src.orig[1]}]")
+            _rows_unreduced(c, out)
+            c.eq(out[1], src[1])
+    c.eq(idx[1], idx.orig[1])  # k is never reduced
+    c.eq(w[1], idx[1])
+
+
+register(OpSpec(
+    "moe_dispatch", dispatch_fw, dispatch_shape, dispatch_bw,
+    n_outputs=lambda attrs, n_in: 3, reads_mirrors=True,
+    doc="expert-parallel dispatch (send buffer of one rank), fw [x (T,H), indices (T,k), "
+        "weights (T,k)] -> [x_send (n*Ts,H), idx_send (n*Ts,k), w_send (n*Ts,k)], Ts = "
+        "T/attrs.pieces, rows r = [piece*Ts, (piece+1)*Ts), n = attrs.ep: each of the n "
+        "blocks of x_send / idx_send / w_send is x[r] / idx[r] / w[r] (one per member of "
+        "the expert-parallel group; its experts select their slots by index). bw [g_xs, null, "
+        "g_ws, x, idx, w] -> [g_x, null, g_w]: g_x[r] = sum_q g_xs block q, g_w[r] = sum_q "
+        "g_ws block q, other rows 0 (the exact VJP). Rows are never reduced."))
+
+
+def combine_fw(be, ins, attrs, ctx):
+    ys = ins[0]
+    n = _copies(attrs)
+    if ys.shape[0] % n:
+        raise AttrError(f"moe_combine: {ys.shape[0]} rows do not form attrs.ep={n} blocks")
+    size = ys.shape[0] // n
+    lo, hi = _rows(attrs, size * int(attrs["pieces"]))
+    out = be.zeros((size * int(attrs["pieces"]),) + ys.shape[1:])
+    out[lo:hi] = add_all([ys[q * size:(q + 1) * size] for q in range(n)])
+    return [out]
+
+
+def combine_bw(be, ins, attrs, ctx):
+    g, ys = ins[0], ins[1]
+    n = int(attrs["ep"])
+    lo, hi = _rows(attrs, g.shape[0])
+    return [np.concatenate([g[lo:hi]] * n)]
+
+
+def combine_shape(c, ins, outs, attrs):
+    ys = ins[0]
+    n, pieces = int(attrs["ep"]), int(attrs["pieces"])
+    require(len(ys) == 2 and ys.orig[0] % n == 0, f"moe_combine: input {list(ys.orig)} is "
+                                                  f"not (ep*Ts, H) with ep = {n}")
+    _rows(attrs, ys.orig[0] // n * pieces)
+    _rows_unreduced(c, ys)
+    y = outs[0] if outs else None
+    if y is not None:
+        require(tuple(y.orig) == (ys.orig[0] // n * pieces, ys.orig[1]),
+                f"moe_combine: output {list(y.orig)} is not [{ys.orig[0] // n * pieces}, "
+                f"{ys.orig[1]}]")
+        _rows_unreduced(c, y)
+        c.eq(y[1], ys[1])
+
+
+register(OpSpec(
+    "moe_combine", combine_fw, combine_shape, combine_bw, reads_mirrors=True,
+    doc="expert-parallel combine (receive side of one rank), fw [ys (ep*Ts, H)] -> [y (T, H)], "
+        "T = Ts*attrs.pieces: y[r] = sum of the ep row blocks of ys, r = [piece*Ts, "
+        "(piece+1)*Ts), other rows 0 (this rank's part of a tp partial sum). bw [g (T,H), ys] "
+        "-> [g[r] repeated ep times]. Rows are never reduced."))
