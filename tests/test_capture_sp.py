@@ -76,8 +76,23 @@ def test_sequence_parallel_is_equivalent(monkeypatch):
 
 
 def test_sequence_parallel_missing_norm_grad_allreduce_is_a_violation(monkeypatch):
-    _violation_at(SP, "no-norm-grad-allreduce", "h = self.norm(x)", monkeypatch,
-                  tensor="grad.norm.weight")
+    report = _violation_at(SP, "no-norm-grad-allreduce", "h = self.norm(x)", monkeypatch,
+                           tensor="grad.norm.weight")
+    # the summary's first code line of the gradient failure is where the norm is used (its
+    # backward nodes only carry the line of loss.backward())
+    from io import StringIO
+
+    from rich.console import Console
+
+    from tvsmt.report.render import render
+
+    out = StringIO()
+    render(report, Console(file=out, width=200, color_system=None))
+    text = out.getvalue()
+    grad = text[text.index("grad.norm."):]
+    first_code = grad[grad.index("  code "):].splitlines()[0]
+    assert first_code.endswith(f"sequence_parallel.py:{_line_of(SP, 'h = self.norm(x)')}: "
+                               "h = self.norm(x)"), first_code
 
 
 # ----------------------------------------------------------------------------- vocab parallel

@@ -178,6 +178,7 @@ def check_pair(pair: CapturedPair, opts=None) -> CaptureReport:
                                          witnessed=pair.witnessed)
     pair.timings["verify"] = time.perf_counter() - t0
     _first_wrong_result_first(report, single)
+    _point_at_parameter_uses(report, single)
     return _as_capture_report(report, pair, hyp)
 
 
@@ -193,6 +194,21 @@ def _first_wrong_result_first(report: Report, single: Plan) -> None:
         return min(nodes) if nodes else produced.get(f.tensor, -1)
 
     report.failures.sort(key=start)
+
+
+def _point_at_parameter_uses(report: Report, single: Plan, most: int = 2) -> None:
+    """A failing gradient claim `grad.NAME` shows first the user's lines that use parameter
+    NAME (the module call, e.g. `h = self.norm(x)`): the traced backward nodes all carry the
+    line of `loss.backward()`, which says nothing about which layer is wrong."""
+    for f in report.failures:
+        if not (f.tensor or "").startswith("grad."):
+            continue
+        param = "param." + f.tensor[len("grad."):]
+        lines: list[str] = []
+        for n in single.nodes:
+            if n.source and param in n.inputs and n.source not in lines:
+                lines.append(n.source)
+        f.code = lines[:most]
 
 
 def check(script, opts=None) -> CaptureReport:

@@ -85,7 +85,7 @@ def render(report: Report, console: Console | None = None, max_failures: int = 1
                 shown = ", ".join(f"{m(n['id'])} ({m(n['op'])})" for n in nodes[:6])
                 more = f" and {len(nodes) - 6} more" if len(nodes) > 6 else ""
                 say(f"  {side.replace('_', ' ')}: {shown}{more}")
-        for line in _source_lines(f.parallel_nodes or f.single_nodes):
+        for line in _source_lines(f.parallel_nodes or f.single_nodes, first=f.code):
             say(f"  code {m(line)}")
         cex = f.counterexample
         if cex:
@@ -102,22 +102,25 @@ def render(report: Report, console: Console | None = None, max_failures: int = 1
         say(f"\n... {len(report.failures) - max_failures} more failures in the JSON report")
 
 
-def _source_lines(nodes, limit: int = 3) -> list[str]:
+def _source_lines(nodes, limit: int = 3, first=()) -> list[str]:
     """The producer's code lines of a failure's nodes (plan key "source", set by the PyTorch
-    capture), nearest the failing tensor first, with the text of the line when readable."""
+    capture), nearest the failing tensor first, with the text of the line when readable;
+    the failure's own `code` lines (`first`) come before them."""
     import linecache
 
-    out, seen = [], set()
+    def shown(src: str, where: str = "") -> str:
+        file, _, line = src.rpartition(":")
+        text = linecache.getline(file, int(line)).strip() if line.isdigit() else ""
+        return src + (f" ({where})" if where else "") + (f": {text}" if text else "")
+
+    out, seen = [shown(src) for src in first], set(first)
     for n in reversed(nodes):
         src = n.get("source")
         if not src or src in seen:
             continue
         seen.add(src)
-        file, _, line = src.rpartition(":")
-        text = linecache.getline(file, int(line)).strip() if line.isdigit() else ""
-        where = f"rank {n.get('rank')}" + (f", micro-batch {n['mb']}"
-                                           if n.get("mb", -1) >= 0 else "")
-        out.append(f"{src} ({where}): {text}" if text else f"{src} ({where})")
-        if len(out) == limit:
+        out.append(shown(src, f"rank {n.get('rank')}" + (f", micro-batch {n['mb']}"
+                                                         if n.get("mb", -1) >= 0 else "")))
+        if len(out) == limit + len(first):
             break
     return out

@@ -35,6 +35,9 @@ class Failure:
     solver: dict[str, Any] | None = None  # solver answers (name, status, time, message)
     # graph inputs an underivable claim depends on that no lineage relates (structural)
     free_tensors: list[str] = field(default_factory=list)
+    # the producer's code lines ("file:line") to show first: for a captured gradient claim,
+    # where the program uses the parameter (its backward nodes all say `loss.backward()`)
+    code: list[str] = field(default_factory=list)
 
 
 @dataclass
