@@ -50,6 +50,7 @@ from tvsmt.frontends.mutations import apply as apply_mutation
 from tvsmt.frontends.spmd import World
 from tvsmt.plan import plan_from_dict
 from tvsmt.plan.model import LineagePart, Node, Plan, TensorInfo
+from tvsmt.plan.model import replace as replace_struct
 
 _SUFFIX = re.compile(r"@r(\d+)(?:>r(\d+))?(?:m(\d+))?")
 
@@ -163,7 +164,7 @@ class StreamedPlan:
                 units = [(d, mm) for mm in range(wu.mb) for d in range(wu.dp)]
             ids = tuple(_move_id(first, 0, rank=lambda r, d=d: r % per + d * per,
                                  mb=lambda _, mm=mm: mm) for d, mm in units)
-            out.parts.append((lin, pos, replace(p, sum_of=ids)))
+            out.parts.append((lin, pos, replace_struct(p, sum_of=ids)))
             out.part_refs.append([(u, k) for u in units])
         return out
 
