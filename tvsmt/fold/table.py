@@ -165,16 +165,9 @@ def build_table(unit: Unit, tensors: list[TensorInfo], nodes: list[tuple[int, No
         return r
 
     attrs = [semantic_attrs(n) for _, n in nodes]
-    slices = np.full((len(parts), 2 * MAX_DIMS), -1, dtype=np.int64)
-    for i, (_, _, p) in enumerate(parts):
-        if len(p.slice) > MAX_DIMS:
-            raise ValueError(f"a lineage slice with more than {MAX_DIMS} dimensions")
-        for k, (a, b) in enumerate(p.slice):
-            slices[i, 2 * k], slices[i, 2 * k + 1] = a, b
     ap, ar = _csr([[(r, 0, 0, 0) for r in rs] for _, rs in attrs])
     ip, ins = _csr([[ref(x) for x in n.inputs] for _, n in nodes])
     op_, outs = _csr([[ref(x) for x in n.outputs] for _, n in nodes])
-    sp, sums = _csr([[ref(x) for x in p.sum_of] for _, _, p in parts])
     arr = lambda xs: np.array(xs, dtype=np.int64)  # noqa: E731
     return UnitTable(
         t_shape=arr([intern(t.shape) for t in tensors]),
@@ -184,9 +177,32 @@ def build_table(unit: Unit, tensors: list[TensorInfo], nodes: list[tuple[int, No
         n_attrs=arr([intern(a) for a, _ in attrs]), n_attr_ptr=ap, n_attr_ranks=ar[:, 0].copy(),
         n_in_ptr=ip, n_in=ins, n_out_ptr=op_, n_out=outs,
         n_pos=arr([pos for pos, _ in nodes]),
-        p_lin=arr([lin for lin, _, _ in parts]), p_pos=arr([pos for _, pos, _ in parts]),
-        p_scale=arr([intern(p.scale) for _, _, p in parts]), p_slice=slices,
-        p_sum_ptr=sp, p_sum=sums)
+        **part_columns(parts, ref, intern))
+
+
+def part_columns(parts: list[tuple[int, int, LineagePart]], ref: Callable[[str], tuple],
+                 intern: Interner) -> dict[str, np.ndarray]:
+    """The lineage-part columns of a table (`ref`: tensor id -> reference)."""
+    slices = np.full((len(parts), 2 * MAX_DIMS), -1, dtype=np.int64)
+    for i, (_, _, p) in enumerate(parts):
+        if len(p.slice) > MAX_DIMS:
+            raise ValueError(f"a lineage slice with more than {MAX_DIMS} dimensions")
+        for k, (a, b) in enumerate(p.slice):
+            slices[i, 2 * k], slices[i, 2 * k + 1] = a, b
+    sp, sums = _csr([[ref(x) for x in p.sum_of] for _, _, p in parts])
+    arr = lambda xs: np.array(xs, dtype=np.int64)  # noqa: E731
+    return dict(p_lin=arr([lin for lin, _, _ in parts]), p_pos=arr([pos for _, pos, _ in parts]),
+                p_scale=arr([intern(p.scale) for _, _, p in parts]), p_slice=slices,
+                p_sum_ptr=sp, p_sum=sums)
+
+
+def attach_parts(tab: UnitTable, unit: Unit, parts: list[tuple[int, int, LineagePart]],
+                 locate: Locate, intern: Interner) -> None:
+    """Set a table's lineage parts afterwards (a streamed unit's parts come at the end of
+    its file, after its nodes were dropped)."""
+    cols = part_columns(parts, lambda x: reference(unit, *locate(x)), intern)
+    for name, value in cols.items():
+        setattr(tab, name, value)
 
 
 # ----------------------------------------------------------------------------- renaming
