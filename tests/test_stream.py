@@ -253,3 +253,51 @@ def test_malformed_unit_files_are_one_line_errors_on_the_streaming_path(unit_fil
     _expect_one_line(s, lines[:sections[5]] + o[:sections[6]] + lines[sections[6]:], tmp_path,
                      "second header", "another plan")
     _expect_one_line(s, lines[:-1] + o[-1:], tmp_path, "trailer belongs to plan")
+
+
+def test_tables_over_columns_are_the_reference_tables(unit_file):
+    """FilePlan builds instance units' tables and their lineage parts over columns
+    (table.instance_table, _Scan._fast_parts): the same tables as `build_table` and the
+    part-by-part loop give, column for column."""
+    from dataclasses import fields
+
+    from tvsmt.fold import filesource, table
+    from tvsmt.plan import load_plan
+
+    s, p = unit_file
+    single = load_plan(s)
+    fast = filesource.FilePlan(single, p)
+
+    def by_build_table(u, infos, nodes, ins, outs, local, outside, intern):
+        real = table.reference
+
+        def fake(unit, target, k):  # an outside tensor keeps the reference FilePlan gives
+            return outside(k) if target == "outside" else real(unit, target, k)
+
+        table.reference = fake
+        try:
+            return table.build_table(u, infos, nodes, [], lambda x: (
+                (u, local[x]) if x in local else ("outside", x)), intern)
+        finally:
+            table.reference = real
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(filesource, "instance_table", by_build_table)
+    mp.setattr(filesource._Scan, "_fast_parts", lambda self, lin: False)
+    try:
+        slow = filesource.FilePlan(single, p)
+    finally:
+        mp.undo()
+    interned = ("t_shape", "n_op", "n_pass", "n_attrs", "p_scale")
+    assert fast.units() == slow.units()
+    for u in fast.units():
+        a, b = fast.table(u), slow.table(u)
+        for f in fields(a):
+            x, y = getattr(a, f.name), getattr(b, f.name)
+            assert x.shape == y.shape, (u, f.name)
+            if f.name in interned:
+                x = [fast.intern.values[i] for i in x.tolist()]
+                y = [slow.intern.values[i] for i in y.tolist()]
+                assert x == y, (u, f.name)
+            else:
+                assert np.array_equal(x, y), (u, f.name)

@@ -32,17 +32,33 @@ replica (the plan id and checksum must be the same).
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import chain, compress, repeat
+from operator import add, attrgetter, itemgetter
 import numpy as np
 
 from tvsmt.fold.folder import SUM_OPS, FoldRefused, UnitRecords
 from tvsmt.fold.source import unit_order
-from tvsmt.fold.table import Interner, UnitTable, attach_parts, build_table
+from tvsmt.fold.table import (
+    MAX_DIMS,
+    Interner,
+    UnitTable,
+    attach_parts,
+    build_table,
+    instance_table,
+    merge_part_columns,
+    part_columns,
+    reference,
+)
 from tvsmt.fold.units import REPRESENTATIVE, Unit, WorldUnits
 from tvsmt.plan.mesh import Mesh
 from tvsmt.plan.model import Lineage, LineagePart, Node, Plan, TensorInfo
 from tvsmt.plan.stream import Section, StreamHeader, iter_records
 
 _SHIFT = 32  # packed location: unit index << _SHIFT | local number
+_LOW = (1 << _SHIFT) - 1
+_RANK, _MB, _OP, _INPUTS, _OUTPUTS, _SUM_OF, _SLICE, _SCALE = (attrgetter(k) for k in (
+    "rank", "mb", "op", "inputs", "outputs", "sum_of", "slice", "scale"))
+_FIRST = itemgetter(0)
 
 
 class FilePlan:
@@ -139,7 +155,7 @@ class _Scan:
         self.pos = 0
         self.sec_tensors: dict[str, TensorInfo] = {}
         self.sec_nodes: dict[Unit, list[tuple[int, Node]]] = {}
-        self.sec_prod: dict[Unit, set[str]] = {}  # tensors written by each unit of the section
+        self.batch: list[Node] = []  # the section's nodes, classified at its end
         self.glob_num: dict[str, int] = {}
         self.done_units: set[Unit] = set()
         self.unit_index: dict[Unit, int] = {}
@@ -151,68 +167,95 @@ class _Scan:
         self.rep_num: dict[int, dict[str, int]] = defaultdict(dict)  # replica tensors
         self.held_nodes: dict[int, list[tuple[int, Node]]] = defaultdict(list)
         self.parts: dict[Unit, list] = defaultdict(list)  # (lin, pos, part) per unit
+        self.part_refs: dict[Unit, list] = defaultdict(list)  # their tensors' references
+        self.chunks: list[tuple] = []  # lineage parts over columns (_fast_parts)
+        self.retained_idx = np.zeros(0, dtype=bool)
         self.lineage_index = 0
         self.lineages: list[Lineage] = []
         self.replica_tensors: dict[int, list[TensorInfo]] = {}
 
     # ---- nodes
 
+    def node(self, n: Node) -> None:
+        self.batch.append(n)
+
     def _unit_of_produced(self, x: str) -> Unit | None:
         loc = self.where.get(x)
         if loc is not None:
             return self.units_by_index[loc >> _SHIFT]
-        for u, prod in self.sec_prod.items():
-            if x in prod:
-                return u
         d = self.held_prod.get(x)
         return None if d is None else (d, None)
 
-    def node(self, n: Node) -> None:
-        pos = self.pos
-        self.pos += 1
-        try:
-            d = self.mesh.replica_of(n.rank)
-        except ValueError:
-            raise FoldRefused(f"node {n.id}: rank {n.rank} outside the world") from None
-        held = n.mb == -1
-        if not held:
-            if not 0 <= n.mb < self.wu.mb:
-                raise FoldRefused(f"node {n.id}: micro-batch {n.mb} outside the world")
-            if n.op in SUM_OPS and len(n.inputs) > 1:
-                units = {self._unit_of_produced(x) for x in n.inputs if x is not None}
+    def _classify(self) -> dict[Unit, list[tuple[int, Node]]]:
+        """The section's nodes by unit (columns in numpy; only sums are looked at one by
+        one), replica-unit nodes to `held_nodes`."""
+        batch, self.batch = self.batch, []
+        pos0, n_nodes = self.pos, len(batch)
+        self.pos += n_nodes
+        if not n_nodes:
+            return {}
+        ranks = np.fromiter(map(_RANK, batch), np.int64, n_nodes)
+        mbs = np.fromiter(map(_MB, batch), np.int64, n_nodes)
+        if ranks.min() < 0 or ranks.max() >= self.mesh.size:
+            i = int(np.flatnonzero((ranks < 0) | (ranks >= self.mesh.size))[0])
+            raise FoldRefused(f"node {batch[i].id}: rank {batch[i].rank} outside the world")
+        if mbs.min() < -1 or mbs.max() >= self.wu.mb:
+            i = int(np.flatnonzero((mbs < -1) | (mbs >= self.wu.mb))[0])
+            raise FoldRefused(f"node {batch[i].id}: micro-batch {batch[i].mb} outside the "
+                              "world")
+        reps = ranks // self.per
+        held = mbs == -1
+        sums = [i for i in compress(range(n_nodes), map(SUM_OPS.__contains__, map(_OP, batch)))
+                if len(batch[i].inputs) > 1 and not held[i]]
+        if sums:  # a sum over units belongs to its replica (units.py)
+            writer = {}
+            for i, n in enumerate(batch):
+                for x in n.outputs:
+                    writer[x] = i
+            for i in sums:
+                units = set()
+                for x in batch[i].inputs:
+                    j = writer.get(x)
+                    if j is not None and j < i:
+                        units.add((int(reps[j]), None if held[j] else int(mbs[j])))
+                    elif x is not None:
+                        units.add(self._unit_of_produced(x))
                 units.discard(None)
-                held = len(units) > 1
-        if held:
-            self.held_nodes[d].append((pos, n))
+                if len(units) > 1:
+                    held[i] = True
+        for i in np.flatnonzero(held).tolist():
+            n = batch[i]
+            d = int(reps[i])
+            self.held_nodes[d].append((pos0 + i, n))
             for x in n.outputs:
                 if x is not None:
                     self.held_prod[x] = d
-            return
-        u = (d, n.mb)
-        if u in self.done_units:
-            raise FoldRefused(f"node {n.id}: unit {u} continues after its section ended "
-                              "(the file does not group records by unit)")
-        nodes = self.sec_nodes.get(u)
-        if nodes is None:
-            nodes = self.sec_nodes[u] = []
-            self.sec_prod[u] = set()
-        nodes.append((pos, n))
-        prod = self.sec_prod[u]
-        for x in n.outputs:
-            if x is not None:
-                prod.add(x)
+        inst = np.flatnonzero(~held)
+        key = reps[inst] * self.wu.mb + mbs[inst]
+        rel = ranks[inst] - reps[inst] * self.per
+        order = inst[np.lexsort((inst, rel, key))]  # by unit, then relative rank, then file
+        keys = reps[order] * self.wu.mb + mbs[order]
+        cuts = np.flatnonzero(np.diff(keys)) + 1
+        out: dict[Unit, list[tuple[int, Node]]] = {}
+        for idx in np.split(order, cuts) if len(order) else []:
+            i0 = int(idx[0])
+            u = (int(reps[i0]), int(mbs[i0]))
+            out[u] = [(pos0 + i, batch[i]) for i in idx.tolist()]
+        return out
 
     def end_section(self) -> None:
         """Every instance unit with nodes in the section is complete: build its table."""
-        alone = len(self.sec_nodes) == 1
-        for u, nodes in self.sec_nodes.items():
+        units = self._classify()
+        alone = len(units) == 1
+        for u, nodes in units.items():
+            if u in self.done_units:
+                raise FoldRefused(f"node {nodes[0][1].id}: unit {u} continues after its "
+                                  "section ended (the file does not group records by unit)")
             self._build_unit(u, nodes, self.sec_tensors if alone else {})
             self.done_units.add(u)
         for tid, info in self.sec_tensors.items():
             if tid not in self.where:
                 self.held_decl[tid] = info
-        self.sec_nodes = {}
-        self.sec_prod = {}
         self.sec_tensors = {}
 
     def _replica_number(self, x: str, d: int) -> int:
@@ -243,17 +286,15 @@ class _Scan:
                     declared: dict[str, TensorInfo]) -> None:
         d, _ = u
         wanted = self.wanted
-        base = d * self.per
-        nodes.sort(key=lambda e: (e[1].rank - base, e[0]))
-        prod = self.sec_prod.get(u, set())
-        local: dict[str, int] = {}
-        for _, n in nodes:
-            for x in n.inputs:
-                if x is not None and x not in local and (x in prod or x in declared):
-                    local[x] = len(local)
-            for x in n.outputs:
-                if x is not None and x not in local:
-                    local[x] = len(local)
+        ns = [n for _, n in nodes]  # already in canonical order (_classify)
+        ins, outs = list(map(_INPUTS, ns)), list(map(_OUTPUTS, ns))
+        prod = set(chain.from_iterable(outs))
+        prod.discard(None)
+        own = prod.union(declared)  # the unit's tensors: written by it, or its inputs
+        # numbered by first use, inputs then outputs, node by node
+        local = dict.fromkeys(filter(own.__contains__, chain.from_iterable(map(add, ins, outs))))
+        for k, x in enumerate(local):
+            local[x] = k
         index = self.unit_index.get(u)
         if index is None:
             index = self.unit_index[u] = len(self.units_by_index)
@@ -276,7 +317,9 @@ class _Scan:
             return self._outside(x, d)
 
         if wanted is None:
-            self.src._tables[u] = build_table(u, infos, nodes, [], locate, self.src.intern)
+            self.src._tables[u] = instance_table(u, infos, nodes, ins, outs, local,
+                                                 lambda x: reference(u, *locate(x)),
+                                                 self.src.intern)
         if self._retained(u):
             self.src._records[u] = UnitRecords(infos, list(nodes), [])
 
@@ -391,24 +434,101 @@ class _Scan:
         self.lineages.append(Lineage(lin.index, lin.single, (), None, lin.hypothesis))
         if lin.hypothesis:
             raise FoldRefused("lineages that are hypotheses are verified from the whole plan")
-        for pos, p in enumerate(lin.parts):
-            refs = [self.locate(x) for x in p.sum_of]
+        parts = lin.parts
+        if self.wanted is None and self._fast_parts(lin):
+            return
+        for pos, p in enumerate(parts):
+            refs = list(map(self.locate, p.sum_of))
             us = {r[0] for r in refs}
             if len(us) == 1 and None not in us:
                 u = us.pop()
                 if self.wanted is None or u[0] in self.wanted:
                     self.parts[u].append((lin.index, pos, p))
+                    self.part_refs[u].append([reference(u, *r) for r in refs])
             elif self.wanted is None:
                 self.src._global.parts.append((lin.index, pos, p))
                 self.src._global.part_refs.append(refs)
 
+    def _fast_parts(self, lin: Lineage) -> bool:
+        """A lineage whose every part is one tensor of an instance unit, over columns: its
+        parts of units whose records are not retained go to `chunks` (numpy), the others
+        through `lineage`'s loop. False (nothing done) for any other lineage."""
+        parts = lin.parts
+        sums = list(map(_SUM_OF, parts))
+        if set(map(len, sums)) != {1}:
+            return False
+        locs = np.fromiter(map(self.where.get, map(_FIRST, sums), repeat(-1)), np.int64,
+                           len(sums))
+        if locs.min() < 0:
+            return False
+        uidx = locs >> _SHIFT
+        if len(self.retained_idx) < len(self.units_by_index):
+            self.retained_idx = np.array([self._retained(u) for u in self.units_by_index])
+        keep = self.retained_idx[uidx]
+        rest = np.flatnonzero(~keep)
+        rest_parts = [parts[i] for i in rest.tolist()]
+        try:  # every slice of one lineage has its single tensor's rank
+            slc = np.array(list(map(_SLICE, rest_parts)), dtype=np.int64).reshape(len(rest), -1)
+        except ValueError:
+            return False
+        if slc.shape[1] > 2 * MAX_DIMS:
+            return False
+        for pos in np.flatnonzero(keep).tolist():
+            p = parts[pos]
+            u = self.units_by_index[int(uidx[pos])]
+            self.parts[u].append((lin.index, pos, p))
+            self.part_refs[u].append([reference(u, u, int(locs[pos] & _LOW))])
+        if not len(rest):
+            return True
+        slices = np.full((len(rest), 2 * MAX_DIMS), -1, dtype=np.int64)
+        slices[:, :slc.shape[1]] = slc
+        scales = list(map(_SCALE, rest_parts))
+        intern = self.src.intern
+        if len(set(map(id, scales))) == 1:
+            scale = np.full(len(rest), intern(scales[0]), dtype=np.int64)
+        else:
+            scale = np.array([intern(x) for x in scales], dtype=np.int64)
+        self.chunks.append((uidx[rest], np.full(len(rest), lin.index, dtype=np.int64), rest,
+                            scale, slices, locs[rest] & _LOW))
+        return True
+
+    def _chunk_columns(self) -> dict[int, dict[str, np.ndarray]]:
+        """The fast parts, per unit index, as table columns."""
+        if not self.chunks:
+            return {}
+        u, lin, pos, scale, slices, k = (np.concatenate(c) for c in zip(*self.chunks))
+        self.chunks = []
+        order = np.lexsort((pos, lin, u))
+        u, lin, pos, scale, slices, k = (a[order] for a in (u, lin, pos, scale, slices, k))
+        cuts = np.flatnonzero(np.diff(u)) + 1
+        out = {}
+        for idx in np.split(np.arange(len(u)), cuts):
+            unit = self.units_by_index[int(u[idx[0]])]
+            sums = np.empty((len(idx), 4), dtype=np.int64)
+            sums[:] = reference(unit, unit, 0)
+            sums[:, 0] = k[idx]
+            out[int(u[idx[0]])] = dict(p_lin=lin[idx], p_pos=pos[idx], p_scale=scale[idx],
+                                       p_slice=slices[idx],
+                                       p_sum_ptr=np.arange(len(idx) + 1, dtype=np.int64),
+                                       p_sum=sums)
+        return out
+
     def finish(self) -> None:
         src = self.src
+        fast = self._chunk_columns() if self.wanted is None else {}
+        for index, cols in fast.items():
+            u = self.units_by_index[index]
+            if u in self.parts:  # also parts through the loop: merged in (lineage, position)
+                slow = part_columns(self.parts.pop(u), None, src.intern,
+                                    self.part_refs.pop(u))
+                cols = merge_part_columns(cols, slow)
+            for name, value in cols.items():
+                setattr(src._tables[u], name, value)
         for u, parts in self.parts.items():
             if self.wanted is None and u not in src._tables:
                 raise FoldRefused(f"lineage parts name unit {u}, which has no node")
             if self.wanted is None:
-                attach_parts(src._tables[u], u, parts, self.locate, src.intern)
+                attach_parts(src._tables[u], parts, self.part_refs[u], src.intern)
             recs = src._records.get(u)
             if recs is not None and (self.wanted is None or u[1] is not None):
                 recs.parts = list(parts)
