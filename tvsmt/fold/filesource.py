@@ -240,7 +240,7 @@ class _Scan:
         for idx in np.split(order, cuts) if len(order) else []:
             i0 = int(idx[0])
             u = (int(reps[i0]), int(mbs[i0]))
-            out[u] = [(pos0 + i, batch[i]) for i in idx.tolist()]
+            out[u] = list(zip((idx + pos0).tolist(), map(batch.__getitem__, idx.tolist())))
         return out
 
     def end_section(self) -> None:
