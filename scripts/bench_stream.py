@@ -14,8 +14,10 @@ process, so that its peak memory is its own:
   the units stream from the file into the folder (tvsmt/fold/filesource.py), the plan is
   never held whole, and the folded pair is verified (two jobs).
 
-Printed per phase: wall time, CPU time of the process, peak resident memory (for verify, the
-peak of the process and its workers and solvers together, sampled every 0.2 s). On a shared
+Printed per phase: wall time, CPU time of the process, peak resident memory (for verify, also the
+peak of the process and its workers and solvers together, sampled every 0.2 s, as the sum of
+their resident sizes, which counts a page shared by forked workers once per process, and as
+the sum of their proportional sizes, which counts it once). On a shared
 machine, the CPU time is the steadier figure.
 """
 
@@ -54,16 +56,19 @@ elif phase == "verify":
     import threading, psutil
     from tvsmt.verify import Options, verify_pair
     tree = [0]
+    tree_pss = [0]  # proportional: a page shared by forked workers counts once
     def sample():
         me = psutil.Process()
         while True:
-            total = 0
+            total = pss = 0
             for p in [me] + me.children(recursive=True):
                 try:
                     total += p.memory_info().rss
+                    pss += p.memory_full_info().pss
                 except psutil.Error:
                     pass
             tree[0] = max(tree[0], total)
+            tree_pss[0] = max(tree_pss[0], pss)
             time.sleep(0.2)
     threading.Thread(target=sample, daemon=True).start()
     rep = verify_pair({single!r}, path, Options(jobs=2, progress=None, corpus=None))
@@ -71,7 +76,8 @@ elif phase == "verify":
     what = (f"{{rep.verdict}}, folded {{fold.get('kept_units')}} of "
             f"{{fold.get('replicas', 0) * fold.get('micro_batches', 0)}} units, "
             f"{{fold.get('checked', {{}}).get('nodes')}} nodes checked, note {{rep.fold_note}}, "
-            f"timings {{rep.timings}}, tree peak {{tree[0] >> 20}} MB")
+            f"timings {{rep.timings}}, tree peak {{tree[0] >> 20}} MB rss, "
+            f"{{tree_pss[0] >> 20}} MB pss")
 elif phase == "iterate":
     from collections import Counter
     from tvsmt.plan.stream import iter_records
