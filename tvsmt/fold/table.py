@@ -385,14 +385,39 @@ def canonical_inputs(tab: UnitTable, unit: Unit, wu: WorldUnits, sum_ops: np.nda
     ptr = tab.n_in_ptr
     keep = np.ones(len(ins), dtype=bool)
     rows = group_rows(tab, unit, sum_ops, wu)
-    for i in rows.tolist():
-        a, b = ptr[i], ptr[i + 1]
-        try:
-            ins[a], odd = group_row(tab.n_in[a:b], unit, wu)
-            if deviations is not None:
-                deviations += odd
-        except GroupError as e:
-            raise GroupError(i, str(e)) from None
+    # The common case in columns: a sum that reads only tensors of units, the same local
+    # number from each, over a pattern of units already seen in this table (replica units
+    # hold one such sum per weight). Anything else goes through group_row.
+    starts, ends = ptr[rows], ptr[rows + 1]
+    refs = tab.n_in
+    d2, m2 = absolute_units(refs, unit) if len(rows) else (refs[:0, 0], refs[:0, 0])
+    level_of: dict[tuple[bytes, bytes], int | None] = {}
+    if len(rows):
+        lens = ends - starts
+        offsets = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        idx = np.repeat(starts - offsets, lens) + np.arange(lens.sum())
+        sub = refs[idx]
+        plain = (np.minimum.reduceat(sub[:, 0], offsets) == np.maximum.reduceat(sub[:, 0], offsets)
+                 ) & (np.minimum.reduceat(sub[:, 3], offsets) == UNIT) & (
+                     np.maximum.reduceat(sub[:, 3], offsets) == UNIT)
+    for j, i in enumerate(rows.tolist()):
+        a, b = int(starts[j]), int(ends[j])
+        level = None
+        if plain[j]:
+            key = (d2[a:b].tobytes(), m2[a:b].tobytes())
+            if key not in level_of:
+                level_of[key] = group_level(list(zip(d2[a:b].tolist(), m2[a:b].tolist())),
+                                            wu, unit[0])
+            level = level_of[key]
+        if level is not None and level >= 0:
+            ins[a] = (refs[a, 0], level, 0, GROUP)
+        else:
+            try:
+                ins[a], odd = group_row(refs[a:b], unit, wu)
+                if deviations is not None:
+                    deviations += odd
+            except GroupError as e:
+                raise GroupError(i, str(e)) from None
         keep[a + 1:b] = False
     new_ptr = np.concatenate([[0], np.cumsum(keep)])[ptr]
     return ins[keep], new_ptr, rows
