@@ -397,9 +397,8 @@ def canonical_inputs(tab: UnitTable, unit: Unit, wu: WorldUnits, sum_ops: np.nda
         offsets = np.concatenate([[0], np.cumsum(lens)[:-1]])
         idx = np.repeat(starts - offsets, lens) + np.arange(lens.sum())
         sub = refs[idx]
-        plain = (np.minimum.reduceat(sub[:, 0], offsets) == np.maximum.reduceat(sub[:, 0], offsets)
-                 ) & (np.minimum.reduceat(sub[:, 3], offsets) == UNIT) & (
-                     np.maximum.reduceat(sub[:, 3], offsets) == UNIT)
+        lo, hi = np.minimum.reduceat(sub, offsets), np.maximum.reduceat(sub, offsets)
+        plain = (lo[:, 0] == hi[:, 0]) & (lo[:, 3] == UNIT) & (hi[:, 3] == UNIT)
     for j, i in enumerate(rows.tolist()):
         a, b = int(starts[j]), int(ends[j])
         level = None

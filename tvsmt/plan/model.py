@@ -5,8 +5,8 @@ holds by the million (`Node`, `TensorInfo`, `LineagePart`) are msgspec Structs, 
 dataclasses: the reader decodes nodes straight into `Node` in C, and building the others
 costs a tenth of a frozen dataclass (scripts/bench_read.py). They are frozen, positional
 and keyword constructible like the dataclasses they replaced; `replace` below copies
-either kind with changes (`dataclasses.replace` refuses a Struct). They are not tracked by the cyclic
-garbage collector (`gc=False`): plans hold no reference cycles, and millions of tracked
+either kind with changes (`dataclasses.replace` refuses a Struct). They are not tracked by
+the cyclic garbage collector (`gc=False`): plans hold no reference cycles, and millions of tracked
 objects make every collection slow.
 """
 
