@@ -205,31 +205,35 @@ class _Scan:
                               "world")
         reps = ranks // self.per
         held = mbs == -1
+        held_l, reps_l, mbs_l = held.tolist(), reps.tolist(), mbs.tolist()
         sums = [i for i in compress(range(n_nodes), map(SUM_OPS.__contains__, map(_OP, batch)))
-                if len(batch[i].inputs) > 1 and not held[i]]
+                if len(batch[i].inputs) > 1 and not held_l[i]]
         if sums:  # a sum over units belongs to its replica (units.py)
-            writer = {}
-            for i, n in enumerate(batch):
-                for x in n.outputs:
-                    writer[x] = i
+            outs = list(map(_OUTPUTS, batch))
+            writer = dict(zip(chain.from_iterable(outs), np.repeat(
+                np.arange(n_nodes), np.fromiter(map(len, outs), np.int64, n_nodes)).tolist()))
+            where, by_index = self.where, self.units_by_index
             for i in sums:
                 units = set()
                 for x in batch[i].inputs:
                     j = writer.get(x)
                     if j is not None and j < i:
-                        units.add((int(reps[j]), None if held[j] else int(mbs[j])))
+                        units.add((reps_l[j], None if held_l[j] else mbs_l[j]))
                     elif x is not None:
-                        units.add(self._unit_of_produced(x))
+                        loc = where.get(x)
+                        units.add(by_index[loc >> _SHIFT] if loc is not None
+                                  else self._unit_of_produced(x))
                 units.discard(None)
                 if len(units) > 1:
-                    held[i] = True
-        for i in np.flatnonzero(held).tolist():
+                    held_l[i] = True
+            held = np.array(held_l, dtype=bool)
+        held_prod = self.held_prod
+        for i in compress(range(n_nodes), held_l):
             n = batch[i]
-            d = int(reps[i])
+            d = reps_l[i]
             self.held_nodes[d].append((pos0 + i, n))
-            for x in n.outputs:
-                if x is not None:
-                    self.held_prod[x] = d
+            held_prod.update(zip(n.outputs, repeat(d)))
+        held_prod.pop(None, None)
         inst = np.flatnonzero(~held)
         key = reps[inst] * self.wu.mb + mbs[inst]
         rel = ranks[inst] - reps[inst] * self.per

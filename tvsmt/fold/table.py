@@ -261,17 +261,31 @@ def part_columns(parts: list[tuple[int, int, LineagePart]], ref: Callable[[str],
     references of each part's tensors, already known)."""
     if any(len(p.slice) > MAX_DIMS for _, _, p in parts):
         raise ValueError(f"a lineage slice with more than {MAX_DIMS} dimensions")
-    pad = [-1] * (2 * MAX_DIMS)
-    flat = [([v for ab in p.slice for v in ab] + pad)[:2 * MAX_DIMS] for _, _, p in parts]
-    slices = (np.array(flat, dtype=np.int64).reshape(len(parts), 2 * MAX_DIMS) if parts
-              else np.full((0, 2 * MAX_DIMS), -1, dtype=np.int64))
+    slices = np.full((len(parts), 2 * MAX_DIMS), -1, dtype=np.int64)
+    raw = [p.slice for _, _, p in parts]
+    if len({len(x) for x in raw}) == 1:  # one rank (the usual case): one numpy call
+        flat = np.array(raw, dtype=np.int64).reshape(len(parts), -1)
+        slices[:, :flat.shape[1]] = flat
+    else:
+        for i, x in enumerate(raw):
+            for k, (a, b) in enumerate(x):
+                slices[i, 2 * k], slices[i, 2 * k + 1] = a, b
     if refs is None:
         refs = [[ref(x) for x in p.sum_of] for _, _, p in parts]
     sp, sums = _csr(refs)
     arr = lambda xs: np.array(xs, dtype=np.int64)  # noqa: E731
     return dict(p_lin=arr([lin for lin, _, _ in parts]), p_pos=arr([pos for _, pos, _ in parts]),
-                p_scale=arr([intern(p.scale) for _, _, p in parts]), p_slice=slices,
-                p_sum_ptr=sp, p_sum=sums)
+                p_scale=_interned_objects(intern, [p.scale for _, _, p in parts]),
+                p_slice=slices, p_sum_ptr=sp, p_sum=sums)
+
+
+def _interned_objects(intern: Interner, values: list) -> np.ndarray:
+    """Interned ids of values that are mostly a few shared objects (lineage scales): each
+    distinct object is hashed once."""
+    by_id: dict[int, int] = {}
+    for v in {id(v): v for v in values}.values():
+        by_id[id(v)] = intern(v)
+    return np.fromiter(map(by_id.__getitem__, map(id, values)), np.int64, len(values))
 
 
 def merge_part_columns(a: dict[str, np.ndarray], b: dict[str, np.ndarray]
