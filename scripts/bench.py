@@ -5,7 +5,9 @@ For each configuration it prints, per phase (generate, load, fold, stages, templ
 encoding, solving, report), the wall time, the number of parallel nodes checked by replica
 folding, stages, stage templates, unique obligations, solver calls and the peak memory of the
 process tree that did the work (the child, its joblib workers and solver processes, sampled
-every 0.2 s), as a table and as JSON. "shapes" and "encoding" are summed over the worker
+every 0.2 s; "peak memory" sums their resident sizes, which counts a page that forked
+workers share with their parent once per process, "peak PSS" their proportional sizes, which
+counts it once), as a table and as JSON. "shapes" and "encoding" are summed over the worker
 processes when stage templates are encoded in parallel; "encoding (wall)" is then the wall
 time of both. It also prints a reference floor: the time z3 takes on an empty query times
 the number of unique obligations.
@@ -61,16 +63,19 @@ import psutil
 cfg = json.loads(sys.argv[1]); out = sys.argv[2]; mode = sys.argv[3]
 dims = json.loads(sys.argv[4])
 peak = [0]
+peak_pss = [0]  # proportional: a page shared by forked workers counts once
 def sample():  # peak RSS of this process plus its workers (joblib, solvers), summed
     me = psutil.Process()
     while True:
-        total = 0
+        total = pss = 0
         for p in [me] + me.children(recursive=True):
             try:
                 total += p.memory_info().rss
+                pss += p.memory_full_info().pss
             except psutil.Error:
                 pass
         peak[0] = max(peak[0], total)
+        peak_pss[0] = max(peak_pss[0], pss)
         time.sleep(0.2)
 threading.Thread(target=sample, daemon=True).start()
 from tvsmt.verify import Options, Timer, verify_pair, verify_source
@@ -102,7 +107,8 @@ print(json.dumps({"generate": gen, "verdict": rep.verdict, "timings": rep.timing
                   "checked_nodes": (fold.get("checked") or {}).get("nodes"),
                   "exceptions": fold.get("exceptions"), "fold_note": rep.fold_note,
                   "failures": [f.message for f in rep.failures][:3],
-                  "peak_rss_mb": rss, "peak_rss_tree_mb": tree, **extra}))
+                  "peak_rss_mb": rss, "peak_rss_tree_mb": tree,
+                  "peak_pss_tree_mb": peak_pss[0] / 2**20, **extra}))
 """
 
 
@@ -152,7 +158,8 @@ def table(rows, floor, markdown=False):
     phases = ["generate", "load", "fold", "stages", "templates", "shapes", "encoding",
               "encoding (wall)", "solving", "report"]
     head = ["config", "mode", "verdict", "nodes checked", *phases, "total s", "stages",
-            "templ.", "unique obl.", "solver calls", "floor s", "peak memory MB"]
+            "templ.", "unique obl.", "solver calls", "floor s", "peak memory MB",
+            "peak PSS MB"]
     lines = []
     for r in rows:
         if r.get("status") != "ok":
@@ -166,7 +173,8 @@ def table(rows, floor, markdown=False):
                      + [f"{t.get(p, 0):.2f}" for p in phases[1:]]
                      + [f"{r['total_s']:.1f}", str(r["stages"]), str(r["templates"]),
                         str(r["unique"]), str(r["solver_calls"]), f"{floor * r['unique']:.2f}",
-                        f"{max(r['peak_rss_mb'], r.get('peak_rss_tree_mb', 0)):.0f}"])
+                        f"{max(r['peak_rss_mb'], r.get('peak_rss_tree_mb', 0)):.0f}",
+                        f"{r['peak_pss_tree_mb']:.0f}" if "peak_pss_tree_mb" in r else "-"])
     if markdown:
         out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         out += ["| " + " | ".join(line) + " |" for line in lines]

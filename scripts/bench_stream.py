@@ -1,7 +1,7 @@
 """Write a generated Llama3 plan in the JSON Lines form unit by unit, then read it back.
 
     python scripts/bench_stream.py [--layers 32 --dp 16 --tp 8 --pp 4 --mb 8] [--keep DIR]
-                                   [--reuse] [--gz] [--load]
+                                   [--reuse] [--gz] [--load] [--verify] [--no-iterate]
 
 Issue 12 item 4's configuration is the default (3.6M parallel nodes). Each phase runs in its own
 process, so that its peak memory is its own:
@@ -9,9 +9,15 @@ process, so that its peak memory is its own:
 * write: `StreamedPlan` -> `write_unit_source` (the plan is never held whole);
 * iterate: `tvsmt.plan.stream.iter_records`, every record checked and dropped (what a
   streaming consumer such as the folder pays for reading);
-* load (with --load): `load_plan`, the whole plan as objects.
+* load (with --load): `load_plan`, the whole plan as objects;
+* verify (with --verify): `tvsmt.verify.verify_pair` on the files, as `tvsmt verify` does:
+  the units stream from the file into the folder (tvsmt/fold/filesource.py), the plan is
+  never held whole, and the folded pair is verified (two jobs).
 
-Printed per phase: wall time, CPU time of the process, peak resident memory. On a shared
+Printed per phase: wall time, CPU time of the process, peak resident memory (for verify, also the
+peak of the process and its workers and solvers together, sampled every 0.2 s, as the sum of
+their resident sizes, which counts a page shared by forked workers once per process, and as
+the sum of their proportional sizes, which counts it once). On a shared
 machine, the CPU time is the steadier figure.
 """
 
@@ -34,10 +40,44 @@ phase, path = {phase!r}, {path!r}
 if phase == "write":
     from tvsmt.frontends.builder import write_unit_source
     from tvsmt.frontends.stream import StreamedPlan
+    from tvsmt.frontends.builder import write_plan
+    from tvsmt.plan.stream import node_dict
     source = StreamedPlan("llama3", layers={layers}, hidden=64, heads=8, ffn=128, vocab=128,
                           seq=8, dp={dp}, tp={tp}, pp={pp}, mb={mb})
     write_unit_source(path, source)
+    s = source.single
+    write_plan({single!r}, {{"format": "tvsmt.execplan", "version": 1, "kind": "single",
+                "name": s.name, "world": s.world, "outputs": s.outputs,
+                "tensors": {{t.id: {{"shape": list(t.shape), "role": t.role}}
+                            for t in s.tensors.values()}},
+                "nodes": [node_dict(n) for n in s.nodes]}})
     what = "written"
+elif phase == "verify":
+    import threading, psutil
+    from tvsmt.verify import Options, verify_pair
+    tree = [0]
+    tree_pss = [0]  # proportional: a page shared by forked workers counts once
+    def sample():
+        me = psutil.Process()
+        while True:
+            total = pss = 0
+            for p in [me] + me.children(recursive=True):
+                try:
+                    total += p.memory_info().rss
+                    pss += p.memory_full_info().pss
+                except psutil.Error:
+                    pass
+            tree[0] = max(tree[0], total)
+            tree_pss[0] = max(tree_pss[0], pss)
+            time.sleep(0.2)
+    threading.Thread(target=sample, daemon=True).start()
+    rep = verify_pair({single!r}, path, Options(jobs=2, progress=None, corpus=None))
+    fold = rep.fold or {{}}
+    what = (f"{{rep.verdict}}, folded {{fold.get('kept_units')}} of "
+            f"{{fold.get('replicas', 0) * fold.get('micro_batches', 0)}} units, "
+            f"{{fold.get('checked', {{}}).get('nodes')}} nodes checked, note {{rep.fold_note}}, "
+            f"timings {{rep.timings}}, tree peak {{tree[0] >> 20}} MB rss, "
+            f"{{tree_pss[0] >> 20}} MB pss")
 elif phase == "iterate":
     from collections import Counter
     from tvsmt.plan.stream import iter_records
@@ -54,8 +94,9 @@ print(f"{{phase}}: {{what}}; wall {{time.perf_counter() - t:.1f}} s, "
 
 
 def run(phase: str, path: str, args) -> None:
+    single = os.path.join(os.path.dirname(path), "single.json.gz")
     code = PHASE.format(root=str(ROOT), phase=phase, path=path, layers=args.layers, dp=args.dp,
-                        tp=args.tp, pp=args.pp, mb=args.mb)
+                        tp=args.tp, pp=args.pp, mb=args.mb, single=single)
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -65,6 +106,8 @@ def main() -> None:
         ap.add_argument(f"--{name}", type=int, default=default)
     ap.add_argument("--gz", action="store_true", help="write parallel.jsonl.gz")
     ap.add_argument("--load", action="store_true", help="also load the whole plan")
+    ap.add_argument("--verify", action="store_true", help="also verify the pair from the files")
+    ap.add_argument("--no-iterate", action="store_true", help="skip the iterate phase")
     ap.add_argument("--keep", default=None, help="folder to keep the file in")
     ap.add_argument("--reuse", action="store_true",
                     help="read the file already kept in --keep instead of writing it")
@@ -76,9 +119,12 @@ def main() -> None:
         if not (args.reuse and os.path.exists(path)):
             run("write", path, args)
         print(f"file: {os.path.getsize(path) / 1e6:.0f} MB", flush=True)
-        run("iterate", path, args)
+        if not args.no_iterate:
+            run("iterate", path, args)
         if args.load:
             run("load", path, args)
+        if args.verify:
+            run("verify", path, args)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
-from dataclasses import replace
+from tvsmt.plan.model import replace  # Node is a msgspec Struct
 
 import numpy as np
 import pytest

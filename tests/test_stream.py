@@ -101,3 +101,203 @@ def test_a_streamed_plan_that_cannot_be_folded_is_not_passed():
     report = verify_source(Broken("llama3", **world), Options(jobs=1))
     assert report.verdict == "inconclusive" and "misses" in report.fold_note
     assert "cannot be verified" in report.failures[0].message
+
+
+# ------------------------------------------------ units streamed from a file into the folder
+
+FILE_WORLD = dict(layers=2, dp=4, tp=2, pp=2, mb=4, **DIMS)
+
+
+@pytest.fixture(scope="module")
+def unit_file(tmp_path_factory):
+    """A Llama3 pair on disk: the single plan, and the parallel plan in the JSON Lines form
+    written unit by unit (one section per unit)."""
+    from tvsmt.frontends.builder import write_plan, write_unit_source
+
+    folder = tmp_path_factory.mktemp("units")
+    single, _ = generate_pair("llama3", **FILE_WORLD)
+    s = write_plan(folder / "single.json.gz", single)
+    p = write_unit_source(folder / "parallel.jsonl", StreamedPlan("llama3", **FILE_WORLD))
+    return s, p
+
+
+def _opts():
+    return Options(jobs=1, progress=None, corpus=None)
+
+
+def test_units_stream_from_the_file_into_the_folder(unit_file):
+    """FilePlan folds the file as it streams, like folding the loaded file, and keeps the
+    records of the retained units only (never the whole plan)."""
+    from tvsmt.fold.filesource import FilePlan
+    from tvsmt.plan import load_plan
+    from tvsmt.verify import verify_pair
+
+    s, p = unit_file
+    single = load_plan(s)
+    source = FilePlan(single, p)
+    streamed = fold_source(source)
+    loaded = fold_source(LoadedPlan(single, load_plan(p)))
+    assert streamed.info.checked == loaded.info.checked
+    assert streamed.info.exceptions == [] and streamed.info.kept_units == 4
+    assert {n.id for n in streamed.parallel.nodes} == {n.id for n in loaded.parallel.nodes}
+    assert streamed.single.tensors == loaded.single.tensors
+    retained = {u for u in source._records if u[1] is not None}
+    assert retained == {(d, m) for d in range(3) for m in range(3)}  # of 16 units
+    report = verify_pair(s, p, _opts())
+    assert report.verdict == "equivalent" and report.fold_note is None
+    assert report.fold["kept_units"] == 4 and report.fold["exceptions"] == []
+
+
+def _rewrite(src: str, dst: str, change) -> None:
+    """Copy a JSON Lines plan record by record, `change(section name, node dict)` editing
+    nodes on the way (a bug planted in the file itself, not by the generator)."""
+    from tvsmt.plan.model import Lineage, Node, TensorInfo
+    from tvsmt.plan.stream import Section, StreamWriter, iter_records, node_dict, part_dict
+
+    it = iter_records(src)
+    h = next(it)
+    section = ""
+    with StreamWriter(dst, h.kind, h.name, h.world, h.outputs, h.sections) as w:
+        for r in it:
+            if type(r) is Section:
+                section = r.name
+                w.section(r.name)
+            elif type(r) is TensorInfo:
+                w.tensor(r.id, r.shape, r.role)
+            elif type(r) is Node:
+                w.node(change(section, node_dict(r)))
+            elif type(r) is Lineage:
+                w.lineage({"single": r.single, "parts": [part_dict(x) for x in r.parts]})
+
+
+def test_a_bug_in_one_unit_read_from_disk_is_caught_and_named(unit_file, tmp_path):
+    """One node of replica 3, micro-batch 2 is edited in the file (an add becomes a sub):
+    the folder finds that unit is no copy, keeps it (read again from the file), and the
+    verdict is a violation that names a tensor of that unit."""
+    from tvsmt.verify import verify_pair
+
+    s, p = unit_file
+    done = []
+
+    def change(section, n):
+        if (not done and section == "unit replica 3 micro-batch 2" and n["op"] == "add"
+                and n["pass"] == "fw"):
+            done.append(n["id"])
+            n["op"] = "sub"
+        return n
+
+    bad = str(tmp_path / "bug.jsonl")
+    _rewrite(p, bad, change)
+    assert done
+    report = verify_pair(s, bad, _opts())
+    assert report.verdict == "violation", report.fold_note
+    assert report.fold["exceptions"] == ["replica 3 micro-batch 2"]
+    in_unit = re.compile(r"@r1[2-5]m2$")  # replica 3 = ranks 12..15, micro-batch 2
+    assert any(in_unit.search(t) for f in report.failures for t in f.parallel_tensors), \
+        [f.message for f in report.failures]
+
+
+def test_a_file_not_grouped_by_unit_is_verified_whole(unit_file, tmp_path):
+    """Without one section per unit the fold cannot be decided while streaming: the file is
+    then read whole (and still folded), never passed on a guess."""
+    from tvsmt.frontends.builder import write_plan
+    from tvsmt.verify import verify_pair
+
+    s, _ = unit_file
+    _, parallel = generate_pair("llama3", **FILE_WORLD)
+    p = write_plan(tmp_path / "p.jsonl", parallel)  # one stream, no sections
+    report = verify_pair(s, p, _opts())
+    assert report.verdict == "equivalent"
+    assert "whole file" in report.fold_note
+
+
+def _lines(path: str) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines(keepends=True)
+
+
+def _expect_one_line(single, lines, tmp_path, *words):
+    from tvsmt.errors import PlanError
+    from tvsmt.verify import verify_pair
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(lines), encoding="utf-8")
+    with pytest.raises(PlanError) as e:
+        verify_pair(single, str(bad), _opts())
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and "bad.jsonl" in msg
+    for w in words:
+        assert w in msg, (w, msg)
+
+
+def test_malformed_unit_files_are_one_line_errors_on_the_streaming_path(unit_file, tmp_path):
+    s, p = unit_file
+    lines = _lines(p)
+    recs = [json.loads(x) for x in lines]
+    sections = [k for k, r in enumerate(recs) if r["r"] == "section"]
+    # truncated: the trailer is missing
+    _expect_one_line(s, lines[:-1], tmp_path, "truncated", "no trailer")
+    _expect_one_line(s, lines[: len(lines) // 2], tmp_path, "truncated")
+    # a unit missing: its whole section (marker and records) dropped
+    a, b = sections[3], sections[4]
+    _expect_one_line(s, lines[:a] + lines[b:], tmp_path, "line", "section #", "missing")
+    # records out of order: a unit's node after the lineages
+    k = next(i for i in range(sections[2], len(recs)) if recs[i]["r"] == "node")
+    _expect_one_line(s, lines[:k] + lines[k + 1:-1] + [lines[k], lines[-1]], tmp_path,
+                     "after the lineages", "out of order")
+    # a unit's records from another plan (same layout, another write): a second header, or
+    # a trailer of another plan
+    other = str(tmp_path / "other.jsonl")
+    _rewrite(p, other, lambda section, n: n)
+    o = _lines(other)
+    _expect_one_line(s, lines[:sections[5]] + o[:sections[6]] + lines[sections[6]:], tmp_path,
+                     "second header", "another plan")
+    _expect_one_line(s, lines[:-1] + o[-1:], tmp_path, "trailer belongs to plan")
+
+
+def test_tables_over_columns_are_the_reference_tables(unit_file):
+    """FilePlan builds instance units' tables and their lineage parts over columns
+    (table.instance_table, _Scan._fast_parts): the same tables as `build_table` and the
+    part-by-part loop give, column for column."""
+    from dataclasses import fields
+
+    from tvsmt.fold import filesource, table
+    from tvsmt.plan import load_plan
+
+    s, p = unit_file
+    single = load_plan(s)
+    fast = filesource.FilePlan(single, p)
+
+    def by_build_table(u, infos, nodes, ins, outs, local, outside, intern):
+        real = table.reference
+
+        def fake(unit, target, k):  # an outside tensor keeps the reference FilePlan gives
+            return outside(k) if target == "outside" else real(unit, target, k)
+
+        table.reference = fake
+        try:
+            return table.build_table(u, infos, nodes, [], lambda x: (
+                (u, local[x]) if x in local else ("outside", x)), intern)
+        finally:
+            table.reference = real
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(filesource, "instance_table", by_build_table)
+    mp.setattr(filesource._Scan, "_fast_parts", lambda self, lin: False)
+    try:
+        slow = filesource.FilePlan(single, p)
+    finally:
+        mp.undo()
+    interned = ("t_shape", "n_op", "n_pass", "n_attrs", "p_scale")
+    assert fast.units() == slow.units()
+    for u in fast.units():
+        a, b = fast.table(u), slow.table(u)
+        for f in fields(a):
+            x, y = getattr(a, f.name), getattr(b, f.name)
+            assert x.shape == y.shape, (u, f.name)
+            if f.name in interned:
+                x = [fast.intern.values[i] for i in x.tolist()]
+                y = [slow.intern.values[i] for i in y.tolist()]
+                assert x == y, (u, f.name)
+            else:
+                assert np.array_equal(x, y), (u, f.name)

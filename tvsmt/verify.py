@@ -247,6 +247,10 @@ def verify_pair(single_path: str, parallel_path: str, opts: Options | None = Non
     timer = Timer()
     if opts.progress:
         opts.progress("loading plans", 0, None)
+    if opts.fold and is_stream_file(parallel_path):
+        report = verify_stream_file(single_path, parallel_path, opts, timer)
+        if report is not None:
+            return report
     with timer.phase("load"):
         pair = PlanPair.load(single_path, parallel_path)
     with plans_frozen():
@@ -265,6 +269,51 @@ def _verify_loaded(pair: PlanPair, opts: Options, timer: Timer) -> Report:
         report.timings["load"] = round(timer.timings.get("load", 0.0), 4)
         return report
     return verify_plans(pair.single, pair.parallel, opts, timer)
+
+
+def is_stream_file(path: str) -> bool:
+    """A JSON Lines plan (by name or first bytes; docs/format.md)."""
+    from tvsmt.plan.reader import STREAM_START, STREAM_SUFFIXES, open_binary
+
+    if str(path).endswith(STREAM_SUFFIXES):
+        return True
+    try:
+        with open_binary(str(path)) as f:
+            head = f.peek(64)[:64] if hasattr(f, "peek") else f.read(64)
+    except Exception:  # the ordinary path words the error
+        return False
+    return head.lstrip().startswith(STREAM_START)
+
+
+def verify_stream_file(single_path: str, parallel_path: str, opts: Options,
+                       timer: Timer) -> Report | None:
+    """A JSON Lines parallel plan folded while it streams from the file (never held whole;
+    tvsmt/fold/filesource.py). None when the file cannot be folded as it streams: the
+    caller then reads it whole (malformed input still raises its one-line InputError)."""
+    from tvsmt.fold import FoldRefused, fold_source
+    from tvsmt.fold.filesource import FilePlan
+
+    with timer.phase("load"):
+        single = load_plan(single_path)
+        try:
+            source = FilePlan(single, parallel_path)
+        except FoldRefused:
+            return None
+    note: list[str] = []
+
+    def whole() -> Report:
+        with timer.phase("load"):
+            pair = PlanPair.load(single_path, parallel_path)
+        report = verify_plans(pair.single, pair.parallel, opts, timer)
+        note.append(report.fold_note or "")
+        return report
+
+    report = _through_fold(lambda extra: fold_source(source, extra), whole, opts, timer,
+                           verify_unfolded)
+    if note:
+        report.fold_note = (f"{report.fold_note}; read whole: {note[0]}" if note[0]
+                            else f"{report.fold_note}; verified from the whole file")
+    return report
 
 
 def export_obligations(single: Plan, parallel: Plan, corpus_dir: str,

@@ -10,7 +10,7 @@ batch piece nor the whole dimension, makes the fold refuse.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from tvsmt.plan.model import replace  # LineagePart is a msgspec Struct
 from fractions import Fraction
 
 from tvsmt.ops import ShapeConstraints, ShapeRuleError

@@ -23,9 +23,12 @@ verified itself: never a wrong pass, only less folding.
 from __future__ import annotations
 
 import json
+from itertools import chain, repeat
+from operator import attrgetter
 from dataclasses import dataclass, fields
 from typing import Callable
 
+import msgspec
 import numpy as np
 
 from tvsmt.fold.units import Unit, WorldUnits
@@ -89,13 +92,17 @@ def _csr(lists: list[list[tuple]]) -> tuple[np.ndarray, np.ndarray]:
     return ptr, np.array(flat, dtype=np.int64).reshape(-1, 4)
 
 
-_ATTRS_SEEN: dict[tuple[str, str], tuple[str, list[int]]] = {}
+_ATTRS_SEEN: dict[tuple[str, str | bytes], tuple[str, list[int]]] = {}
+_ENCODE = msgspec.json.Encoder().encode
 
 
 def semantic_attrs(node: Node) -> tuple[str, list[int]]:
     """(attribute text with rank numbers taken out, those rank numbers); memoised on the
-    attributes' repr (equal reprs are equal attributes; most nodes repeat a few)."""
-    key = (node.op, repr(node.attrs))
+    attributes' JSON text (equal texts are equal attributes; most nodes repeat a few)."""
+    try:  # JSON text is a faster key than repr; attributes JSON cannot hold use repr
+        key = (node.op, _ENCODE(node.attrs))
+    except (TypeError, ValueError, OverflowError):
+        key = (node.op, repr(node.attrs))
     hit = _ATTRS_SEEN.get(key)
     if hit is None:
         if len(_ATTRS_SEEN) > 100_000:
@@ -165,16 +172,9 @@ def build_table(unit: Unit, tensors: list[TensorInfo], nodes: list[tuple[int, No
         return r
 
     attrs = [semantic_attrs(n) for _, n in nodes]
-    slices = np.full((len(parts), 2 * MAX_DIMS), -1, dtype=np.int64)
-    for i, (_, _, p) in enumerate(parts):
-        if len(p.slice) > MAX_DIMS:
-            raise ValueError(f"a lineage slice with more than {MAX_DIMS} dimensions")
-        for k, (a, b) in enumerate(p.slice):
-            slices[i, 2 * k], slices[i, 2 * k + 1] = a, b
     ap, ar = _csr([[(r, 0, 0, 0) for r in rs] for _, rs in attrs])
     ip, ins = _csr([[ref(x) for x in n.inputs] for _, n in nodes])
     op_, outs = _csr([[ref(x) for x in n.outputs] for _, n in nodes])
-    sp, sums = _csr([[ref(x) for x in p.sum_of] for _, _, p in parts])
     arr = lambda xs: np.array(xs, dtype=np.int64)  # noqa: E731
     return UnitTable(
         t_shape=arr([intern(t.shape) for t in tensors]),
@@ -184,9 +184,134 @@ def build_table(unit: Unit, tensors: list[TensorInfo], nodes: list[tuple[int, No
         n_attrs=arr([intern(a) for a, _ in attrs]), n_attr_ptr=ap, n_attr_ranks=ar[:, 0].copy(),
         n_in_ptr=ip, n_in=ins, n_out_ptr=op_, n_out=outs,
         n_pos=arr([pos for pos, _ in nodes]),
-        p_lin=arr([lin for lin, _, _ in parts]), p_pos=arr([pos for _, pos, _ in parts]),
-        p_scale=arr([intern(p.scale) for _, _, p in parts]), p_slice=slices,
-        p_sum_ptr=sp, p_sum=sums)
+        **part_columns(parts, ref, intern))
+
+
+def instance_table(unit: Unit, tensors: list[TensorInfo], nodes: list[tuple[int, Node]],
+                   ins: list[tuple], outs: list[tuple], local: dict[str, int],
+                   outside: Callable[[str], tuple], intern: Interner) -> UnitTable:
+    """`build_table` over columns, for a unit of many nodes (a streamed file's units,
+    tvsmt/fold/filesource.py): the same table (tests/test_stream.py compares them), built
+    with one dict lookup per name and numpy instead of a Python loop per node. `local`: the
+    unit's tensors by local number; `outside(x)`: the reference of any other tensor."""
+    ns = [n for _, n in nodes]
+    own = np.array(reference(unit, unit, 0), dtype=np.int64)
+    refs = {}
+    for name, col in (("in", ins), ("out", outs)):
+        lens = np.fromiter(map(len, col), np.int64, len(col))
+        flat = list(chain.from_iterable(col))
+        codes = np.fromiter(map(local.get, flat, repeat(-1)), np.int64, len(flat))
+        rows = np.empty((len(flat), 4), dtype=np.int64)
+        mine = codes >= 0
+        rows[mine] = own
+        rows[mine, 0] = codes[mine]
+        other = np.flatnonzero(~mine)
+        if len(other):
+            seen: dict = {None: NULL_REF}
+            rows[other] = [seen[x] if x in seen else seen.setdefault(x, outside(x))
+                           for x in map(flat.__getitem__, other.tolist())]
+        ptr = np.zeros(len(col) + 1, dtype=np.int64)
+        np.cumsum(lens, out=ptr[1:])
+        refs[name] = (ptr, rows)
+    attrs = _semantic_column(ns)
+    ranks = [rs for _, rs in attrs]
+    ap = np.zeros(len(ns) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, ranks), np.int64, len(ns)), out=ap[1:])
+    arr = lambda xs: np.array(xs, dtype=np.int64)  # noqa: E731
+    return UnitTable(
+        t_shape=_interned(intern, [t.shape for t in tensors]),
+        n_op=_interned(intern, [n.op for n in ns]),
+        n_pass=_interned(intern, [n.pass_ for n in ns]),
+        n_rank=np.fromiter(map(_RANK, ns), np.int64, len(ns)),
+        n_mb=np.fromiter(map(_MB, ns), np.int64, len(ns)),
+        n_attrs=_interned(intern, [a for a, _ in attrs]), n_attr_ptr=ap,
+        n_attr_ranks=arr(list(chain.from_iterable(ranks))),
+        n_in_ptr=refs["in"][0], n_in=refs["in"][1], n_out_ptr=refs["out"][0],
+        n_out=refs["out"][1], n_pos=arr([pos for pos, _ in nodes]),
+        **part_columns([], None, intern, []))
+
+
+_RANK, _MB = attrgetter("rank"), attrgetter("mb")
+
+
+def _interned(intern: Interner, values: list) -> np.ndarray:
+    for v in set(values) - intern.index.keys():
+        intern(v)
+    return np.fromiter(map(intern.index.__getitem__, values), np.int64, len(values))
+
+
+def _semantic_column(ns: list[Node]) -> list[tuple[str, list[int]]]:
+    """`semantic_attrs` of many nodes: memo hits found by one lookup each."""
+    try:
+        keys = list(zip(map(attrgetter("op"), ns), map(_ENCODE, map(attrgetter("attrs"), ns))))
+    except (TypeError, ValueError, OverflowError):
+        return [semantic_attrs(n) for n in ns]
+    hits = list(map(_ATTRS_SEEN.get, keys))
+    if None in hits:
+        for i in [i for i, h in enumerate(hits) if h is None]:
+            semantic_attrs(ns[i])
+            hits[i] = _ATTRS_SEEN[keys[i]]
+    return hits
+
+
+def part_columns(parts: list[tuple[int, int, LineagePart]], ref: Callable[[str], tuple],
+                 intern: Interner, refs: list[list[tuple]] | None = None
+                 ) -> dict[str, np.ndarray]:
+    """The lineage-part columns of a table (`ref`: tensor id -> reference; or `refs`, the
+    references of each part's tensors, already known)."""
+    if any(len(p.slice) > MAX_DIMS for _, _, p in parts):
+        raise ValueError(f"a lineage slice with more than {MAX_DIMS} dimensions")
+    slices = np.full((len(parts), 2 * MAX_DIMS), -1, dtype=np.int64)
+    raw = [p.slice for _, _, p in parts]
+    if len({len(x) for x in raw}) == 1:  # one rank (the usual case): one numpy call
+        flat = np.array(raw, dtype=np.int64).reshape(len(parts), -1)
+        slices[:, :flat.shape[1]] = flat
+    else:
+        for i, x in enumerate(raw):
+            for k, (a, b) in enumerate(x):
+                slices[i, 2 * k], slices[i, 2 * k + 1] = a, b
+    if refs is None:
+        refs = [[ref(x) for x in p.sum_of] for _, _, p in parts]
+    sp, sums = _csr(refs)
+    arr = lambda xs: np.array(xs, dtype=np.int64)  # noqa: E731
+    return dict(p_lin=arr([lin for lin, _, _ in parts]), p_pos=arr([pos for _, pos, _ in parts]),
+                p_scale=_interned_objects(intern, [p.scale for _, _, p in parts]),
+                p_slice=slices, p_sum_ptr=sp, p_sum=sums)
+
+
+def _interned_objects(intern: Interner, values: list) -> np.ndarray:
+    """Interned ids of values that are mostly a few shared objects (lineage scales): each
+    distinct object is hashed once."""
+    by_id: dict[int, int] = {}
+    for v in {id(v): v for v in values}.values():
+        by_id[id(v)] = intern(v)
+    return np.fromiter(map(by_id.__getitem__, map(id, values)), np.int64, len(values))
+
+
+def merge_part_columns(a: dict[str, np.ndarray], b: dict[str, np.ndarray]
+                       ) -> dict[str, np.ndarray]:
+    """Two sets of part columns as one, ordered by (lineage, position in it)."""
+    lin = np.concatenate([a["p_lin"], b["p_lin"]])
+    pos = np.concatenate([a["p_pos"], b["p_pos"]])
+    order = np.lexsort((pos, lin))
+    lens = np.concatenate([np.diff(a["p_sum_ptr"]), np.diff(b["p_sum_ptr"])])[order]
+    starts = np.concatenate([a["p_sum_ptr"][:-1], b["p_sum_ptr"][:-1] + len(a["p_sum"])])
+    sums = np.concatenate([a["p_sum"], b["p_sum"]])
+    ptr = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(lens, out=ptr[1:])
+    take = np.repeat(starts[order] - ptr[:-1], lens) + np.arange(ptr[-1])
+    return dict(p_lin=lin[order], p_pos=pos[order],
+                p_scale=np.concatenate([a["p_scale"], b["p_scale"]])[order],
+                p_slice=np.concatenate([a["p_slice"], b["p_slice"]])[order],
+                p_sum_ptr=ptr, p_sum=sums[take].reshape(-1, 4))
+
+
+def attach_parts(tab: UnitTable, parts: list[tuple[int, int, LineagePart]],
+                 refs: list[list[tuple]], intern: Interner) -> None:
+    """Set a table's lineage parts afterwards (a streamed unit's parts come at the end of
+    its file, after its nodes were dropped); `refs`: each part's tensor references."""
+    for name, value in part_columns(parts, None, intern, refs).items():
+        setattr(tab, name, value)
 
 
 # ----------------------------------------------------------------------------- renaming
@@ -274,14 +399,38 @@ def canonical_inputs(tab: UnitTable, unit: Unit, wu: WorldUnits, sum_ops: np.nda
     ptr = tab.n_in_ptr
     keep = np.ones(len(ins), dtype=bool)
     rows = group_rows(tab, unit, sum_ops, wu)
-    for i in rows.tolist():
-        a, b = ptr[i], ptr[i + 1]
-        try:
-            ins[a], odd = group_row(tab.n_in[a:b], unit, wu)
-            if deviations is not None:
-                deviations += odd
-        except GroupError as e:
-            raise GroupError(i, str(e)) from None
+    # The common case in columns: a sum that reads only tensors of units, the same local
+    # number from each, over a pattern of units already seen in this table (replica units
+    # hold one such sum per weight). Anything else goes through group_row.
+    starts, ends = ptr[rows], ptr[rows + 1]
+    refs = tab.n_in
+    d2, m2 = absolute_units(refs, unit) if len(rows) else (refs[:0, 0], refs[:0, 0])
+    level_of: dict[tuple[bytes, bytes], int | None] = {}
+    if len(rows):
+        lens = ends - starts
+        offsets = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        idx = np.repeat(starts - offsets, lens) + np.arange(lens.sum())
+        sub = refs[idx]
+        lo, hi = np.minimum.reduceat(sub, offsets), np.maximum.reduceat(sub, offsets)
+        plain = (lo[:, 0] == hi[:, 0]) & (lo[:, 3] == UNIT) & (hi[:, 3] == UNIT)
+    for j, i in enumerate(rows.tolist()):
+        a, b = int(starts[j]), int(ends[j])
+        level = None
+        if plain[j]:
+            key = (d2[a:b].tobytes(), m2[a:b].tobytes())
+            if key not in level_of:
+                level_of[key] = group_level(list(zip(d2[a:b].tolist(), m2[a:b].tolist())),
+                                            wu, unit[0])
+            level = level_of[key]
+        if level is not None and level >= 0:
+            ins[a] = (refs[a, 0], level, 0, GROUP)
+        else:
+            try:
+                ins[a], odd = group_row(refs[a:b], unit, wu)
+                if deviations is not None:
+                    deviations += odd
+            except GroupError as e:
+                raise GroupError(i, str(e)) from None
         keep[a + 1:b] = False
     new_ptr = np.concatenate([[0], np.cumsum(keep)])[ptr]
     return ins[keep], new_ptr, rows

@@ -167,11 +167,16 @@ def write_unit_source(path: str | os.PathLike, source) -> str:
     parts: dict[int, list] = {}
 
     def keep_parts(recs, unit=(-1, -1)) -> None:
-        # the tracer's order: micro-batch, then replica, then position within the unit
+        # the tracer's order: micro-batch, then replica, then position within the unit; a
+        # part a replica unit lists once per micro-batch counts its copies as micro-batches
         d, m = unit
-        key = (-1 if m is None else m, d)
+        copies: dict = {}
         for lin, pos, p in recs.parts:
-            parts.setdefault(lin, []).append(((*key, pos), part_dict(p)))
+            if m is None:  # copies of one part are equal records
+                c = copies[(lin, p)] = copies.get((lin, p), -1) + 1
+            else:
+                c = m
+            parts.setdefault(lin, []).append(((c, d, pos), part_dict(p)))
 
     def satisfied(t: str) -> None:
         for k in waiting.pop(t, ()):

@@ -50,28 +50,48 @@ from tvsmt.frontends.mutations import apply as apply_mutation
 from tvsmt.frontends.spmd import World
 from tvsmt.plan import plan_from_dict
 from tvsmt.plan.model import LineagePart, Node, Plan, TensorInfo
+from tvsmt.plan.model import replace as replace_struct
 
 _SUFFIX = re.compile(r"@r(\d+)(?:>r(\d+))?(?:m(\d+))?")
 
 
 def _move_id(tid: str | None, shift: int, mb=None, rank=None) -> str | None:
     """A generator id moved to another unit: ranks + shift (or the rank `rank(r)`), the
-    micro-batch replaced by `mb(m)` when given (the generator's own naming)."""
+    micro-batch replaced by `mb(m)` when given (the generator's own naming). Each id is
+    parsed once (`_parse`): the kept units all move the representative trace's ids."""
     if tid is None:
         return None
+    parsed = _PARSED.get(tid)
+    if parsed is None:
+        parsed = _parse(tid)
+    if parsed is False:
+        return tid
+    head, r1, r2, m, tail = parsed
+    out = f"{head}@r{rank(r1) if rank is not None else r1 + shift}"
+    if r2 is not None:
+        out += f">r{r2 + shift}"
+    if m is not None:
+        out += f"m{mb(m) if mb is not None else m}"
+    return out + tail
 
-    def sub(mt: re.Match) -> str:
-        r1 = int(mt.group(1))
-        r1 = rank(r1) if rank is not None else r1 + shift
-        out = f"@r{r1}"
-        if mt.group(2) is not None:
-            out += f">r{int(mt.group(2)) + shift}"
-        if mt.group(3) is not None:
-            m = int(mt.group(3))
-            out += f"m{mb(m) if mb is not None else m}"
-        return out
 
-    return _SUFFIX.sub(sub, tid, count=1)
+_PARSED: dict = {}
+
+
+def _parse(tid: str):
+    """(text before the suffix, rank, second rank or None, micro-batch or None, the rest),
+    or False when the id has no `@r` suffix."""
+    if len(_PARSED) > 4_000_000:
+        _PARSED.clear()
+    mt = _SUFFIX.search(tid)
+    if mt is None:
+        parsed = False
+    else:
+        g2, g3 = mt.group(2), mt.group(3)
+        parsed = (tid[:mt.start()], int(mt.group(1)), None if g2 is None else int(g2),
+                  None if g3 is None else int(g3), tid[mt.end():])
+    _PARSED[tid] = parsed
+    return parsed
 
 
 class StreamedPlan:
@@ -163,7 +183,7 @@ class StreamedPlan:
                 units = [(d, mm) for mm in range(wu.mb) for d in range(wu.dp)]
             ids = tuple(_move_id(first, 0, rank=lambda r, d=d: r % per + d * per,
                                  mb=lambda _, mm=mm: mm) for d, mm in units)
-            out.parts.append((lin, pos, replace(p, sum_of=ids)))
+            out.parts.append((lin, pos, replace_struct(p, sum_of=ids)))
             out.part_refs.append([(u, k) for u in units])
         return out
 

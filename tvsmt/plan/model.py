@@ -1,35 +1,68 @@
 """The in-memory form of an execution plan (see ../shared/spec/execplan-v1.md).
 
-Plain frozen dataclasses: every later phase reads these and never the raw JSON.
+Frozen records: every later phase reads these and never the raw JSON. The three kinds a plan
+holds by the million (`Node`, `TensorInfo`, `LineagePart`) are msgspec Structs, not
+dataclasses: the reader decodes nodes straight into `Node` in C, and building the others
+costs a tenth of a frozen dataclass (scripts/bench_read.py). They are frozen, positional
+and keyword constructible like the dataclasses they replaced; `replace` below copies
+either kind with changes (`dataclasses.replace` refuses a Struct). They are not tracked by
+the cyclic garbage collector (`gc=False`): plans hold no reference cycles, and millions of tracked
+objects make every collection slow.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, Optional
+
+import dataclasses
+
+import msgspec
+
+_ONE = Fraction(1)
 
 
-@dataclass(frozen=True)
-class TensorInfo:
+def replace(obj, /, **changes):
+    """A copy of a model record (Struct or dataclass) with some fields changed."""
+    if isinstance(obj, msgspec.Struct):
+        return msgspec.structs.replace(obj, **changes)
+    return dataclasses.replace(obj, **changes)
+
+
+class TensorInfo(msgspec.Struct, frozen=True, gc=False):
     id: str
     shape: tuple[int, ...]
     role: str = "activation"
 
 
-@dataclass(frozen=True, slots=True)
-class Node:
+class Node(msgspec.Struct, frozen=True, gc=False, rename={"pass_": "pass"}):
+    """One operation on one rank. Fields after `op` have defaults only because the plan format
+    lets a node omit pass/rank/mb: `inputs` and `outputs` default to UNSET, which the reader
+    refuses (a node must list them)."""
+
     id: str
     op: str
-    pass_: str | None  # "fw", "bw" or None (communication / finalization)
-    rank: int
-    mb: int
-    inputs: tuple[str | None, ...]
-    outputs: tuple[str | None, ...]
-    attrs: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    pass_: Optional[str] = None  # "fw", "bw" or None (communication / finalization)
+    rank: int = 0
+    mb: int = 0
+    inputs: tuple[Optional[str], ...] = msgspec.UNSET
+    outputs: tuple[Optional[str], ...] = msgspec.UNSET
+    attrs: Optional[dict[str, Any]] = {}
     # Where the node came from in the producer's code ("train.py:42"), for reports only:
     # never semantic, never compared (optional "source" key of a plan node).
-    source: str | None = field(default=None, hash=False, compare=False)
+    source: Optional[str] = None
+
+    def _key(self) -> tuple:
+        return (self.id, self.op, self.pass_, self.rank, self.mb, self.inputs, self.outputs)
+
+    def __eq__(self, other: object) -> bool:  # attrs and source are not compared
+        if not isinstance(other, Node):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     @property
     def is_backward(self) -> bool:
@@ -40,13 +73,12 @@ class Node:
         return f"{self.id} ({kind} on rank {self.rank}, mb {self.mb})"
 
 
-@dataclass(frozen=True, slots=True)
-class LineagePart:
+class LineagePart(msgspec.Struct, frozen=True, gc=False):
     """`single[slice] == scale * sum(sum_of)` elementwise."""
 
     slice: tuple[tuple[int, int], ...]
     sum_of: tuple[str, ...]
-    scale: Fraction = Fraction(1)
+    scale: Fraction = _ONE
 
     @property
     def shape(self) -> tuple[int, ...]:

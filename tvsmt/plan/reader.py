@@ -27,14 +27,14 @@ import os
 import stat
 from fractions import Fraction
 from itertools import chain, compress, repeat
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import msgspec
 import numpy as np
 
 from tvsmt.errors import PlanError, UnsupportedOperator
-from tvsmt.plan.model import Aligned, Lineage, LineagePart, Node, Plan, TensorInfo
+from tvsmt.plan.model import Aligned, Lineage, LineagePart, Node, Plan, TensorInfo, replace
 from tvsmt.plan.schema import RawPlan
 
 FORMAT = "tvsmt.execplan"
@@ -140,7 +140,8 @@ _DOC = msgspec.json.Decoder(RawPlan)
 _ID, _OP, _PASS, _RANK, _MB = (attrgetter(k) for k in ("id", "op", "pass_", "rank", "mb"))
 _INPUTS, _OUTPUTS, _ATTRS, _SOURCE = (attrgetter(k) for k in
                                       ("inputs", "outputs", "attrs", "source"))
-_PASS_SET, _NONE = set(PASSES), {None}
+_SHAPE, _ROLE = attrgetter("shape"), attrgetter("role")
+_PASS_SET, _NONE, _STR = set(PASSES), {None}, {str}
 _ANY = msgspec.json.Decoder()
 
 
@@ -186,16 +187,23 @@ def _build(doc: RawPlan, path: str) -> Plan:
     if not isinstance(world, dict):
         raise _Reject
     raw_tensors = doc.tensors
-    dims = [d for info in raw_tensors.values() for d in info.shape]
+    shapes = list(map(_SHAPE, raw_tensors.values()))
+    dims = list(chain.from_iterable(shapes))
     if dims and (min(dims) < 0 or max(dims) > MAX_DIM):
         raise _Reject
-    tensors = {tid: TensorInfo(tid, tuple(info.shape), info.role if type(info.role) is str
-                               else str(info.role)) for tid, info in raw_tensors.items()}
+    roles = list(map(_ROLE, raw_tensors.values()))
+    if not set(map(type, roles)) <= _STR:
+        roles = [r if type(r) is str else str(r) for r in roles]
+    tids = list(raw_tensors)
+    tensors = dict(zip(tids, map(TensorInfo, tids, shapes, roles)))
 
     # The node checks run over flat columns, in C where possible (map, chain, sets, numpy).
-    raw_nodes = doc.nodes
+    # The nodes are already the model's (schema.py); only missing lists and null attrs remain.
+    nodes = raw_nodes = doc.nodes
     ins_col = list(map(_INPUTS, raw_nodes))
     outs_col = list(map(_OUTPUTS, raw_nodes))
+    if msgspec.UNSET in ins_col or msgspec.UNSET in outs_col:
+        raise _Reject
     ids = list(map(_ID, raw_nodes))
     ops = set(map(_OP, raw_nodes))
     passes = set(map(_PASS, raw_nodes))
@@ -204,30 +212,34 @@ def _build(doc: RawPlan, path: str) -> Plan:
         raise _Reject
     flat_in = list(chain.from_iterable(ins_col))
     flat_out = list(chain.from_iterable(outs_col))
-    position = np.repeat(np.arange(len(raw_nodes), dtype=np.int64),
-                         np.fromiter(map(len, outs_col), np.int64, len(raw_nodes)))
-    writer = dict(zip(flat_out, position.tolist()))  # hashes each output id once
-    writer.pop(None, None)
-    declared = tensors.keys()
-    if (len(writer) != len(flat_out) - flat_out.count(None)  # a tensor written twice
-            or not all(map(declared.__contains__, writer))):
+    # Declared tensors, SSA and topological order, over tensor numbers (one dict lookup per
+    # name, then numpy): every name is declared, written at most once, and every input is
+    # written by an earlier node or by none (a graph input).
+    number = dict(zip(tids, range(len(tids))))
+    number[None] = -1  # an absent slot: "written" at -1 by the last entry of `written_at`
+    nums = np.fromiter(map(number.get, chain(flat_out, flat_in), repeat(-2)), np.int64,
+                       len(flat_out) + len(flat_in))
+    if len(nums) and nums.min() == -2:
         raise _Reject
-    # topological order: every input is written by an earlier node, or by none
-    reader_pos = np.repeat(np.arange(len(raw_nodes), dtype=np.int64),
-                           np.fromiter(map(len, ins_col), np.int64, len(raw_nodes)))
-    written_at = np.fromiter(map(writer.get, flat_in, repeat(-1)), np.int64, len(flat_in))
-    if len(flat_in) and bool((written_at >= reader_pos).any()):
+    out_num, in_num = nums[:len(flat_out)], nums[len(flat_out):]
+    out_at = np.repeat(np.arange(len(raw_nodes), dtype=np.int64),
+                       np.fromiter(map(len, outs_col), np.int64, len(raw_nodes)))
+    real = out_num >= 0
+    written = out_num[real]
+    if len(written) and np.bincount(written, minlength=len(tids)).max() > 1:
         raise _Reject
-    unwritten = set(compress(flat_in, (written_at < 0).tolist()))  # graph inputs (and None)
-    unwritten.discard(None)
-    if not unwritten <= declared:
+    written_at = np.full(len(tids) + 1, -1, dtype=np.int64)
+    written_at[written] = out_at[real]
+    in_at = np.repeat(np.arange(len(raw_nodes), dtype=np.int64),
+                      np.fromiter(map(len, ins_col), np.int64, len(raw_nodes)))
+    if len(in_num) and bool((written_at[in_num] >= in_at).any()):
         raise _Reject
     if world_problem(world, map(_RANK, raw_nodes), map(_MB, raw_nodes)) is not None:
         raise _Reject
-    nodes = list(map(Node, ids, map(_OP, raw_nodes), map(_PASS, raw_nodes),
-                     map(_RANK, raw_nodes), map(_MB, raw_nodes), ins_col, outs_col,
-                     [a if a is not None else {} for a in map(_ATTRS, raw_nodes)],
-                     map(_SOURCE, raw_nodes)))
+    attrs = list(map(_ATTRS, raw_nodes))
+    if None in attrs:  # "attrs": null reads as no attributes
+        for i in [i for i, a in enumerate(attrs) if a is None]:
+            nodes[i] = replace(nodes[i], attrs={})
 
     outputs = doc.outputs or []
     if any(t not in tensors for t in outputs):
@@ -247,38 +259,49 @@ _ONE = Fraction(1)
 
 def _fast_lineage(raw, index: int, shape_of: dict[str, tuple[int, ...]],
                   slices: dict) -> Lineage:
-    """One typed lineage (a `schema.RawLineage`) as a `Lineage`, or `_Reject`.
-    `slices` caches slice -> shape, so that each distinct slice is computed once."""
-    if not raw.parts:
+    """One typed lineage (a `schema.RawLineage`) as a `Lineage`, or `_Reject`, checked over
+    columns of its parts. `slices` caches slice -> shape: each distinct slice is computed
+    once."""
+    raw_parts = raw.parts
+    if not raw_parts:
         raise _Reject
-    parts = []
-    append = parts.append
-    for p in raw.parts:
-        key = p.slice
-        shape = slices.get(key)
-        if shape is None:
+    keys = list(map(_SLICE, raw_parts))
+    shapes = list(map(slices.get, keys))
+    if None in shapes:
+        for key in {k for k, sh in zip(keys, shapes) if sh is None}:
             if any(s > MAX_DIM or e > MAX_DIM for s, e in key):
                 raise _Reject
-            shape = slices[key] = tuple(e - s for s, e in key)
-        sum_of = p.sum_of
-        if len(sum_of) == 1:
-            if shape_of.get(sum_of[0]) != shape:
-                raise _Reject
-        elif not sum_of or len(set(sum_of)) != len(sum_of) or any(
-                shape_of.get(t) != shape for t in sum_of):
+            slices[key] = tuple(e - s for s, e in key)
+        shapes = list(map(slices.__getitem__, keys))
+    sums = list(map(_SUM_OF, raw_parts))
+    lens = list(map(len, sums))
+    if max(lens) == 1 and min(lens) == 1:  # the common case: one tensor per part
+        if list(map(shape_of.get, map(_FIRST, sums))) != shapes:
             raise _Reject
-        scale = _ONE
-        if p.scale is not None:
-            if p.scale[1] == 0:
-                raise _Reject
-            scale = Fraction(p.scale[0], p.scale[1])
-        append(LineagePart(key, sum_of, scale))
+    else:
+        if 0 in lens or any(len(set(x)) != n for x, n in zip(sums, lens) if n > 1):
+            raise _Reject
+        want = list(chain.from_iterable(map(repeat, shapes, lens)))
+        if list(map(shape_of.get, chain.from_iterable(sums))) != want:
+            raise _Reject
+    scales = list(map(_SCALE, raw_parts))
+    if scales.count(None) == len(scales):
+        parts = tuple(map(LineagePart, keys, sums))
+    else:
+        if any(sc[1] == 0 for sc in scales if sc is not None):
+            raise _Reject
+        parts = tuple(map(LineagePart, keys, sums, [
+            _ONE if sc is None else Fraction(sc[0], sc[1]) for sc in scales]))
     aligned = None
     if raw.aligned is not None:
         aligned = _aligned(raw.aligned, index)
         if aligned is None:
             raise _Reject
-    return Lineage(index, raw.single, tuple(parts), aligned, raw.hypothesis)
+    return Lineage(index, raw.single, parts, aligned, raw.hypothesis)
+
+
+_SLICE, _SUM_OF, _SCALE, _FIRST = (attrgetter("slice"), attrgetter("sum_of"),
+                                   attrgetter("scale"), itemgetter(0))
 
 
 def _aligned(a: Any, index: int) -> Aligned | None:

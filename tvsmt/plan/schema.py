@@ -12,25 +12,19 @@ from typing import Any, Optional
 
 import msgspec
 
+from tvsmt.plan.model import Node
 
-class RawTensor(msgspec.Struct):
-    shape: list[int]
+
+class RawTensor(msgspec.Struct, gc=False):
+    shape: tuple[int, ...]
     role: Any = "activation"
 
 
-class RawNode(msgspec.Struct, rename={"pass_": "pass"}):
-    id: str
-    op: str
-    inputs: tuple[Optional[str], ...]
-    outputs: tuple[Optional[str], ...]
-    pass_: Optional[str] = None
-    rank: int = 0
-    mb: int = 0
-    attrs: Optional[dict[str, Any]] = None
-    source: Optional[str] = None
+# A document's nodes decode straight into the model's `Node` (tvsmt.plan.model): its missing
+# inputs/outputs (UNSET) and null attrs are the reader's to refuse or fix.
 
 
-class RawPart(msgspec.Struct):
+class RawPart(msgspec.Struct, gc=False):
     slice: tuple[tuple[int, int], ...]
     sum_of: tuple[str, ...]
     scale: Optional[tuple[int, int]] = None
@@ -47,7 +41,7 @@ class RawPlan(msgspec.Struct):
     """One execplan document. Header fields stay `Any`: the reader checks them by value."""
 
     tensors: dict[str, RawTensor]
-    nodes: list[RawNode]
+    nodes: list[Node]
     format: Any = None
     version: Any = None
     kind: Any = None

@@ -185,16 +185,25 @@ def _records_unguarded(path: str, f, gc_was: bool) -> Iterator[Any]:
                              crc)
         else:
             crc = zlib.crc32(block, crc)
+        start = 0
+        if header is None and end and type(recs[0]) is HeaderRec:
+            header = _header(recs[0], path)
+            yield header
+            start = 1
         if header is not None and not phase:
-            done = _fast_block(recs, end, st, section, get_op)
+            # the block's run of tensor, node and section records (all of it, but for the
+            # first block's header and the last blocks' lineages) is checked over columns
+            stop = next((k for k, t in enumerate(map(type, recs[start:end]), start)
+                         if t not in _BULK), end)
+            done = _fast_block(recs[start:stop], stop - start, st, section, get_op) \
+                if stop > start else None
             if done is not None:
                 objs, section = done
                 gc.enable() if gc_was else None
                 yield from objs
                 gc.disable() if gc_was else None
-                lineno = base + len(lines)
-                continue
-        for k in range(end):
+                start = stop
+        for k in range(start, end):
             rec = recs[k]
             kind = type(rec)
             if kind is NodeRec:
