@@ -6,11 +6,16 @@ second returns the whole output on every rank. Nothing is annotated for tvsmt.
 
     tvsmt check examples/dtensor_sp.py                                   # equivalent
     TVSMT_BUG=unsharded-input tvsmt check examples/dtensor_sp.py         # violation
+    TVSMT_BUG=norm-unparallelised tvsmt check examples/dtensor_sp.py     # violation
 
 Planted bug (environment variable TVSMT_BUG):
   unsharded-input   every rank is fed the whole sequence, but SequenceParallel takes a
                     rank's input to be its part of the sequence: the model then sees a
                     sequence twice as long
+  norm-unparallelised
+                    the norm is left out of the plan but still fed the rank's part of the
+                    sequence: the forward is right (fc1 gathers the sequence), but the
+                    norm weight's gradient stays this rank's partial sum, never reduced
 """
 
 import os
@@ -29,7 +34,7 @@ BUG = os.environ.get("TVSMT_BUG", "")
 class RMSNorm(torch.nn.Module):
     def __init__(self, n):
         super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(n))  # constant: only its placement says
+        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(n))
 
     def forward(self, x):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
@@ -54,10 +59,12 @@ def build_single():
 def build_rank(rank):
     model, x = build_single()
     mesh = init_device_mesh("cpu", (WORLD_SIZE,))
-    parallelize_module(model, mesh, {
-        "norm": SequenceParallel(),
-        "fc1": ColwiseParallel(input_layouts=Shard(1)),
-        "fc2": RowwiseParallel(output_layouts=Replicate())})
+    plan = {"norm": SequenceParallel(),
+            "fc1": ColwiseParallel(input_layouts=Shard(1)),
+            "fc2": RowwiseParallel(output_layouts=Replicate())}
+    if BUG == "norm-unparallelised":
+        del plan["norm"]
+    parallelize_module(model, mesh, plan)
     if BUG == "unsharded-input":
         return model, x
     return model, x.chunk(WORLD_SIZE, dim=1)[rank]  # this rank's part of the sequence

@@ -87,6 +87,20 @@ def test_sequence_parallel_fed_the_whole_sequence_is_a_violation(monkeypatch):
         _sources(report)
 
 
+def test_a_norm_left_unparallelised_but_fed_a_sequence_shard_is_a_violation(monkeypatch):
+    """The issue's DTensor bug in the form torch accepts: the norm is left out of the plan
+    but fed the rank's part of the sequence; the forward is right, its weight gradient is a
+    partial sum nobody reduces. The report names the gradient and the norm's code."""
+    monkeypatch.setenv("TVSMT_BUG", "norm-unparallelised")
+    report = check(SP, Options(jobs=1, timeout=1))
+    assert report.verdict == "violation"
+    wrong = [f for f in report.failures if f.kind == "counterexample"]
+    assert {f.tensor for f in wrong} == {"grad.norm.weight"}, [f.tensor for f in wrong]
+    line = _line_of(SP, "return x * torch.rsqrt")
+    assert any(c.endswith(f"dtensor_sp.py:{line}") for f in wrong for c in f.code), \
+        [f.code for f in wrong]
+
+
 def test_placement_lineages_agree_with_inference_by_value():
     """Every DTensor parameter's block from its placement is the block that the inference
     by value finds when the placement is hidden from it."""
