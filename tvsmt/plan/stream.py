@@ -35,6 +35,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from tvsmt.atomic import atomic_file
 from tvsmt.errors import PlanError, UnsupportedOperator
 from tvsmt.plan import reader as R
 from tvsmt.plan.model import Lineage, Node, Plan, TensorInfo
@@ -512,9 +513,8 @@ class StreamWriter:
     def __init__(self, path: str | os.PathLike, kind: str, name: str, world: dict,
                  outputs=(), sections: int = 0):
         self.path = os.fspath(path)
-        folder, base = os.path.split(os.path.abspath(self.path))
-        self._tmp = os.path.join(folder, f".{base}.partial-{os.getpid()}")
-        self._raw = open(self._tmp, "wb")
+        self._file = atomic_file(self.path)  # the project's one atomic write
+        self._raw = self._file.__enter__()
         self._out = (gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=1)
                      if self.path.endswith(".gz") else self._raw)
         self._enc = msgspec.json.Encoder()
@@ -567,23 +567,18 @@ class StreamWriter:
         self._flush()
         if self._out is not self._raw:
             self._out.close()
-        self._raw.flush()
-        os.fsync(self._raw.fileno())
-        self._raw.close()
-        os.replace(self._tmp, self.path)
+        self._file.__exit__(None, None, None)  # fsync, then publish under the name
         return self.path
 
     def abort(self) -> None:
         """Drop the partial file (nothing is published)."""
-        for f in (self._out, self._raw):
+        if self._out is not self._raw:
             try:
-                f.close()
+                self._out.close()
             except OSError:
                 pass
-        try:
-            os.unlink(self._tmp)
-        except OSError:
-            pass
+        stop = RuntimeError("aborted")
+        self._file.__exit__(type(stop), stop, None)  # removes the temporary file
 
     def __enter__(self) -> "StreamWriter":
         return self
