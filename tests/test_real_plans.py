@@ -22,15 +22,6 @@ from tvsmt.report.report import EXIT_CODES, EXIT_INPUT_ERROR
 
 README = SHARED_PLANS / "README.md"
 SLOW_NODES = 10_000  # parallel nodes above which a pair is marked slow
-# Pairs too slow for the suite's 15-minute budget on 2 cores: checked by scripts/bench_real.py
-# (which prints every pair's verdict against the README), and here with TVSMT_SLOW=1.
-BENCHMARK_ONLY = {
-    "moe-ly2-dp16pp2tp4mb16": "327k nodes: folds (256 units, none an exception) and is "
-                              "equivalent, but takes about 55 s with 2 jobs (load 7 s, fold "
-                              "13 s, encoding 28 s) and more with 1: run with TVSMT_SLOW=1 or "
-                              "scripts/bench_real.py (tests/test_fold_real.py checks its fold)",
-}
-
 _ROW = re.compile(r"^\|\s*`(?P<folder>[^`]+)`\s*\|(?P<cells>.*)\|\s*$")
 
 
@@ -70,13 +61,9 @@ ROWS = readme_rows()
 def _params():
     if not ROWS:  # no README: one test that skips, or fails in CI, with the reason
         return [pytest.param(None, None, id="no-fixtures")]
-    import os
 
     def marks(folder, nodes):
-        out = [pytest.mark.fixtures] + ([pytest.mark.slow] if nodes > SLOW_NODES else [])
-        if folder in BENCHMARK_ONLY and not os.environ.get("TVSMT_SLOW"):
-            out.append(pytest.mark.skip(reason=BENCHMARK_ONLY[folder]))
-        return out
+        return [pytest.mark.fixtures] + ([pytest.mark.slow] if nodes > SLOW_NODES else [])
 
     return [pytest.param(folder, verdict, marks=marks(folder, nodes), id=folder)
             for folder, verdict, nodes in ROWS]
