@@ -36,17 +36,6 @@ def test_real_moe_pairs_are_equivalent(name):
     assert report.stages_proven == report.stages_total > 0
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("TVSMT_SLOW"), reason="not foldable yet (nnScaler's "
-                    "chained per-micro-batch grad_accum); unfolded, 5 weight-gradient stages "
-                    "summing 256 units time out in z3 (inconclusive after 840 s): set "
-                    "TVSMT_SLOW=1 to run it")
-def test_real_moe_128_ranks_is_equivalent():
-    single, p_path = _real("moe-ly2-dp16pp2tp4mb16")
-    report = verify_plans(single, load_plan(p_path), Options(jobs=2))
-    assert report.verdict == "equivalent", report.failures[:2]
-
-
 # Bugs that fit the real plans (no auxiliary loss; expert parallelism without all_to_all).
 REAL_BUGS = [b for b in MOE_BUGS if b not in ("moe-aux-grad-scaled-by-tp",
                                               "moe-dispatch-wrong-rank")]
