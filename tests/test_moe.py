@@ -4,7 +4,6 @@ MoE plans verify `equivalent` across dp / tp (= ep) / pp / mb."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 from conftest import fixture_pair
