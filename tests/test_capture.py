@@ -15,23 +15,11 @@ from tvsmt.capture import capture, check, write_pair
 from tvsmt.capture.driver import check_pair
 from tvsmt.errors import InputError
 from tvsmt.verify import Options
+from capture_helpers import line_of as _line_of, sources as _sources
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MLP = os.path.join(ROOT, "examples", "megatron_mlp.py")
 OPTS = Options(jobs=1, timeout=3)
-
-
-def _line_of(path: str, text: str) -> int:
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if text in line:
-                return i
-    raise AssertionError(text)
-
-
-def _sources(report) -> set[str]:
-    return {n.get("source") for f in report.failures for n in f.parallel_nodes + f.single_nodes
-            if n.get("source")}
 
 
 @pytest.fixture(scope="module")

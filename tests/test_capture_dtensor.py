@@ -18,24 +18,12 @@ from tvsmt.capture.script import load_script
 from tvsmt.capture.trace import trace_program
 from tvsmt.errors import InputError
 from tvsmt.verify import Options
+from capture_helpers import line_of as _line_of, sources as _sources
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MLP = os.path.join(ROOT, "examples", "dtensor_mlp.py")
 BLOCK = os.path.join(ROOT, "examples", "dtensor_block.py")
 SP = os.path.join(ROOT, "examples", "dtensor_sp.py")
-
-
-def _line_of(path: str, text: str) -> int:
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if text in line:
-                return i
-    raise AssertionError(text)
-
-
-def _sources(report) -> set[str]:
-    return {n.get("source") for f in report.failures for n in f.parallel_nodes + f.single_nodes
-            if n.get("source")}
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ from tvsmt.capture import capture, check
 from tvsmt.capture.driver import check_pair
 from tvsmt.errors import InputError
 from tvsmt.verify import Options
+from capture_helpers import line_of as _line_of, sources as _sources
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -22,19 +23,6 @@ PROVE = Options(jobs=1, timeout=10)
 # a planted bug is found by evaluating both plans at random points; the solver's timeout
 # only bounds each of the driver's rounds
 REFUTE = Options(jobs=1, timeout=1)
-
-
-def _line_of(path: str, text: str) -> int:
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if text in line:
-                return i
-    raise AssertionError(text)
-
-
-def _sources(report) -> set[str]:
-    return {n.get("source") for f in report.failures for n in f.parallel_nodes + f.single_nodes
-            if n.get("source")}
 
 
 def _clean(monkeypatch):
