@@ -58,26 +58,11 @@ DIMS = dict(hidden=64, heads=8, ffn=128, vocab=128, seq=8)
 # `tvsmt verify` would. "stream": the generator's plan unit by unit (frontends/stream.py),
 # checked and folded as it streams, never written or held whole.
 CHILD = r"""
-import json, resource, sys, threading, time, os
-import psutil
+import json, resource, sys, time, os
 cfg = json.loads(sys.argv[1]); out = sys.argv[2]; mode = sys.argv[3]
 dims = json.loads(sys.argv[4])
-peak = [0]
-peak_pss = [0]  # proportional: a page shared by forked workers counts once
-def sample():  # peak RSS of this process plus its workers (joblib, solvers), summed
-    me = psutil.Process()
-    while True:
-        total = pss = 0
-        for p in [me] + me.children(recursive=True):
-            try:
-                total += p.memory_info().rss
-                pss += p.memory_full_info().pss
-            except psutil.Error:
-                pass
-        peak[0] = max(peak[0], total)
-        peak_pss[0] = max(peak_pss[0], pss)
-        time.sleep(0.2)
-threading.Thread(target=sample, daemon=True).start()
+from peak_memory import TreeMemory  # scripts/peak_memory.py (PYTHONPATH set by the parent)
+memory = TreeMemory()
 from tvsmt.verify import Options, Timer, verify_pair, verify_source
 opts = Options(jobs=2, progress=None, corpus=None)
 t0 = time.perf_counter()
@@ -98,7 +83,7 @@ else:
     gen = time.perf_counter() - t0
     rep = verify_source(source, opts)
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-tree = peak[0] / 2**20
+tree = memory.rss_mb
 fold = rep.fold or {}
 print(json.dumps({"generate": gen, "verdict": rep.verdict, "timings": rep.timings,
                   "stages": rep.stages_total, "templates": rep.stage_templates,
@@ -108,7 +93,7 @@ print(json.dumps({"generate": gen, "verdict": rep.verdict, "timings": rep.timing
                   "exceptions": fold.get("exceptions"), "fold_note": rep.fold_note,
                   "failures": [f.message for f in rep.failures][:3],
                   "peak_rss_mb": rss, "peak_rss_tree_mb": tree,
-                  "peak_pss_tree_mb": peak_pss[0] / 2**20, **extra}))
+                  "peak_pss_tree_mb": memory.pss_mb, **extra}))
 """
 
 
@@ -136,9 +121,12 @@ def run(name: str, cfg: dict, limit: float, mode: str) -> dict:
     row = {"config": name, **cfg, "mode": mode, "est_parallel_nodes": estimate(cfg)}
     with tempfile.TemporaryDirectory() as tmp:
         try:
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                filter(None, [os.path.dirname(os.path.abspath(__file__)),
+                              os.environ.get("PYTHONPATH")])))
             proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg), tmp, mode,
                                    json.dumps(DIMS)],
-                                  capture_output=True, text=True, timeout=limit)
+                                  capture_output=True, text=True, timeout=limit, env=env)
         except subprocess.TimeoutExpired:
             row["status"] = f"timeout after {limit:.0f}s"
             return row

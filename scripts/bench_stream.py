@@ -53,31 +53,17 @@ if phase == "write":
                 "nodes": [node_dict(n) for n in s.nodes]}})
     what = "written"
 elif phase == "verify":
-    import threading, psutil
+    sys.path.insert(0, {root!r} + "/scripts")
+    from peak_memory import TreeMemory
     from tvsmt.verify import Options, verify_pair
-    tree = [0]
-    tree_pss = [0]  # proportional: a page shared by forked workers counts once
-    def sample():
-        me = psutil.Process()
-        while True:
-            total = pss = 0
-            for p in [me] + me.children(recursive=True):
-                try:
-                    total += p.memory_info().rss
-                    pss += p.memory_full_info().pss
-                except psutil.Error:
-                    pass
-            tree[0] = max(tree[0], total)
-            tree_pss[0] = max(tree_pss[0], pss)
-            time.sleep(0.2)
-    threading.Thread(target=sample, daemon=True).start()
+    memory = TreeMemory()
     rep = verify_pair({single!r}, path, Options(jobs=2, progress=None, corpus=None))
     fold = rep.fold or {{}}
     what = (f"{{rep.verdict}}, folded {{fold.get('kept_units')}} of "
             f"{{fold.get('replicas', 0) * fold.get('micro_batches', 0)}} units, "
             f"{{fold.get('checked', {{}}).get('nodes')}} nodes checked, note {{rep.fold_note}}, "
-            f"timings {{rep.timings}}, tree peak {{tree[0] >> 20}} MB rss, "
-            f"{{tree_pss[0] >> 20}} MB pss")
+            f"timings {{rep.timings}}, tree peak {{memory.rss_mb:.0f}} MB rss, "
+            f"{{memory.pss_mb:.0f}} MB pss")
 elif phase == "iterate":
     from collections import Counter
     from tvsmt.plan.stream import iter_records
