@@ -664,18 +664,23 @@ class _Converter:
     def _shape_for(self, name: str, val) -> None:
         self.shapes[name] = tuple(val.shape)
 
+    def in_place_each(self, node, kind: str, tensors, ranks, **kw) -> None:
+        """An in-place c10d collective over a list of tensors: one communication node per
+        tensor, whose buffer then holds the result."""
+        outs = []
+        for i, t in enumerate(tensors):
+            oid = f"{node.name}.{i}"
+            self._shape_for(oid, t.meta["val"])
+            outs.append(self.comm_node(node, kind, t, ranks, out_id=oid, **kw))
+            self.mutate(t)
+        self.define(node, (outs, None))
+
     def collective(self, node, name: str) -> None:
         a = node.args
         val = node.meta.get("val")
         if name == "c10d.allreduce_.default":
             ranks, op = self.group_ranks(node, a[1]), self.reduce_op(node, a[2])
-            outs = []
-            for i, t in enumerate(a[0]):
-                oid = f"{node.name}.{i}"
-                self._shape_for(oid, t.meta["val"])
-                outs.append(self.comm_node(node, "all_reduce", t, ranks, reduce=op, out_id=oid))
-                self.mutate(t)
-            self.define(node, (outs, None))
+            self.in_place_each(node, "all_reduce", a[0], ranks, reduce=op)
         elif name in ("c10d._allgather_base_.default", "c10d._reduce_scatter_base_.default"):
             out_fx, in_fx = a[0], a[1]
             ranks = self.group_ranks(node, a[2])
@@ -704,14 +709,7 @@ class _Converter:
             self.point_to_point(node, name == "c10d.send.default")
         elif name == "c10d.broadcast_.default":
             ranks = self.group_ranks(node, a[1])
-            root = ranks[int(a[2])]
-            outs = []
-            for i, t in enumerate(a[0]):
-                oid = f"{node.name}.{i}"
-                self._shape_for(oid, t.meta["val"])
-                outs.append(self.comm_node(node, "broadcast", t, ranks, src=root, out_id=oid))
-                self.mutate(t)
-            self.define(node, (outs, None))
+            self.in_place_each(node, "broadcast", a[0], ranks, src=ranks[int(a[2])])
         elif name == "_c10d_functional.all_reduce.default":
             ranks, op = self.group_ranks(node, a[2]), self.reduce_op(node, a[1])
             self._shape_for(node.name, val)
