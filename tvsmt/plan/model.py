@@ -14,13 +14,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import dataclasses
 
 import msgspec
 
 _ONE = Fraction(1)
+MAX_DIM = 2**53  # dimensions and slice bounds: beyond this, sizes are no longer exact floats
+
+# Bounds the JSON decoder checks in C while it builds the records (tvsmt.plan.reader); they
+# constrain decoding only, never construction.
+Dim = Annotated[int, msgspec.Meta(ge=0, le=MAX_DIM)]
+Rank = Annotated[int, msgspec.Meta(ge=0)]
+MicroBatch = Annotated[int, msgspec.Meta(ge=-1)]
 
 
 def replace(obj, /, **changes):
@@ -31,8 +38,12 @@ def replace(obj, /, **changes):
 
 
 class TensorInfo(msgspec.Struct, frozen=True, gc=False):
-    id: str
-    shape: tuple[int, ...]
+    """A declared tensor. `id` and `shape` have defaults only because a plan document's
+    tensors decode straight into this struct (the id is the object's key, set by the reader
+    afterwards); every constructor call names both."""
+
+    id: str = ""
+    shape: tuple[Dim, ...] = ()
     role: str = "activation"
 
 
@@ -43,9 +54,9 @@ class Node(msgspec.Struct, frozen=True, gc=False, rename={"pass_": "pass"}):
 
     id: str
     op: str
-    pass_: Optional[str] = None  # "fw", "bw" or None (communication / finalization)
-    rank: int = 0
-    mb: int = 0
+    pass_: Optional[Literal["fw", "bw"]] = None  # None: communication / finalization
+    rank: Rank = 0
+    mb: MicroBatch = 0
     inputs: tuple[Optional[str], ...] = msgspec.UNSET
     outputs: tuple[Optional[str], ...] = msgspec.UNSET
     attrs: Optional[dict[str, Any]] = {}

@@ -25,6 +25,7 @@ import gzip
 import io
 import os
 import stat
+from collections import deque
 from fractions import Fraction
 from itertools import chain, compress, repeat
 from operator import attrgetter, itemgetter
@@ -32,16 +33,17 @@ from typing import Any
 
 import msgspec
 import numpy as np
+from msgspec.structs import force_setattr
 
 from tvsmt.errors import PlanError, UnsupportedOperator
-from tvsmt.plan.model import Aligned, Lineage, LineagePart, Node, Plan, TensorInfo, replace
+from tvsmt.plan.model import (MAX_DIM, Aligned, Lineage, LineagePart, Node, Plan, TensorInfo,
+                              replace)
 from tvsmt.plan.schema import RawPlan
 
 FORMAT = "tvsmt.execplan"
 VERSION = 1
 KINDS = ("single", "parallel")
 PASSES = ("fw", "bw", None)
-MAX_DIM = 2**53  # dimensions and slice bounds: beyond this, sizes are no longer exact floats
 PLAN_LIMIT_ENV, RECORD_LIMIT_ENV = "TVSMT_MAX_PLAN_BYTES", "TVSMT_MAX_RECORD_BYTES"
 DEFAULT_PLAN_LIMIT, DEFAULT_RECORD_LIMIT = 1 << 30, 64 << 20
 GZIP_MAGIC = b"\x1f\x8b"
@@ -186,29 +188,22 @@ def _build(doc: RawPlan, path: str) -> Plan:
     world = doc.world or {}
     if not isinstance(world, dict):
         raise _Reject
-    raw_tensors = doc.tensors
-    shapes = list(map(_SHAPE, raw_tensors.values()))
-    dims = list(chain.from_iterable(shapes))
-    if dims and (min(dims) < 0 or max(dims) > MAX_DIM):
-        raise _Reject
-    roles = list(map(_ROLE, raw_tensors.values()))
-    if not set(map(type, roles)) <= _STR:
-        roles = [r if type(r) is str else str(r) for r in roles]
-    tids = list(raw_tensors)
-    tensors = dict(zip(tids, map(TensorInfo, tids, shapes, roles)))
+    # Dimensions (0..2**53) and roles (strings) were checked by the decoder; a tensor's id is
+    # its key.
+    tensors = doc.tensors
+    tids = list(tensors)
+    deque(map(force_setattr, tensors.values(), repeat("id"), tids), 0)
 
     # The node checks run over flat columns, in C where possible (map, chain, sets, numpy).
-    # The nodes are already the model's (schema.py); only missing lists and null attrs remain.
+    # The nodes are already the model's (schema.py), passes and the lower bounds of ranks and
+    # micro-batches checked by the decoder; only missing lists and null attrs remain.
     nodes = raw_nodes = doc.nodes
     ins_col = list(map(_INPUTS, raw_nodes))
     outs_col = list(map(_OUTPUTS, raw_nodes))
     if msgspec.UNSET in ins_col or msgspec.UNSET in outs_col:
         raise _Reject
-    ids = list(map(_ID, raw_nodes))
-    ops = set(map(_OP, raw_nodes))
-    passes = set(map(_PASS, raw_nodes))
-    if (len(set(ids)) != len(ids) or not passes <= _PASS_SET
-            or any(get_op(op) is None for op in ops)):
+    if (len(set(map(_ID, raw_nodes))) != len(raw_nodes)
+            or any(get_op(op) is None for op in set(map(_OP, raw_nodes)))):
         raise _Reject
     flat_in = list(chain.from_iterable(ins_col))
     flat_out = list(chain.from_iterable(outs_col))
@@ -244,9 +239,8 @@ def _build(doc: RawPlan, path: str) -> Plan:
     outputs = doc.outputs or []
     if any(t not in tensors for t in outputs):
         raise _Reject
-    shape_of = {tid: info.shape for tid, info in tensors.items()}
     slices: dict = {}
-    lineages = [_fast_lineage(raw, i, shape_of, slices)
+    lineages = [_fast_lineage(raw, i, tensors, slices)
                 for i, raw in enumerate(doc.lineages or ())]
     if doc.kind == "single" and lineages:
         raise _Reject
@@ -257,8 +251,7 @@ def _build(doc: RawPlan, path: str) -> Plan:
 _ONE = Fraction(1)
 
 
-def _fast_lineage(raw, index: int, shape_of: dict[str, tuple[int, ...]],
-                  slices: dict) -> Lineage:
+def _fast_lineage(raw, index: int, tensors: dict[str, TensorInfo], slices: dict) -> Lineage:
     """One typed lineage (a `schema.RawLineage`) as a `Lineage`, or `_Reject`, checked over
     columns of its parts. `slices` caches slice -> shape: each distinct slice is computed
     once."""
@@ -275,15 +268,18 @@ def _fast_lineage(raw, index: int, shape_of: dict[str, tuple[int, ...]],
         shapes = list(map(slices.__getitem__, keys))
     sums = list(map(_SUM_OF, raw_parts))
     lens = list(map(len, sums))
-    if max(lens) == 1 and min(lens) == 1:  # the common case: one tensor per part
-        if list(map(shape_of.get, map(_FIRST, sums))) != shapes:
-            raise _Reject
-    else:
-        if 0 in lens or any(len(set(x)) != n for x, n in zip(sums, lens) if n > 1):
-            raise _Reject
-        want = list(chain.from_iterable(map(repeat, shapes, lens)))
-        if list(map(shape_of.get, chain.from_iterable(sums))) != want:
-            raise _Reject
+    try:  # an undeclared tensor: None has no shape
+        if max(lens) == 1 and min(lens) == 1:  # the common case: one tensor per part
+            if list(map(_SHAPE, map(tensors.get, map(_FIRST, sums)))) != shapes:
+                raise _Reject
+        else:
+            if 0 in lens or any(len(set(x)) != n for x, n in zip(sums, lens) if n > 1):
+                raise _Reject
+            want = list(chain.from_iterable(map(repeat, shapes, lens)))
+            if list(map(_SHAPE, map(tensors.get, chain.from_iterable(sums)))) != want:
+                raise _Reject
+    except AttributeError:
+        raise _Reject from None
     scales = list(map(_SCALE, raw_parts))
     if scales.count(None) == len(scales):
         parts = tuple(map(LineagePart, keys, sums))

@@ -12,16 +12,13 @@ from typing import Any, Optional
 
 import msgspec
 
-from tvsmt.plan.model import Node
+from tvsmt.plan.model import Node, TensorInfo
 
-
-class RawTensor(msgspec.Struct, gc=False):
-    shape: tuple[int, ...]
-    role: Any = "activation"
-
-
-# A document's nodes decode straight into the model's `Node` (tvsmt.plan.model): its missing
-# inputs/outputs (UNSET) and null attrs are the reader's to refuse or fix.
+# A document's tensors and nodes decode straight into the model's `TensorInfo` and `Node`
+# (tvsmt.plan.model), whose annotations bound dimensions, passes, ranks and micro-batches in
+# the decoder: a tensor's id (its key) is the reader's to set; a node's missing
+# inputs/outputs (UNSET) and null attrs are the reader's to refuse or fix. A role that is not
+# a string fails the typed decoding, and the generic path reads it (as `str(role)`).
 
 
 class RawPart(msgspec.Struct, gc=False):
@@ -40,7 +37,7 @@ class RawLineage(msgspec.Struct):
 class RawPlan(msgspec.Struct):
     """One execplan document. Header fields stay `Any`: the reader checks them by value."""
 
-    tensors: dict[str, RawTensor]
+    tensors: dict[str, TensorInfo]
     nodes: list[Node]
     format: Any = None
     version: Any = None
