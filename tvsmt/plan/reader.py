@@ -28,7 +28,7 @@ import stat
 from collections import deque
 from fractions import Fraction
 from itertools import chain, compress, repeat
-from operator import attrgetter, itemgetter
+from operator import attrgetter, is_, itemgetter
 from typing import Any
 
 import msgspec
@@ -197,43 +197,47 @@ def _build(doc: RawPlan, path: str) -> Plan:
     # The node checks run over flat columns, in C where possible (map, chain, sets, numpy).
     # The nodes are already the model's (schema.py), passes and the lower bounds of ranks and
     # micro-batches checked by the decoder; only missing lists and null attrs remain.
-    nodes = raw_nodes = doc.nodes
-    ins_col = list(map(_INPUTS, raw_nodes))
-    outs_col = list(map(_OUTPUTS, raw_nodes))
-    if msgspec.UNSET in ins_col or msgspec.UNSET in outs_col:
+    nodes = doc.nodes
+    n_nodes = len(nodes)
+    ins_col = list(map(_INPUTS, nodes))
+    outs_col = list(map(_OUTPUTS, nodes))
+    try:  # a missing list is UNSET, which has no length
+        in_lens = np.fromiter(map(len, ins_col), np.int64, n_nodes)
+        out_lens = np.fromiter(map(len, outs_col), np.int64, n_nodes)
+    except TypeError:
+        raise _Reject from None
+    if (len(set(map(_ID, nodes))) != n_nodes
+            or any(get_op(op) is None for op in set(map(_OP, nodes)))):
         raise _Reject
-    if (len(set(map(_ID, raw_nodes))) != len(raw_nodes)
-            or any(get_op(op) is None for op in set(map(_OP, raw_nodes)))):
-        raise _Reject
-    flat_in = list(chain.from_iterable(ins_col))
-    flat_out = list(chain.from_iterable(outs_col))
     # Declared tensors, SSA and topological order, over tensor numbers (one dict lookup per
     # name, then numpy): every name is declared, written at most once, and every input is
     # written by an earlier node or by none (a graph input).
+    n_out, n_in = int(out_lens.sum()), int(in_lens.sum())
     number = dict(zip(tids, range(len(tids))))
     number[None] = -1  # an absent slot: "written" at -1 by the last entry of `written_at`
-    nums = np.fromiter(map(number.get, chain(flat_out, flat_in), repeat(-2)), np.int64,
-                       len(flat_out) + len(flat_in))
+    nums = np.fromiter(map(number.get, chain(chain.from_iterable(outs_col),
+                                             chain.from_iterable(ins_col)), repeat(-2)),
+                       np.int64, n_out + n_in)
+    del number
     if len(nums) and nums.min() == -2:
         raise _Reject
-    out_num, in_num = nums[:len(flat_out)], nums[len(flat_out):]
-    out_at = np.repeat(np.arange(len(raw_nodes), dtype=np.int64),
-                       np.fromiter(map(len, outs_col), np.int64, len(raw_nodes)))
+    out_num, in_num = nums[:n_out], nums[n_out:]
+    at = np.arange(n_nodes, dtype=np.int64)
+    out_at = np.repeat(at, out_lens)
     real = out_num >= 0
     written = out_num[real]
     if len(written) and np.bincount(written, minlength=len(tids)).max() > 1:
         raise _Reject
     written_at = np.full(len(tids) + 1, -1, dtype=np.int64)
     written_at[written] = out_at[real]
-    in_at = np.repeat(np.arange(len(raw_nodes), dtype=np.int64),
-                      np.fromiter(map(len, ins_col), np.int64, len(raw_nodes)))
-    if len(in_num) and bool((written_at[in_num] >= in_at).any()):
+    if n_in and bool((written_at[in_num] >= np.repeat(at, in_lens)).any()):
         raise _Reject
-    if world_problem(world, map(_RANK, raw_nodes), map(_MB, raw_nodes)) is not None:
+    # ranks >= 0 and micro-batches >= -1 were checked by the decoder: only the largest remain
+    top_rank, top_mb = ([max(map(_RANK, nodes))], [max(map(_MB, nodes))]) if n_nodes else ((), ())
+    if world_problem(world, top_rank, top_mb) is not None:
         raise _Reject
-    attrs = list(map(_ATTRS, raw_nodes))
-    if None in attrs:  # "attrs": null reads as no attributes
-        for i in [i for i, a in enumerate(attrs) if a is None]:
+    if any(map(is_, map(_ATTRS, nodes), repeat(None))):  # "attrs": null: no attributes
+        for i in [i for i, n in enumerate(nodes) if n.attrs is None]:
             nodes[i] = replace(nodes[i], attrs={})
 
     outputs = doc.outputs or []
