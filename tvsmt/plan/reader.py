@@ -244,7 +244,8 @@ def _build(doc: RawPlan, path: str) -> Plan:
     if any(t not in tensors for t in outputs):
         raise _Reject
     slices: dict = {}
-    lineages = [_fast_lineage(raw, i, tensors, slices)
+    shapes_of = _declared_shapes(tensors)
+    lineages = [_fast_lineage(raw, i, shapes_of, slices)
                 for i, raw in enumerate(doc.lineages or ())]
     if doc.kind == "single" and lineages:
         raise _Reject
@@ -255,10 +256,19 @@ def _build(doc: RawPlan, path: str) -> Plan:
 _ONE = Fraction(1)
 
 
-def _fast_lineage(raw, index: int, tensors: dict[str, TensorInfo], slices: dict) -> Lineage:
+def _declared_shapes(tensors: dict[str, TensorInfo]):
+    """`_fast_lineage`'s view of a document's tensors: the shapes of some ids, in order (an
+    undeclared id has none: AttributeError)."""
+    def shapes_of(ids):
+        return list(map(_SHAPE, map(tensors.get, ids)))
+    return shapes_of
+
+
+def _fast_lineage(raw, index: int, shapes_of, slices: dict) -> Lineage:
     """One typed lineage (a `schema.RawLineage`) as a `Lineage`, or `_Reject`, checked over
-    columns of its parts. `slices` caches slice -> shape: each distinct slice is computed
-    once."""
+    columns of its parts. `shapes_of(ids)`: the declared shapes of these tensor ids, in order
+    (None, or AttributeError, for an undeclared one). `slices` caches slice -> shape: each
+    distinct slice is computed once."""
     raw_parts = raw.parts
     if not raw_parts:
         raise _Reject
@@ -272,15 +282,15 @@ def _fast_lineage(raw, index: int, tensors: dict[str, TensorInfo], slices: dict)
         shapes = list(map(slices.__getitem__, keys))
     sums = list(map(_SUM_OF, raw_parts))
     lens = list(map(len, sums))
-    try:  # an undeclared tensor: None has no shape
+    try:
         if max(lens) == 1 and min(lens) == 1:  # the common case: one tensor per part
-            if list(map(_SHAPE, map(tensors.get, map(_FIRST, sums)))) != shapes:
+            if shapes_of(map(_FIRST, sums)) != shapes:
                 raise _Reject
         else:
             if 0 in lens or any(len(set(x)) != n for x, n in zip(sums, lens) if n > 1):
                 raise _Reject
             want = list(chain.from_iterable(map(repeat, shapes, lens)))
-            if list(map(_SHAPE, map(tensors.get, chain.from_iterable(sums)))) != want:
+            if shapes_of(chain.from_iterable(sums)) != want:
                 raise _Reject
     except AttributeError:
         raise _Reject from None

@@ -84,6 +84,11 @@ class _State:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("tensor", "node", "lineage", "section"), 0))
 
+    def shapes_of(self, ids) -> list:
+        """The declared shapes of these tensor ids (None: undeclared), for
+        `reader._fast_lineage`."""
+        return list(map(self.shapes.get, ids))
+
 
 def iter_records(path: str | os.PathLike, f=None) -> Iterator[Any]:
     """The records of a JSON Lines plan: first a `StreamHeader`, then `Section`,
@@ -447,7 +452,7 @@ def _lineage(rec: LineageRec, st: _State, path: str, where: str) -> Lineage:
     index = st.counts["lineage"]
     st.counts["lineage"] += 1
     try:
-        return R._fast_lineage(rec, index, st.shapes, st.slices)
+        return R._fast_lineage(rec, index, st.shapes_of, st.slices)
     except R._Reject:
         pass
     try:  # explain it with the reference validator's words
