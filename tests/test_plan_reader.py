@@ -328,3 +328,65 @@ def test_a_plan_read_from_a_pipe(tmp_path, gz):
     plan = load_plan(fifo)
     t.join()
     assert len(plan.nodes) == len(parallel_mlp()["nodes"])
+
+
+def _first_tensor(p):
+    return next(iter(p["tensors"].values()))
+
+
+# What the typed decoder now checks itself (tvsmt.plan.model's Dim/Rank/MicroBatch/Literal
+# annotations) and what the fast path reads differently (a tensor's id from its key, the
+# largest rank only): each damage must get exactly plan_from_dict's outcome.
+DECODER_CHECKS = {
+    "negative dimension": lambda p: _first_tensor(p).update(shape=[-1, 8]),
+    "dimension 2**53+1": lambda p: _first_tensor(p).update(shape=[2**53 + 1, 8]),
+    "dimension 2**53": lambda p: _first_tensor(p).update(shape=[2**53, 8]),
+    "boolean dimension": lambda p: _first_tensor(p).update(shape=[True, 8]),
+    "role not a string": lambda p: _first_tensor(p).update(role=7),
+    "an id inside a tensor": lambda p: _first_tensor(p).update(id="somebody else"),
+    "pass xx": lambda p: p["nodes"][3].update({"pass": "xx"}),
+    "pass not a string": lambda p: p["nodes"][3].update({"pass": 1}),
+    "rank -1": lambda p: p["nodes"][3].update(rank=-1),
+    "rank beyond the world": lambda p: p["nodes"][-1].update(rank=4),
+    "rank a float": lambda p: p["nodes"][3].update(rank=1.0),
+    "mb -1": lambda p: p["nodes"][3].update(mb=-1),
+    "mb -2": lambda p: p["nodes"][3].update(mb=-2),
+    "mb beyond the world": lambda p: p["nodes"][-1].update(mb=1),
+    "inputs missing": lambda p: p["nodes"][-1].pop("inputs"),
+    "outputs missing": lambda p: p["nodes"][0].pop("outputs"),
+    "attrs null": lambda p: p["nodes"][2].update(attrs=None),
+    "world dp 0": lambda p: p["world"].update(dp=0),
+    "no nodes, bad world": lambda p: (p.update(nodes=[]), p["world"].update(tp="2")),
+    "lineage names an undeclared tensor":
+        lambda p: p["lineages"][0]["parts"][0].update(sum_of=["ghost"]),
+}
+
+
+@pytest.mark.parametrize("damage", list(DECODER_CHECKS), ids=str)
+def test_decoder_checks_agree_with_the_reference_validator(damage):
+    from tvsmt.plan.reader import decode_document
+
+    plan = parallel_mlp()
+    DECODER_CHECKS[damage](plan)
+    text = json.dumps(plan).encode()
+    fast = _outcome(lambda: decode_document(text, "p.json"))
+    reference = _outcome(lambda: plan_from_dict(json.loads(text), "p.json"))
+    assert fast == reference
+    if damage in ("an id inside a tensor", "role not a string"):
+        assert fast[0] == "plan"
+        assert all(tid == info.id for tid, info in fast[4].items())
+    elif damage not in ("dimension 2**53", "mb -1", "attrs null"):
+        assert fast[0] == "error", fast
+
+
+@pytest.mark.parametrize("name", ["parallel.json.gz", "parallel.jsonl.gz"])
+def test_a_corrupt_gzip_stream_is_one_line(tmp_path, name):
+    """Deflate data damaged in the middle (not cut short: that is an EOFError) raises the
+    decompressor's own error type, which is neither OSError nor EOFError."""
+    if name.endswith(".jsonl.gz"):
+        text = b'{"r":"header","format":"tvsmt.execplan"}\n' * 2000
+    else:
+        text = json.dumps(parallel_mlp()).encode() * 20
+    data = bytearray(gzip.compress(text))
+    data[40:240] = bytes(200)
+    one_line_exit_2(verify_with(tmp_path, bytes(data), name), name, "cannot read plan")

@@ -21,10 +21,10 @@ integer beyond 64 bits and a dimension or slice bound above 2**53 are refused.
 
 from __future__ import annotations
 
-import gzip
 import io
 import os
 import stat
+import zlib
 from collections import deque
 from fractions import Fraction
 from itertools import chain, compress, repeat
@@ -33,6 +33,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
+from isal import igzip, isal_zlib
 from msgspec.structs import force_setattr
 
 from tvsmt.errors import PlanError, UnsupportedOperator
@@ -50,6 +51,8 @@ GZIP_MAGIC = b"\x1f\x8b"
 STREAM_SUFFIXES = (".jsonl", ".jsonl.gz")
 STREAM_START = b'{"r":"header"'
 _CHUNK = 16 << 20
+# what reading a (compressed) plan can raise: a truncated or corrupt gzip stream included
+READ_ERRORS = (OSError, EOFError, zlib.error, isal_zlib.error)
 
 
 def byte_limit(env: str, default: int) -> int:
@@ -82,7 +85,7 @@ def open_binary(path: str):
         f.close()
         raise PlanError(f"cannot read plan: {_os_reason(e)}", file=path) from None
     if magic == GZIP_MAGIC:
-        return gzip.GzipFile(fileobj=f, mode="rb")
+        return igzip.IGzipFile(fileobj=f, mode="rb")  # ISA-L: the stdlib's gzip, 3x faster
     return f
 
 
@@ -129,7 +132,7 @@ def load_plan(path: str | os.PathLike) -> Plan:
 
                 return read_stream(path, f)
             text = read_document(path, f, byte_limit(PLAN_LIMIT_ENV, DEFAULT_PLAN_LIMIT))
-    except (OSError, EOFError) as e:
+    except READ_ERRORS as e:
         raise PlanError(f"cannot read plan: {_os_reason(e)}", file=path) from None
     return decode_document(text, path)
 

@@ -111,7 +111,7 @@ def _blocks(path: str, f) -> Iterator[tuple[int, list[bytes], bytes]]:
     while True:
         try:
             chunk = f.read(R._CHUNK)
-        except (OSError, EOFError) as e:
+        except R.READ_ERRORS as e:
             raise PlanError(f"cannot read plan after line {lineno}: {R._os_reason(e)}",
                             file=path) from None
         if not chunk:
