@@ -59,7 +59,7 @@ class Node(msgspec.Struct, frozen=True, gc=False, rename={"pass_": "pass"}):
     mb: MicroBatch = 0
     inputs: tuple[Optional[str], ...] = msgspec.UNSET
     outputs: tuple[Optional[str], ...] = msgspec.UNSET
-    attrs: Optional[dict[str, Any]] = {}
+    attrs: dict[str, Any] = {}  # a document's `"attrs": null` is read by the generic path
     # Where the node came from in the producer's code ("train.py:42"), for reports only:
     # never semantic, never compared (optional "source" key of a plan node).
     source: Optional[str] = None

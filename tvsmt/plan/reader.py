@@ -28,7 +28,7 @@ import zlib
 from collections import deque
 from fractions import Fraction
 from itertools import chain, compress, repeat
-from operator import attrgetter, is_, itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import msgspec
@@ -37,9 +37,8 @@ from isal import igzip, isal_zlib
 from msgspec.structs import force_setattr
 
 from tvsmt.errors import PlanError, UnsupportedOperator
-from tvsmt.plan.model import (MAX_DIM, Aligned, Lineage, LineagePart, Node, Plan, TensorInfo,
-                              replace)
-from tvsmt.plan.schema import RawPlan
+from tvsmt.plan.model import MAX_DIM, Aligned, Lineage, LineagePart, Node, Plan, TensorInfo
+from tvsmt.plan.schema import RawPlan, decode_scale
 
 FORMAT = "tvsmt.execplan"
 VERSION = 1
@@ -141,7 +140,7 @@ def _os_reason(e: BaseException) -> str:
     return getattr(e, "strerror", None) or str(e) or type(e).__name__
 
 
-_DOC = msgspec.json.Decoder(RawPlan)
+_DOC = msgspec.json.Decoder(RawPlan, dec_hook=decode_scale)
 _ID, _OP, _PASS, _RANK, _MB = (attrgetter(k) for k in ("id", "op", "pass_", "rank", "mb"))
 _INPUTS, _OUTPUTS, _ATTRS, _SOURCE = (attrgetter(k) for k in
                                       ("inputs", "outputs", "attrs", "source"))
@@ -199,7 +198,8 @@ def _build(doc: RawPlan, path: str) -> Plan:
 
     # The node checks run over flat columns, in C where possible (map, chain, sets, numpy).
     # The nodes are already the model's (schema.py), passes and the lower bounds of ranks and
-    # micro-batches checked by the decoder; only missing lists and null attrs remain.
+    # micro-batches checked by the decoder; only missing lists remain (null attrs, like
+    # a role that is not a string, fail the typed decoding: the generic path reads them).
     nodes = doc.nodes
     n_nodes = len(nodes)
     ins_col = list(map(_INPUTS, nodes))
@@ -239,9 +239,6 @@ def _build(doc: RawPlan, path: str) -> Plan:
     top_rank, top_mb = ([max(map(_RANK, nodes))], [max(map(_MB, nodes))]) if n_nodes else ((), ())
     if world_problem(world, top_rank, top_mb) is not None:
         raise _Reject
-    if any(map(is_, map(_ATTRS, nodes), repeat(None))):  # "attrs": null: no attributes
-        for i in [i for i, n in enumerate(nodes) if n.attrs is None]:
-            nodes[i] = replace(nodes[i], attrs={})
 
     outputs = doc.outputs or []
     if any(t not in tensors for t in outputs):
@@ -268,8 +265,8 @@ def _declared_shapes(tensors: dict[str, TensorInfo]):
 
 
 def _fast_lineage(raw, index: int, shapes_of, slices: dict) -> Lineage:
-    """One typed lineage (a `schema.RawLineage`) as a `Lineage`, or `_Reject`, checked over
-    columns of its parts. `shapes_of(ids)`: the declared shapes of these tensor ids, in order
+    """One typed lineage (a `schema.RawLineage` or `LineageRec`) as a `Lineage`, or
+    `_Reject`, checked over columns of its parts. `shapes_of(ids)`: the declared shapes of these tensor ids, in order
     (None, or AttributeError, for an undeclared one). `slices` caches slice -> shape: each
     distinct slice is computed once."""
     raw_parts = raw.parts
@@ -297,8 +294,9 @@ def _fast_lineage(raw, index: int, shapes_of, slices: dict) -> Lineage:
                 raise _Reject
     except AttributeError:
         raise _Reject from None
-    scales = list(map(_SCALE, raw_parts))
-    if scales.count(None) == len(scales):
+    if type(raw_parts[0]) is LineagePart:  # a document's parts: decoded as the model's
+        parts = tuple(raw_parts)
+    elif (scales := list(map(_SCALE, raw_parts))).count(None) == len(scales):
         parts = tuple(map(LineagePart, keys, sums))
     else:
         if any(sc[1] == 0 for sc in scales if sc is not None):

@@ -8,20 +8,41 @@ explains with its precise one-line messages. Unknown keys are ignored, as the sp
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any, Optional
 
 import msgspec
 
-from tvsmt.plan.model import Node, TensorInfo
+from tvsmt.plan.model import LineagePart, Node, TensorInfo
+
+_INT64 = range(-(1 << 63), 1 << 63)
+_ONE = Fraction(1)
+
+
+def decode_scale(kind: type, value: Any) -> Any:
+    """The decoder's hook for `LineagePart.scale`: `[num, den]` ints (den != 0) or null.
+    Anything else (booleans, floats, 65-bit integers) fails the typed decoding and the generic
+    path words the error."""
+    if kind is Fraction:
+        if value is None:
+            return _ONE
+        if (type(value) is list and len(value) == 2 and type(value[0]) is int
+                and type(value[1]) is int and value[1] != 0 and value[0] in _INT64
+                and value[1] in _INT64):
+            return Fraction(value[0], value[1])
+        raise ValueError("'scale' must be [num, den] ints with den != 0")
+    raise NotImplementedError(kind)  # pragma: no cover (no other custom type)
 
 # A document's tensors and nodes decode straight into the model's `TensorInfo` and `Node`
 # (tvsmt.plan.model), whose annotations bound dimensions, passes, ranks and micro-batches in
 # the decoder: a tensor's id (its key) is the reader's to set; a node's missing
-# inputs/outputs (UNSET) and null attrs are the reader's to refuse or fix. A role that is not
-# a string fails the typed decoding, and the generic path reads it (as `str(role)`).
+# inputs/outputs (UNSET) are the reader's to refuse. A role that is not a string and null
+# attrs fail the typed decoding, and the generic path reads them (`str(role)`, `{}`).
 
 
 class RawPart(msgspec.Struct, gc=False):
+    """A part of a JSON Lines lineage record (a document's decode as `LineagePart`)."""
+
     slice: tuple[tuple[int, int], ...]
     sum_of: tuple[str, ...]
     scale: Optional[tuple[int, int]] = None
@@ -29,7 +50,7 @@ class RawPart(msgspec.Struct, gc=False):
 
 class RawLineage(msgspec.Struct):
     single: str
-    parts: list[RawPart]
+    parts: list[LineagePart]  # decoded as the model's (scale: `decode_scale`)
     aligned: Any = None
     hypothesis: bool = False
 
