@@ -284,3 +284,46 @@ def test_a_tensor_declared_twice(tmp_path):
     k = next(i for i, x in enumerate(lines) if '"r":"tensor"' in x)
     expect_error(write_lines(tmp_path, lines[:k + 1] + [lines[k]] + lines[k + 1:]),
                  f"line {k + 2}", "declared twice")
+
+
+def _with_a_second_node_named(plan: dict, nid: str) -> dict:
+    """The plan with one more node (a copy of `nid` writing a new tensor) under the same id:
+    a consistent file (trailer, checksum) whose only fault is the id."""
+    import copy
+
+    twin = copy.deepcopy(next(n for n in plan["nodes"] if n["id"] == nid))
+    twin["outputs"] = ["twin_out"]
+    plan["tensors"]["twin_out"] = dict(plan["tensors"][next(
+        n for n in plan["nodes"] if n["id"] == nid)["outputs"][0]])
+    plan["nodes"].append(twin)
+    return plan
+
+
+@pytest.mark.parametrize("chunk", [None, 300], ids=["one block", "a block per line or two"])
+def test_a_node_id_used_twice_is_found_across_blocks(tmp_path, monkeypatch, chunk):
+    """Node ids are kept as hashes (not strings) between blocks: a repeated id anywhere in
+    the file is still an error naming the second line that uses it."""
+    from tvsmt.plan import reader
+
+    if chunk:
+        monkeypatch.setattr(reader, "_CHUNK", chunk)
+    path = write_plan(tmp_path / "p.jsonl", _with_a_second_node_named(parallel_mlp(), "n1@0"))
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    second = max(k for k, x in enumerate(lines) if '"id":"n1@0"' in x) + 1
+    msg = expect_error(path, f"line {second}", "node id used twice", "n1@0")
+    assert "n1@0" in msg
+
+
+def test_equal_hashes_of_different_node_ids_are_no_error(tmp_path, monkeypatch):
+    """Equal hashes only make the reader compare the ids themselves (read again from the
+    file): with every id hashed alike, a sound plan still reads, and a repeated id is still
+    found."""
+    from tvsmt.plan import reader, stream
+
+    monkeypatch.setattr(reader, "_CHUNK", 300)
+    monkeypatch.setattr(stream, "hash", lambda s: 7, raising=False)
+    good = write_plan(tmp_path / "good.jsonl", parallel_mlp())
+    assert len(load_plan(good).nodes) == len(parallel_mlp()["nodes"])
+    bad = write_plan(tmp_path / "bad.jsonl", _with_a_second_node_named(parallel_mlp(), "n3@1"))
+    expect_error(bad, "node id used twice", "n3@1")

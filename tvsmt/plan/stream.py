@@ -77,7 +77,11 @@ class _State:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     written: set[str] = field(default_factory=set)
     pending: set[str] = field(default_factory=set)  # read before any node wrote them
-    node_ids: set[str] = field(default_factory=set)
+    # Node ids are not kept (3.6M strings and their set are 0.4 GB on a 32-layer dp16 plan):
+    # their hashes are, one array per block, and `_check_node_ids` finds equal hashes at the
+    # end (equal ids have equal hashes; equal hashes are then compared as ids, from the file).
+    node_hashes: list = field(default_factory=list)
+    block_ids: set[str] = field(default_factory=set)  # the record-by-record path's block
     ops: set[str] = field(default_factory=set)
     slices: dict = field(default_factory=dict)  # slice -> shape, each distinct slice once
     shape_pool: dict = field(default_factory=dict)  # one tuple per distinct shape
@@ -183,6 +187,7 @@ def _records_unguarded(path: str, f, gc_was: bool) -> Iterator[Any]:
         if trailer is not None:
             raise PlanError(f"line {base + 1}: a record after the trailer", file=path)
         recs = _decode_block(path, base, lines, block)
+        st.block_ids.clear()
         end = len(recs)
         if type(recs[-1]) is TrailerRec:
             trailer, end = recs[-1], end - 1
@@ -254,6 +259,7 @@ def _records_unguarded(path: str, f, gc_was: bool) -> Iterator[Any]:
         raise PlanError(f"truncated after line {lineno}: no trailer record (the write did "
                         "not finish)", file=path)
     _check_trailer(header, trailer, st, crc, path)
+    _check_node_ids(st, path)
     if st.pending & st.written:
         t = sorted(st.pending & st.written)[0]
         raise PlanError("read before the node that writes it (nodes out of topological "
@@ -295,7 +301,7 @@ def _fast_block(recs: list, end: int, st: _State, section: int, get_op):
     declared_at = dict(zip(tids, pos[TensorRec]))
     # nodes: new unique ids, known operators and passes
     nids = list(map(_ID, nrecs))
-    if len(set(nids)) != len(nids) or not st.node_ids.isdisjoint(nids):
+    if len(set(nids)) != len(nids):
         return None
     ops = set(map(_OP, nrecs)) - st.ops
     if any(get_op(op) is None for op in ops) or not set(map(_PASS, nrecs)) <= _PASS_SET:
@@ -329,7 +335,7 @@ def _fast_block(recs: list, end: int, st: _State, section: int, get_op):
     unwritten.discard(None)
     st.pending |= unwritten
     st.written.update(writer)
-    st.node_ids.update(nids)
+    st.node_hashes.append(np.fromiter(map(hash, nids), np.int64, len(nids)))
     st.ops |= ops
     pool = st.shape_pool
     tshapes = [pool.setdefault(sh, sh) for sh in tshapes]
@@ -399,9 +405,10 @@ def _bad_tensor(shape, tid: str, path: str, where: str):
 
 def _node(rec: NodeRec, st: _State, path: str, lineno: int, get_op) -> Node:
     nid, op = rec.id, rec.op
-    if nid in st.node_ids:
+    if nid in st.block_ids:
         raise PlanError(f"line {lineno}: node id used twice", file=path, node=nid)
-    st.node_ids.add(nid)
+    st.block_ids.add(nid)
+    st.node_hashes.append(np.array([hash(nid)], dtype=np.int64))
     if op not in st.ops:
         if get_op(op) is None:
             raise UnsupportedOperator(f"line {lineno}: unknown operator {op!r}", file=path,
@@ -480,6 +487,31 @@ def _check_trailer(h: StreamHeader, t: TrailerRec, st: _State, crc: int, path: s
     if t.crc32 != crc:
         raise PlanError("checksum mismatch: the file was changed after it was written",
                         file=path)
+
+
+def _check_node_ids(st: _State, path: str) -> None:
+    """No node id is used twice: no two hashes are equal, or the ids behind equal hashes
+    (read again from the file) differ."""
+    if not st.node_hashes:
+        return
+    hashes = np.sort(np.concatenate(st.node_hashes))
+    st.node_hashes = [hashes]
+    same = hashes[1:][hashes[1:] == hashes[:-1]]
+    if not len(same):
+        return
+    suspects = set(same.tolist())
+    if not os.path.isfile(path):  # a pipe cannot be read again
+        raise PlanError(f"{len(suspects)} node ids may be used twice (equal hashes); the "
+                        "stream cannot be read again to tell", file=path)
+    seen: set[str] = set()
+    with R.open_binary(path) as f:  # every record decoded again (the first pass read them)
+        for base, lines, block in _blocks(path, f):
+            for k, rec in enumerate(_decode_block(path, base, lines, block)):
+                if type(rec) is NodeRec and hash(rec.id) in suspects:
+                    if rec.id in seen:
+                        raise PlanError(f"line {base + k + 1}: node id used twice",
+                                        file=path, node=rec.id)
+                    seen.add(rec.id)
 
 
 def read_stream(path: str, f=None) -> Plan:
