@@ -340,6 +340,9 @@ def _fast_block(recs: list, end: int, st: _State, section: int, get_op):
     pool = st.shape_pool
     tshapes = [pool.setdefault(sh, sh) for sh in tshapes]
     shapes.update(zip(tids, tshapes))
+    # a written tensor's shape is kept under the writing node's copy of its id (the string
+    # the written set and the consumers keep too): the tensor record's copy is freed
+    shapes.update(zip(writer, list(map(shapes.pop, writer))))
     c = st.counts
     c["tensor"] += len(trecs)
     c["node"] += len(nrecs)
