@@ -343,6 +343,9 @@ DECODER_CHECKS = {
     "dimension 2**53": lambda p: _first_tensor(p).update(shape=[2**53, 8]),
     "boolean dimension": lambda p: _first_tensor(p).update(shape=[True, 8]),
     "role not a string": lambda p: _first_tensor(p).update(role=7),
+    "a tensor without a shape": lambda p: _first_tensor(p).pop("shape"),
+    "a tensor no node names, without a shape": lambda p: p["tensors"].update(spare={}),
+    "a tensor no node names": lambda p: p["tensors"].update(spare={"shape": [2]}),
     "an id inside a tensor": lambda p: _first_tensor(p).update(id="somebody else"),
     "pass xx": lambda p: p["nodes"][3].update({"pass": "xx"}),
     "pass not a string": lambda p: p["nodes"][3].update({"pass": 1}),
@@ -367,7 +370,7 @@ DECODER_CHECKS = {
     "scale float": lambda p: p["lineages"][0]["parts"][0].update(scale=[1.5, 2]),
     "scale of three": lambda p: p["lineages"][0]["parts"][0].update(scale=[1, 2, 3]),
 }
-_VALID = ("mb -1", "attrs null", "scale 1/2", "scale null", "scale 2**64",
+_VALID = ("a tensor no node names", "mb -1", "attrs null", "scale 1/2", "scale null", "scale 2**64",
           "an id inside a tensor", "role not a string")
 
 

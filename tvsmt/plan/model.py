@@ -40,10 +40,11 @@ def replace(obj, /, **changes):
 class TensorInfo(msgspec.Struct, frozen=True, gc=False):
     """A declared tensor. `id` and `shape` have defaults only because a plan document's
     tensors decode straight into this struct (the id is the object's key, set by the reader
-    afterwards); every constructor call names both."""
+    afterwards; a missing shape stays UNSET, which the reader refuses); every constructor
+    call names both."""
 
     id: str = ""
-    shape: tuple[Dim, ...] = ()
+    shape: tuple[Dim, ...] = msgspec.UNSET
     role: str = "activation"
 
 

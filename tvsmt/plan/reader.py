@@ -193,6 +193,8 @@ def _build(doc: RawPlan, path: str) -> Plan:
     # Dimensions (0..2**53) and roles (strings) were checked by the decoder; a tensor's id is
     # its key.
     tensors = doc.tensors
+    if msgspec.UNSET in map(_SHAPE, tensors.values()):  # a tensor without a shape
+        raise _Reject
     tids = list(tensors)
     deque(map(force_setattr, tensors.values(), repeat("id"), tids), 0)
 
