@@ -484,37 +484,54 @@ class _Scan:
             self.part_refs[u].append([reference(u, u, int(locs[pos] & _LOW))])
         if not len(rest):
             return True
-        slices = np.full((len(rest), 2 * MAX_DIMS), -1, dtype=np.int64)
-        slices[:, :slc.shape[1]] = slc
         scales = list(map(_SCALE, rest_parts))
         intern = self.src.intern
         if len(set(map(id, scales))) == 1:
             scale = np.full(len(rest), intern(scales[0]), dtype=np.int64)
         else:
             scale = np.array([intern(x) for x in scales], dtype=np.int64)
+        # slices as wide as this lineage's (2 * its rank), not table.MAX_DIMS: on a 32-layer
+        # dp16 plan these columns are most of what the lineages leave behind
         self.chunks.append((uidx[rest], np.full(len(rest), lin.index, dtype=np.int64), rest,
-                            scale, slices, locs[rest] & _LOW))
+                            scale, slc, locs[rest] & _LOW))
         return True
 
     def _chunk_columns(self) -> dict[int, dict[str, np.ndarray]]:
         """The fast parts, per unit index, as table columns."""
         if not self.chunks:
             return {}
-        u, lin, pos, scale, slices, k = (np.concatenate(c) for c in zip(*self.chunks))
+        # column by column, each chunk's piece freed as soon as it is copied (the chunks
+        # are the largest thing left at the end of the file)
+        cols = [list(c) for c in zip(*self.chunks)]
         self.chunks = []
+        width = max(s.shape[1] for s in cols[4])
+        for i, pieces in enumerate(cols):
+            if i == 4:  # slices: -1 padded to the widest lineage's
+                whole = np.full((sum(map(len, pieces)), width), -1, dtype=np.int64)
+                at = 0
+                for s in pieces:
+                    whole[at:at + len(s), :s.shape[1]] = s
+                    at += len(s)
+            else:
+                whole = np.concatenate(pieces)
+            pieces.clear()
+            cols[i] = whole
+        u, lin, pos = cols[0], cols[1], cols[2]
         order = np.lexsort((pos, lin, u))
-        u, lin, pos, scale, slices, k = (a[order] for a in (u, lin, pos, scale, slices, k))
-        cuts = np.flatnonzero(np.diff(u)) + 1
+        for i in range(len(cols)):
+            cols[i] = cols[i][order]
+        u, lin, pos, scale, slices, k = cols
+        del cols
+        bounds = [0, *(np.flatnonzero(np.diff(u)) + 1).tolist(), len(u)]
         out = {}
-        for idx in np.split(np.arange(len(u)), cuts):
-            unit = self.units_by_index[int(u[idx[0]])]
-            sums = np.empty((len(idx), 4), dtype=np.int64)
+        for a, b in zip(bounds, bounds[1:]):  # each unit's rows: contiguous, so views
+            unit = self.units_by_index[int(u[a])]
+            sums = np.empty((b - a, 4), dtype=np.int64)
             sums[:] = reference(unit, unit, 0)
-            sums[:, 0] = k[idx]
-            out[int(u[idx[0]])] = dict(p_lin=lin[idx], p_pos=pos[idx], p_scale=scale[idx],
-                                       p_slice=slices[idx],
-                                       p_sum_ptr=np.arange(len(idx) + 1, dtype=np.int64),
-                                       p_sum=sums)
+            sums[:, 0] = k[a:b]
+            out[int(u[a])] = dict(p_lin=lin[a:b], p_pos=pos[a:b], p_scale=scale[a:b],
+                                  p_slice=slices[a:b],
+                                  p_sum_ptr=np.arange(b - a + 1, dtype=np.int64), p_sum=sums)
         return out
 
     def finish(self) -> None:
@@ -525,7 +542,9 @@ class _Scan:
             if u in self.parts:  # also parts through the loop: merged in (lineage, position)
                 slow = part_columns(self.parts.pop(u), None, src.intern,
                                     self.part_refs.pop(u))
-                cols = merge_part_columns(cols, slow)
+                cols = merge_part_columns(dict(cols, p_slice=_padded(cols["p_slice"],
+                                                                      slow["p_slice"].shape[1])),
+                                          slow)
             for name, value in cols.items():
                 setattr(src._tables[u], name, value)
         for u, parts in self.parts.items():
@@ -553,7 +572,17 @@ def _trim_slices(tables) -> None:
     width = max((int(u[-1]) + 1 for u in used if len(u)), default=0)
     width += width % 2
     for t in tables:
-        t.p_slice = np.ascontiguousarray(t.p_slice[:, :width])
+        t.p_slice = np.ascontiguousarray(_padded(t.p_slice[:, :width], width))
+
+
+def _padded(slices: np.ndarray, width: int) -> np.ndarray:
+    """Slice rows -1 padded to `width` columns (the lineage parts read over columns are only
+    as wide as their lineage's)."""
+    if slices.shape[1] >= width:
+        return slices
+    out = np.full((len(slices), width), -1, dtype=np.int64)
+    out[:, :slices.shape[1]] = slices
+    return out
 
 
 __all__ = ["FilePlan"]
