@@ -113,3 +113,74 @@ def test_points_evaluator_sees_a_difference_at_one_point_only():
     term = Ite(Equals(x, Real(4)), Real(1), Real(0))
     ev = PointsEvaluator({"x": np.array([0.7, 4.0, 3.0])}, 3)
     assert ev.vector(term).tolist() == [0.0, 1.0, 0.0]
+
+
+# ----------------------------------------------------------------------------- expert axis
+SMALL_MOE = dict(hidden=16, heads=4, ffn=16, vocab=16, seq=4)
+
+
+def _moe(tp=2, **kw):
+    from tvsmt.frontends import generate_pair
+
+    return generate_pair("moe", layers=2, dp=1, tp=tp, pp=1, mb=1, **SMALL_MOE, **kw)
+
+
+def _gmm_stage_shapes(single, parallel):
+    """(original, reduced) expert-weight rows of every stage ending at a routed GEMM."""
+    from tvsmt.shapes import reduce_stage
+
+    out = []
+    for st in cut_stages(single, parallel).stages:
+        if not any(single.nodes[i].op == "nnscaler_moe_gmm" for i in st.single_nodes):
+            continue
+        shapes = reduce_stage(st, single, parallel)
+        for t, shape in shapes.single.items():
+            if single.shape(t)[0] == 8 and len(shape) == 3:  # the (E, D, H) expert weights
+                out.append((single.shape(t)[0], shape[0]))
+    return out
+
+
+def test_the_expert_axis_is_reduced_with_its_ranges():
+    """8 experts over 2 expert-parallel ranks (4 each, 4 router groups of 2): E -> 4."""
+    s, p = (plan_from_dict(d, n) for d, n in zip(_moe(), ("s", "p")))
+    rows = _gmm_stage_shapes(s, p)
+    assert rows and all(r == (8, 4) for r in rows), rows
+
+
+def _shift_first_range(parallel: dict, by: int) -> dict:
+    import copy
+
+    plan = copy.deepcopy(parallel)
+    shifted = 0
+    for n in plan["nodes"]:
+        a = n["attrs"]
+        if n["op"] == "nnscaler_moe_gmm" and a.get("local_expert_start") == 0:
+            a["local_expert_start"] += by
+            a["local_expert_end"] += by
+            shifted += 1
+    assert shifted
+    return plan
+
+
+@pytest.mark.parametrize("by", [1, 2])
+def test_an_expert_range_off_by_part_of_a_range_is_caught(by):
+    """Rank 0 computes experts [by, 4 + by) with the weights of [0, 4): off by one expert, a
+    position the reduction cannot keep (the expert axis then stays unreduced), or by two,
+    which the reduction by 2 keeps (the reduced range is off by one)."""
+    single, parallel = _moe()
+    s = plan_from_dict(single, "s")
+    p = plan_from_dict(_shift_first_range(parallel, by), "p")
+    if by == 1:
+        rows = _gmm_stage_shapes(s, p)
+        assert rows and any(r == (8, 8) for r in rows), rows
+    # the stages through the shifted GEMM: their (reduced) obligations have a concrete
+    # counterexample, a plain evaluation of both plans (the full run says "violation": the
+    # bug zoo's moe-expert-range-shifted in tests/test_moe.py)
+    shifted = {i for i, n in enumerate(p.nodes) if n.op == "nnscaler_moe_gmm"
+               and n.attrs.get("local_expert_start") == by}
+    be, found = SymbolicBackend.fresh(), 0
+    for st in cut_stages(s, p).stages:
+        if shifted & set(st.parallel_nodes):
+            o = encode_one(st, s, p, be, Timer())
+            found += bool(o.evaluation and o.evaluation.counterexample)
+    assert found
