@@ -184,3 +184,23 @@ def test_an_expert_range_off_by_part_of_a_range_is_caught(by):
             o = encode_one(st, s, p, be, Timer())
             found += bool(o.evaluation and o.evaluation.counterexample)
     assert found
+
+
+def test_chunks_cover_every_template_once_and_keep_node_sharing_stages_together(moe_pair):
+    from tvsmt.encoding.obligations import _chunks
+
+    single, parallel = moe_pair
+    stages = cut_stages(single, parallel).stages
+    reps = list(range(len(stages)))
+    chunks = _chunks(stages, reps, 8)
+    assert sorted(i for c in chunks for i in c) == reps
+    where = {i: k for k, c in enumerate(chunks) for i in c}
+    seen: dict = {}
+    shared = 0
+    for i, st in enumerate(stages):
+        for node in [("s", x) for x in st.single_nodes] + [("p", x) for x in st.parallel_nodes]:
+            if node in seen:
+                shared += 1
+                assert where[seen[node]] == where[i], node
+            seen.setdefault(node, i)
+    assert shared and len(chunks) > 1
