@@ -355,27 +355,38 @@ def _accepts(rule, ins, outs, attrs, fix=None) -> bool:
 
 
 @pytest.mark.parametrize("op", ["gate_fw", "moe_aux_loss", "nnscaler_moe_gmm"])
-def test_shape_rules_keep_experts_and_k(op):
-    """The rules accept the real shapes (fw and bw) and never let E, El or k shrink, while
-    the tokens may."""
+def test_shape_rules_keep_k_and_let_experts_shrink_on_their_boundaries(op):
+    """The rules accept the real shapes (fw and bw) and never let k shrink, while the tokens
+    and the expert axis (E, El) may, keeping the router groups' and the local range's first
+    expert whole positions (boundaries handed to the shape reducer)."""
     spec = all_ops()[op]
+    boundaries = []
     if op == "gate_fw":
         attrs = GATE_ATTRS[0]
         ins = gate_inputs(attrs)
-        fixed, free = [(1, 0)], (0, 0)  # Wg rows (E); x rows (T)
+        fixed, free = [], [(0, 0), (1, 0)]  # x rows (T); Wg rows (E)
+        boundaries = [(1, 0, attrs["n_routed_experts"] // attrs["n_groups"])]
     elif op == "moe_aux_loss":
         ins, attrs = aux_inputs()
         ins = [ins[0][:, :2], ins[1][:, :2]]  # an even sequence length, to halve
-        fixed, free = [(0, 2), (1, 2)], (0, 1)  # k; the sequence length
+        fixed, free = [(0, 2), (1, 2)], [(0, 1)]  # k; the sequence length
     else:
         ins, attrs = gmm_inputs()
-        fixed, free = [(3, 0), (4, 0), (5, 0), (1, 1), (2, 1)], (0, 0)
+        fixed, free = [(1, 1), (2, 1)], [(0, 0), (3, 0), (4, 0), (5, 0)]
+        boundaries = [(3, 0, attrs["local_expert_start"])]
     outs = spec.forward(NB, ins, attrs, CTX)
     fw = shape_rule(spec, False)
     assert _accepts(fw, ins, outs, attrs)
     for slot_axis in fixed:
         assert not _accepts(fw, ins, outs, attrs, slot_axis), slot_axis
-    assert _accepts(fw, ins, outs, attrs, free)
+    for slot_axis in free:
+        assert _accepts(fw, ins, outs, attrs, slot_axis), slot_axis
+    c = ShapeConstraints()
+    tin = _shapes(ins, "i")
+    fw(c, tin, _shapes(outs, "o"), attrs)
+    kept = {(str(b.dim), b.at) for b in c.boundaries}
+    for slot, axis, at in boundaries:
+        assert (str(tin[slot].dims[axis]), at) in kept, (kept, slot, axis, at)
     bw_ins = ([rand(*outs[0].shape), None] + ins) if op == "gate_fw" else ([outs[0]] + ins)
     bw_outs = spec.backward(NB, bw_ins, attrs, CTX)
     assert _accepts(shape_rule(spec, True), bw_ins, bw_outs, attrs)

@@ -25,7 +25,7 @@ from fractions import Fraction
 import numpy as np
 import pysmt.operators as op
 
-from tvsmt.encoding.evaluate import FloatEvaluator, close
+from tvsmt.encoding.evaluate import PointsEvaluator, close
 from tvsmt.encoding.stage import StageFormula
 
 REL, ABS = 1e-7, 1e-9  # far above the rounding of a least-squares point, far below a bug
@@ -131,7 +131,8 @@ def _point(formula: StageFormula, rng: random.Random,
 
 
 def evaluate_at_random(formula: StageFormula, points: int = 2, seed: int = 0) -> Evaluation:
-    """Evaluate every compared element of the stage at `points` random inputs."""
+    """Evaluate every compared element of the stage at `points` random inputs (all points in
+    one walk of the terms, PointsEvaluator)."""
     ev_out = Evaluation()
     if not formula.comparisons:
         return ev_out
@@ -140,41 +141,55 @@ def evaluate_at_random(formula: StageFormula, points: int = 2, seed: int = 0) ->
     ints: list[int | None] = [None] * points
     if _has_selection(formula):
         ints = [None] * max(points, 4) + [4, 16, 64]
+    envs = []
     for k, bound in enumerate(ints):
-        if k >= points and ev_out.counterexample is not None:
-            break
         rng = random.Random(seed + k)
         try:
             env = _point(formula, rng, bound)
         except NotLinear:
             ev_out.note = "assumptions are not linear"
-            return ev_out
+            break
         if env is None:
             ev_out.note = "assumptions have no concrete point"
-            return ev_out
-        ev = FloatEvaluator(env)
-        try:
-            values = [(c, ev.walk(c.lhs), ev.walk(c.rhs)) for c in formula.comparisons]
-        except KeyError as e:  # a symbol without a value: not a stage we can evaluate
-            ev_out.note = f"no value for {e}"
-            return ev_out
-        ev_out.points += 1
+            break
+        envs.append(env)
+    if not envs:
+        return ev_out
+    n = len(envs)
+    try:
+        columns = {name: np.array([e[name] for e in envs]) for name in envs[0]}
+    except KeyError as e:  # points over different symbols: cannot happen, never a pass
+        ev_out.note = f"no value for {e}"
+        return ev_out
+    ev = PointsEvaluator(columns, n)
+    try:
+        values = [(c, ev.vector(c.lhs), ev.vector(c.rhs)) for c in formula.comparisons]
+    except KeyError as e:  # a symbol without a value: not a stage we can evaluate
+        ev_out.note = f"no value for {e}"
+        return ev_out
+    ev_out.points = n
+    first = None  # (point, mismatches) of the first point with a mismatch
+    for k in range(n):
         mismatches = []
         for comp, a, b in values:
-            if not (np.isfinite(a) and np.isfinite(b)):
+            x, y = float(a[k]), float(b[k])
+            if not (np.isfinite(x) and np.isfinite(y)):
                 continue
             ev_out.compared += 1
-            if not close(a, b, rel=REL, abs_=ABS):
+            if not close(x, y, rel=REL, abs_=ABS):
                 mismatches.append({"part": comp.part, "index": list(comp.single_index),
-                                   "part_index": list(comp.index), "single": repr(a),
-                                   "parallel": repr(b)})
-        if mismatches and ev_out.counterexample is None:
-            inputs = {}
-            for n in sorted(formula.inputs):
-                side_tensor, idx = formula.inputs[n]
-                inputs[f"{side_tensor}[{','.join(map(str, idx))}]"] = repr(env[n])
-            ev_out.counterexample = {
-                "inputs": inputs, "mismatches": mismatches, "found_by": "evaluation",
-                "reduced_shape": list(formula.target_shape),
-                "note": "element indices refer to the shape-reduced tensors of the stage"}
+                                   "part_index": list(comp.index), "single": repr(x),
+                                   "parallel": repr(y)})
+        if mismatches and first is None:
+            first = (k, mismatches)
+    if first is not None:
+        k, mismatches = first
+        inputs = {}
+        for name in sorted(formula.inputs):
+            side_tensor, idx = formula.inputs[name]
+            inputs[f"{side_tensor}[{','.join(map(str, idx))}]"] = repr(envs[k][name])
+        ev_out.counterexample = {
+            "inputs": inputs, "mismatches": mismatches, "found_by": "evaluation",
+            "reduced_shape": list(formula.target_shape),
+            "note": "element indices refer to the shape-reduced tensors of the stage"}
     return ev_out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import numpy as np
 from pysmt.walkers import DagWalker
 
 from tvsmt.ops.backend import UNINTERPRETED
@@ -99,3 +100,106 @@ def as_float(v) -> float | None:
         return float(v)
     except (TypeError, ValueError):
         return None
+
+
+def _real_function(name: str):
+    """The real function of an uninterpreted one, applied elementwise over points (NaN
+    outside its domain)."""
+    fn = REAL_FUNCTIONS[name]
+
+    def apply(n: int, *args):
+        cols = [np.broadcast_to(np.asarray(a, dtype=np.float64), (n,)) for a in args]
+        out = np.empty(n)
+        for i, vals in enumerate(zip(*(c.tolist() for c in cols))):
+            try:
+                out[i] = float(fn(*vals))
+            except (OverflowError, ValueError, ZeroDivisionError):
+                out[i] = math.nan
+        return out
+
+    return apply
+
+
+class PointsEvaluator(DagWalker):
+    """FloatEvaluator over several points at once: every symbol's value is a vector (one
+    entry per point), so a term is walked once for all points (the walk, not the arithmetic,
+    is what costs)."""
+
+    def __init__(self, env: dict[str, np.ndarray], n: int, neg_inf: float = -math.inf):
+        super().__init__()
+        self.env, self.n, self.neg_inf = env, n, neg_inf
+        self._functions: dict = {}
+
+    def vector(self, term) -> np.ndarray:
+        return np.broadcast_to(np.asarray(self.walk(term), dtype=np.float64), (self.n,))
+
+    def walk_symbol(self, formula, args, **kw):
+        name = formula.symbol_name()
+        if name == "neg_inf" and name not in self.env:
+            return self.neg_inf
+        return self.env[name]
+
+    def walk_real_constant(self, formula, args, **kw):
+        return float(formula.constant_value())
+
+    walk_int_constant = walk_real_constant
+
+    def walk_bool_constant(self, formula, args, **kw):
+        return bool(formula.constant_value())
+
+    def walk_plus(self, formula, args, **kw):
+        out = args[0]
+        for a in args[1:]:
+            out = out + a
+        return out
+
+    def walk_times(self, formula, args, **kw):
+        out = args[0]
+        for a in args[1:]:
+            out = out * a
+        return out
+
+    def walk_minus(self, formula, args, **kw):
+        return args[0] - args[1]
+
+    def walk_div(self, formula, args, **kw):
+        a, b = np.broadcast_arrays(np.asarray(args[0], float), np.asarray(args[1], float))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(b != 0, a / np.where(b != 0, b, 1.0), math.nan)
+
+    def walk_equals(self, formula, args, **kw):
+        return close_points(args[0], args[1])
+
+    def walk_lt(self, formula, args, **kw):
+        return np.less(args[0], args[1])
+
+    def walk_le(self, formula, args, **kw):
+        return np.less_equal(args[0], args[1])
+
+    def walk_not(self, formula, args, **kw):
+        return np.logical_not(args[0])
+
+    def walk_and(self, formula, args, **kw):
+        return np.logical_and.reduce(np.broadcast_arrays(*args))
+
+    def walk_or(self, formula, args, **kw):
+        return np.logical_or.reduce(np.broadcast_arrays(*args))
+
+    def walk_ite(self, formula, args, **kw):
+        return np.where(args[0], args[1], args[2])
+
+    def walk_function(self, formula, args, **kw):
+        name = formula.function_name().symbol_name()
+        fn = self._functions.get(name)
+        if fn is None:
+            fn = self._functions[name] = _real_function(name)
+        return fn(self.n, *args)
+
+
+def close_points(a, b, rel: float = 1e-9, abs_: float = 1e-12) -> np.ndarray:
+    """`close` elementwise over points."""
+    a, b = np.broadcast_arrays(np.asarray(a, float), np.asarray(b, float))
+    with np.errstate(invalid="ignore"):
+        finite = np.isfinite(a) & np.isfinite(b)
+        near = np.abs(a - b) <= np.maximum(abs_, rel * np.maximum(np.abs(a), np.abs(b)))
+        return np.where(finite, near, (a == b) & ~np.isnan(a) & ~np.isnan(b))

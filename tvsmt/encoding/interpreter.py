@@ -31,6 +31,16 @@ def _brief(attrs: dict, limit: int = 120) -> str:
     return "{" + (text if len(text) <= limit else text[:limit] + "...") + "}"
 
 
+def _memo_key(node: Node, ins: list, shapes: dict) -> tuple:
+    """What a symbolic rule's result depends on: the node (its operator, pass and attributes)
+    and the input terms. pysmt hash-conses terms in one environment, so equal ids mean equal
+    terms, and a rule is a deterministic function of its node and input terms: the same key
+    gives the same output terms (reduced output shapes are in the key; the original shapes
+    are the node's own)."""
+    return (id(node), tuple(None if t is None else shapes[t] for t in node.outputs),
+            tuple(None if a is None else (a.shape, tuple(map(id, a.flat))) for a in ins))
+
+
 class Interpreter:
     def __init__(self, plan: Plan, backend: Backend, shapes: dict[str, Shape] | None = None):
         self.plan = plan
@@ -40,8 +50,18 @@ class Interpreter:
                                                          plan.tensors.items()}
 
     def run_node(self, node: Node, env: dict[str, np.ndarray]) -> None:
-        spec = get_op(node.op)
         ins = [env[t] if t is not None else None for t in node.inputs]
+        memo = getattr(self.be, "node_memo", None)
+        key = None
+        if memo is not None:
+            key = _memo_key(node, ins, self.shapes)
+            hit = memo.get(key)
+            if hit is not None:
+                for t, value in zip(node.outputs, hit[1]):
+                    if t is not None:
+                        env[t] = value.copy()
+                return
+        spec = get_op(node.op)
         ctx = NodeCtx(tuple(self.shapes[t] if t is not None else None for t in node.outputs),
                       tuple(self.plan.shape(t) if t is not None else None for t in node.inputs),
                       tuple(self.plan.shape(t) if t is not None else None for t in node.outputs))
@@ -82,6 +102,10 @@ class Interpreter:
                     f"node {node.id} ({node.op}) computes shape {list(value.shape)} for {t}, "
                     f"which has (reduced) shape {list(self.shapes[t])}", node=node.id, tensor=t)
             env[t] = value
+        if key is not None:
+            # the inputs and the node are kept alive with the entry, so their ids stay theirs
+            memo[key] = ((node, ins), tuple(None if t is None else env[t].copy()
+                                            for t in node.outputs))
 
     def run(self, node_indices: Iterable[int], env: dict[str, np.ndarray]) -> dict:
         for i in node_indices:

@@ -101,6 +101,41 @@ def _encode_chunk(indices: list[int]):
     return out, timer.timings
 
 
+def _chunks(stages: list[Stage], reps: list[int], n: int) -> list[list[int]]:
+    """Split the templates into at most `n` chunks of similar size, keeping stages that run
+    a common node (the stages of a multi-output node's outputs, an expert layer's stages
+    through the same all-to-all) in the same chunk: a worker's node memo (interpreter.py)
+    then runs those nodes once instead of once per worker."""
+    parent = list(range(len(reps)))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    owner: dict[tuple[str, int], int] = {}
+    for k, i in enumerate(reps):
+        st = stages[i]
+        for node in [("s", x) for x in st.single_nodes] + [("p", x) for x in st.parallel_nodes]:
+            j = owner.setdefault(node, k)
+            if j != k:
+                parent[find(k)] = find(j)
+    groups: dict[int, list[int]] = {}
+    cost: dict[int, int] = {}
+    for k, i in enumerate(reps):
+        r = find(k)
+        groups.setdefault(r, []).append(i)
+        cost[r] = cost.get(r, 0) + 1 + len(stages[i].parallel_nodes)
+    chunks: list[list[int]] = [[] for _ in range(n)]
+    load = [0] * n
+    for r in sorted(groups, key=lambda r: -cost[r]):
+        k = load.index(min(load))
+        chunks[k].extend(groups[r])
+        load[k] += cost[r]
+    return [sorted(c) for c in chunks if c]
+
+
 def _encode_parallel(single: Plan, parallel: Plan, stages: list[Stage], reps: list[int],
                      jobs: int, timer: Timer) -> dict[int, StageOutcome]:
     """Encode the template stages in forked worker processes (joblib, multiprocessing):
@@ -109,7 +144,7 @@ def _encode_parallel(single: Plan, parallel: Plan, stages: list[Stage], reps: li
 
     global _WORK
     _WORK = (single, parallel, stages)
-    chunks = [reps[k::jobs * 4] for k in range(jobs * 4) if reps[k::jobs * 4]]
+    chunks = _chunks(stages, reps, jobs * 4)
     try:
         with timer.phase("encoding (wall)"):
             results = joblib.Parallel(n_jobs=jobs, backend="multiprocessing")(

@@ -79,12 +79,13 @@ def encode_stage(stage: Stage, single: Plan, parallel: Plan, shapes: ReducedShap
         sred = shapes.single[lin.single]
         sarr = slot(sval, lin.single, sred)
         for part in lin.parts:
-            view = _slice_view(sarr, reduced_slice(part.slice, full, sred))
+            rslc = reduced_slice(part.slice, full, sred)
+            starts = [s for s, _ in rslc]
+            view = _slice_view(sarr, rslc)
             parrs = [slot(pval, t, shapes.parallel[t]) for t in part.sum_of]
             copy = len(parrs) == 1 and part.scale == 1
             for idx in itertools.product(*(range(n) for n in view.shape)):
-                sidx = tuple(i + s for i, (s, _) in
-                             zip(idx, reduced_slice(part.slice, full, sred)))
+                sidx = tuple(i + s for i, s in zip(idx, starts))
                 if copy and parrs[0][idx] is None:
                     if view[idx] is None:
                         view[idx] = symbol("s", lin.single, sidx)
@@ -125,6 +126,7 @@ def encode_stage(stage: Stage, single: Plan, parallel: Plan, shapes: ReducedShap
     trivial = 0
     for j, part in enumerate(target.parts):
         rslc = reduced_slice(part.slice, full, sred)
+        starts = [s for s, _ in rslc]
         view = _slice_view(sarr, rslc)
         parrs = [penv[t] for t in part.sum_of]
         for idx in itertools.product(*(range(n) for n in view.shape)):
@@ -136,7 +138,7 @@ def encode_stage(stage: Stage, single: Plan, parallel: Plan, shapes: ReducedShap
             if lhs is rhs:
                 trivial += 1
                 continue
-            sidx = tuple(i + s for i, (s, _) in zip(idx, rslc))
+            sidx = tuple(i + s for i, s in zip(idx, starts))
             comparisons.append(Comparison(j, idx, sidx, lhs, rhs))
     return StageFormula(stage, constraints, comparisons, trivially_equal=trivial, inputs=inputs,
                         target_shape=tuple(sred))

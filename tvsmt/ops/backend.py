@@ -275,6 +275,10 @@ class SymbolicBackend(Backend):
         self._fn1 = FunctionType(REAL, [REAL])
         self._fn2 = FunctionType(REAL, [REAL, REAL])
         self._neg_inf = self.mgr.Symbol("neg_inf", REAL)
+        # node results by (node, input terms), see encoding/interpreter.py: a stage per
+        # output of a multi-output node (an expert GEMM's backward has five) re-executes the
+        # same nodes on the same terms; the memo lives as long as the terms' environment
+        self.node_memo: dict = {}
 
     def active(self):
         """Make this backend's environment pysmt's current one (a context manager)."""

@@ -114,8 +114,10 @@ def reduce_stage(stage: Stage, single: Plan, parallel: Plan) -> ReducedShapes:
                 # every slice boundary stays an integer position after reduction ...
                 solver.keep_divisible(sdims[i], s)
                 solver.keep_divisible(sdims[i], e)
-                for t in part.sum_of:  # ... and the part is (e - s) / n of the dimension
-                    c.eq(pshape[t].dims[i] * n, sdims[i] * (e - s))
+                # ... and the part is (e - s) / n of the dimension: `p * n == d * (e - s)`,
+                # which in divisor space (dims.py) is "same divisor" whatever the ratio
+                for t in part.sum_of:
+                    c.eq(pshape[t].dims[i], sdims[i])
 
     for side, plan, idxs, shapes in (("single", single, stage.single_nodes, sshape),
                                      ("parallel", parallel, stage.parallel_nodes, pshape)):

@@ -21,8 +21,14 @@ k / n_groups / topk_groups. A plan that selects from a shard of the row, or from
 logits, gets a different term and is not proven. A counterexample through the function is
 re-checked with `route_topk` before it is reported (the verifier's usual rule for UFs).
 
-Shape rules keep E (experts, the row length and every local expert range) and k unreduced:
-the selection and the expert ranges are not SIMD-like along those axes.
+Shape reduction may reduce the expert axis E like a vocabulary (embedding): experts are
+positions that indices select by exact indicators, each expert computes the same function of
+its own weights. A reduction by s keeps every expert-range boundary (`local_expert_start`, the
+lineage slices of the expert weights) and every router group boundary an integer position,
+and rescales the ranges to the reduced axis (start * E' / E); a range that s does not divide
+keeps E unreduced. The router's selection is uninterpreted either way, so a proof at E' holds
+for every selection function over E' experts, i.e. for every way the tokens are routed among
+the reduced ranges, which are the original ranges scaled. k is never reduced (and E' >= k).
 """
 
 from __future__ import annotations
@@ -38,7 +44,10 @@ from tvsmt.ops.registry import AttrError, OpSpec, register
 # ----------------------------------------------------------------------------- router
 
 
-def _gate_attrs(attrs: dict, n_experts: int) -> tuple[str, int, int, int, object]:
+def _gate_attrs(attrs: dict, n_experts: int, orig_experts: int | None = None
+                ) -> tuple[str, int, int, int, object]:
+    """Router attributes; `n_experts` is the (possibly reduced) row length, `orig_experts`
+    the plan's."""
     if attrs.get("bias") is not None:
         raise AttrError("gate_fw: a router bias is not supported (attrs.bias must be null)")
     func = attrs.get("score_func", "softmax")
@@ -48,8 +57,9 @@ def _gate_attrs(attrs: dict, n_experts: int) -> tuple[str, int, int, int, object
     n_groups = int(attrs.get("n_groups") or 1)
     topk_groups = int(attrs.get("topk_groups") or 1)
     declared = attrs.get("n_routed_experts")
-    if declared is not None and int(declared) != n_experts:
-        raise AttrError(f"gate_fw: router weight has {n_experts} rows, attrs say "
+    rows = n_experts if orig_experts is None else orig_experts
+    if declared is not None and int(declared) != rows:
+        raise AttrError(f"gate_fw: router weight has {rows} rows, attrs say "
                          f"n_routed_experts = {declared}")
     if n_groups > 1 and n_experts % n_groups:
         raise AttrError(f"gate_fw: {n_experts} experts do not form {n_groups} groups")
@@ -85,15 +95,20 @@ def _spread(be, idx, vals, n, first=0):
                      for e in range(n)], -1)
 
 
-def _route(be, x, wg, attrs):
-    func, k, n_groups, topk_groups, scale = _gate_attrs(attrs, wg.shape[0])
+def _orig_rows(ctx, slot: int) -> int | None:
+    orig = ctx.orig_in[slot] if len(ctx.orig_in) > slot else None
+    return None if orig is None else int(orig[0])
+
+
+def _route(be, x, wg, attrs, orig_experts=None):
+    func, k, n_groups, topk_groups, scale = _gate_attrs(attrs, wg.shape[0], orig_experts)
     s = _scores(be, x, wg, func)
     idx = be.topk_route(s, k, n_groups, topk_groups)
     return func, scale, s, idx, _pick(be, idx, s)  # v (T, k): s at the selected experts
 
 
 def gate_fw(be, ins, attrs, ctx):
-    func, scale, s, idx, v = _route(be, ins[0], ins[1], attrs)
+    func, scale, s, idx, v = _route(be, ins[0], ins[1], attrs, _orig_rows(ctx, 1))
     w = v
     if func == "sigmoid":
         w = be.div(v, np.sum(v, axis=-1, keepdims=True))
@@ -102,7 +117,7 @@ def gate_fw(be, ins, attrs, ctx):
 
 def gate_bw(be, ins, attrs, ctx):
     g, x, wg = ins[0], ins[2], ins[3]
-    func, scale, s, idx, v = _route(be, x, wg, attrs)
+    func, scale, s, idx, v = _route(be, x, wg, attrs, _orig_rows(ctx, 3))
     g = be.scale(g, scale)
     if func == "sigmoid":
         total = np.sum(v, axis=-1, keepdims=True)
@@ -125,7 +140,12 @@ def gate_shape(c, ins, outs, attrs):
     k = int(attrs["topk"])
     c.eq(x[1], wg[1])
     nontrivial(c, x, [1])
-    c.eq(wg[0], wg.orig[0])  # E is never reduced: the selection reads the whole row
+    # E may be reduced (module doc): every router group keeps whole experts, E' >= k
+    n_groups = int(attrs.get("n_groups") or 1)
+    if n_groups > 1 and wg.orig[0] % n_groups == 0:
+        c.keep_boundary(wg[0], wg.orig[0] // n_groups)
+    if not isinstance(wg[0], int):
+        c.add(wg[0] >= k)
     for y in outs[:2]:
         if y is None:
             continue
@@ -146,23 +166,31 @@ register(OpSpec(
         "null, x, Wg] -> [g_x, g_Wg], the exact VJP with the indices constant (recomputed by "
         "the same function of the same row). Sound: a proof holds for every selection "
         "function, so for the real one; two selections agree only through congruence, i.e. "
-        "when both plans select from equal whole rows with equal k and groups. E and k are "
-        "never reduced."))
+        "when both plans select from equal whole rows with equal k and groups. k is never "
+        "reduced; E may be, keeping every group boundary (module doc)."))
 
 
 # ----------------------------------------------------------------------------- grouped GEMM
 
 
-def _expert_range(attrs, n_local: int) -> int:
+def _expert_range(attrs, n_local: int, orig_local: int | None = None) -> int:
+    """First local expert, on the (possibly reduced) expert axis: attrs are written for the
+    plan's `orig_local` experts, the weights hold `n_local` (start rescaled by
+    n_local / orig_local, like a vocabulary shard's first row)."""
+    rows = n_local if orig_local is None else orig_local
     start, end = int(attrs.get("local_expert_start", 0)), attrs.get("local_expert_end")
-    end = start + n_local if end is None else int(end)
-    if end - start != n_local:
+    end = start + rows if end is None else int(end)
+    if end - start != rows:
         raise AttrError(f"nnscaler_moe_gmm: experts [{start}, {end}) but the weights hold "
-                         f"{n_local}")
+                         f"{rows}")
     total = attrs.get("n_routed_experts")
     if total is not None and not 0 <= start < end <= int(total):
         raise AttrError(f"nnscaler_moe_gmm: experts [{start}, {end}) outside [0, {total})")
-    return start
+    offset = Fraction(start * n_local, rows)
+    if offset.denominator != 1:
+        raise AttrError(f"nnscaler_moe_gmm: first expert {start} is not a multiple of the "
+                         f"reduction {rows} -> {n_local}")
+    return int(offset)
 
 
 def _experts(be, h, w11, w33, w22):
@@ -178,7 +206,7 @@ def _experts(be, h, w11, w33, w22):
 
 def gmm_fw(be, ins, attrs, ctx):
     h, idx, w, w11, w33, w22 = ins[:6]
-    start = _expert_range(attrs, w11.shape[0])
+    start = _expert_range(attrs, w11.shape[0], _orig_rows(ctx, 3))
     c = _spread(be, idx, w, w11.shape[0], start)  # combine weight of each local expert
     y = be.zeros(h.shape)
     for e, (_, _, _, _, f) in enumerate(_experts(be, h, w11, w33, w22)):
@@ -188,7 +216,7 @@ def gmm_fw(be, ins, attrs, ctx):
 
 def gmm_bw(be, ins, attrs, ctx):
     g, h, idx, w, w11, w33, w22 = ins[:7]
-    start = _expert_range(attrs, w11.shape[0])
+    start = _expert_range(attrs, w11.shape[0], _orig_rows(ctx, 4))
     c = _spread(be, idx, w, w11.shape[0], start)
     one = be.const(1)
     g_h = be.zeros(h.shape)
@@ -223,8 +251,11 @@ def gmm_shape(c, ins, outs, attrs):
     if start is not None and end is not None:
         require(int(end) - int(start) == el, f"nnscaler_moe_gmm: experts [{start}, {end}) "
                                              f"but the weights hold {el}")
-    for t in (w11, w33, w22):
-        c.eq(t[0], el)  # the local expert range is never reduced
+    # the local experts may be reduced (module doc): the first one stays a whole expert
+    c.eq(w33[0], w11[0])
+    c.eq(w22[0], w11[0])
+    if start is not None:
+        c.keep_boundary(w11[0], int(start))
     c.eq(idx[1], idx.orig[1])  # nor k
     c.eq(w[1], idx[1])
     c.eq(idx[0], h[0])
@@ -251,7 +282,8 @@ register(OpSpec(
         "local_expert_start (exact indicators: an index outside the range, or repeated, adds "
         "nothing, or twice); bw [g_y, h, idx, w, W11, W33, W22] -> [g_h, null, g_w, g_W11, "
         "g_W33, g_W22], the exact VJP, g_w[t,j] = sum_e [idx[t,j] == e] <g_y[t], F_e(h[t])>. "
-        "El and k are never reduced."))
+        "k is never reduced; El may be, keeping s an integer position (rescaled by the "
+        "reduction, module doc)."))
 
 
 # ----------------------------------------------------------------------------- auxiliary loss

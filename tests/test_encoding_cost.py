@@ -1,0 +1,206 @@
+"""Shortcuts that make encoding cheap, each next to the check that keeps it honest:
+
+* the symbolic node memo (`SymbolicBackend.node_memo`, encoding/interpreter.py): stages of
+  one multi-output node re-run it on the same terms; the memo must give byte-identical
+  obligations, and a bug in a memoised node must still be caught;
+* the points evaluator (encoding/evaluate.py `PointsEvaluator`): every point in one walk; it
+  must agree with the one-point FloatEvaluator element by element, on MoE stages (ite,
+  uninterpreted functions, top-k) too.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+
+import pytest
+from conftest import fixture_pair
+
+from tvsmt.encoding.concrete import _point
+from tvsmt.encoding.evaluate import FloatEvaluator, PointsEvaluator
+from tvsmt.encoding.obligations import encode_one
+from tvsmt.frontends.builder import read_plan_dict
+from tvsmt.frontends.mutations import apply
+from tvsmt.ops import SymbolicBackend
+from tvsmt.plan import load_plan, plan_from_dict
+from tvsmt.stages import cut_stages
+from tvsmt.timing import Timer
+from tvsmt.verify import Options, verify_plans
+
+REAL_MOE = "llama3moe-ly2-dp2pp2tp2mb2"
+
+
+@pytest.fixture(scope="module")
+def moe_pair():
+    s_path, p_path = fixture_pair(REAL_MOE)
+    return load_plan(s_path), load_plan(p_path)
+
+
+def _digests(single, parallel, memo: bool):
+    stages = cut_stages(single, parallel).stages
+    be = SymbolicBackend.fresh()
+    if not memo:
+        be.node_memo = None
+    out = []
+    for st in stages:
+        o = encode_one(st, single, parallel, be, Timer())
+        out.append(o.obligation.digest if o.obligation else
+                   ("failure", o.failure.kind) if o.failure else None)
+    return out, be
+
+
+def test_node_memo_gives_byte_identical_obligations(moe_pair):
+    single, parallel = moe_pair
+    with_memo, be = _digests(single, parallel, memo=True)
+    without, _ = _digests(single, parallel, memo=False)
+    assert with_memo == without
+    assert any(d is not None for d in with_memo)
+    # the memo was used: the MoE backward nodes have several outputs, one stage each
+    executed = sum(len(st.single_nodes) + len(st.parallel_nodes)
+                   for st in cut_stages(single, parallel).stages)
+    assert 0 < len(be.node_memo) < executed
+
+
+def test_a_bug_in_a_memoised_multi_output_node_is_still_caught():
+    """Expert gradients not divided by the expert-parallel size: a bug in one output of the
+    expert GEMM's backward, whose other outputs' stages hit the memo first."""
+    s_path, p_path = fixture_pair(REAL_MOE)
+    broken, record = apply(read_plan_dict(p_path), "moe-expert-grad-not-divided",
+                           seed=1)
+    report = verify_plans(load_plan(s_path), plan_from_dict(broken, "broken"),
+                          Options(jobs=1, timeout=5))
+    assert report.verdict == "violation", (record, report.failures[:1])
+
+
+def _same(a: float, b: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return a == b or abs(a - b) <= 1e-12 * max(1.0, abs(a), abs(b))
+
+
+def test_points_evaluator_agrees_with_the_one_point_evaluator(moe_pair):
+    single, parallel = moe_pair
+    be = SymbolicBackend.fresh()
+    checked = 0
+    for st in cut_stages(single, parallel).stages:
+        o = encode_one(st, single, parallel, be, Timer())
+        f = o.formula
+        if f is None or not f.comparisons:
+            continue
+        envs = [_point(f, random.Random(k), bound) for k, bound in
+                enumerate([None, None, 4, 16])]
+        envs = [e for e in envs if e is not None]
+        assert envs
+        vec = PointsEvaluator({n: np.array([e[n] for e in envs]) for n in envs[0]}, len(envs))
+        for c in f.comparisons[:64]:
+            for side in (c.lhs, c.rhs):
+                got = vec.vector(side)
+                for k, env in enumerate(envs):
+                    want = FloatEvaluator(env).walk(side)
+                    assert _same(float(got[k]), float(want)), (st.id, k, got[k], want)
+                    checked += 1
+    assert checked > 100
+
+
+def test_points_evaluator_sees_a_difference_at_one_point_only():
+    """One point of several disagreeing (an integer point hitting an index) is found."""
+    from pysmt.shortcuts import Equals, Ite, Real, Symbol
+    from pysmt.typing import REAL
+
+    x = Symbol("x", REAL)
+    term = Ite(Equals(x, Real(4)), Real(1), Real(0))
+    ev = PointsEvaluator({"x": np.array([0.7, 4.0, 3.0])}, 3)
+    assert ev.vector(term).tolist() == [0.0, 1.0, 0.0]
+
+
+# ----------------------------------------------------------------------------- expert axis
+SMALL_MOE = dict(hidden=16, heads=4, ffn=16, vocab=16, seq=4)
+
+
+def _moe(tp=2, **kw):
+    from tvsmt.frontends import generate_pair
+
+    return generate_pair("moe", layers=2, dp=1, tp=tp, pp=1, mb=1, **SMALL_MOE, **kw)
+
+
+def _gmm_stage_shapes(single, parallel):
+    """(original, reduced) expert-weight rows of every stage ending at a routed GEMM."""
+    from tvsmt.shapes import reduce_stage
+
+    out = []
+    for st in cut_stages(single, parallel).stages:
+        if not any(single.nodes[i].op == "nnscaler_moe_gmm" for i in st.single_nodes):
+            continue
+        shapes = reduce_stage(st, single, parallel)
+        for t, shape in shapes.single.items():
+            if single.shape(t)[0] == 8 and len(shape) == 3:  # the (E, D, H) expert weights
+                out.append((single.shape(t)[0], shape[0]))
+    return out
+
+
+def test_the_expert_axis_is_reduced_with_its_ranges():
+    """8 experts over 2 expert-parallel ranks (4 each, 4 router groups of 2): E -> 4."""
+    s, p = (plan_from_dict(d, n) for d, n in zip(_moe(), ("s", "p")))
+    rows = _gmm_stage_shapes(s, p)
+    assert rows and all(r == (8, 4) for r in rows), rows
+
+
+def _shift_first_range(parallel: dict, by: int) -> dict:
+    import copy
+
+    plan = copy.deepcopy(parallel)
+    shifted = 0
+    for n in plan["nodes"]:
+        a = n["attrs"]
+        if n["op"] == "nnscaler_moe_gmm" and a.get("local_expert_start") == 0:
+            a["local_expert_start"] += by
+            a["local_expert_end"] += by
+            shifted += 1
+    assert shifted
+    return plan
+
+
+@pytest.mark.parametrize("by", [1, 2])
+def test_an_expert_range_off_by_part_of_a_range_is_caught(by):
+    """Rank 0 computes experts [by, 4 + by) with the weights of [0, 4): off by one expert, a
+    position the reduction cannot keep (the expert axis then stays unreduced), or by two,
+    which the reduction by 2 keeps (the reduced range is off by one)."""
+    single, parallel = _moe()
+    s = plan_from_dict(single, "s")
+    p = plan_from_dict(_shift_first_range(parallel, by), "p")
+    if by == 1:
+        rows = _gmm_stage_shapes(s, p)
+        assert rows and any(r == (8, 8) for r in rows), rows
+    # the stages through the shifted GEMM: their (reduced) obligations have a concrete
+    # counterexample, a plain evaluation of both plans (the full run says "violation": the
+    # bug zoo's moe-expert-range-shifted in tests/test_moe.py)
+    shifted = {i for i, n in enumerate(p.nodes) if n.op == "nnscaler_moe_gmm"
+               and n.attrs.get("local_expert_start") == by}
+    be, found = SymbolicBackend.fresh(), 0
+    for st in cut_stages(s, p).stages:
+        if shifted & set(st.parallel_nodes):
+            o = encode_one(st, s, p, be, Timer())
+            found += bool(o.evaluation and o.evaluation.counterexample)
+    assert found
+
+
+def test_chunks_cover_every_template_once_and_keep_node_sharing_stages_together(moe_pair):
+    from tvsmt.encoding.obligations import _chunks
+
+    single, parallel = moe_pair
+    stages = cut_stages(single, parallel).stages
+    reps = list(range(len(stages)))
+    chunks = _chunks(stages, reps, 8)
+    assert sorted(i for c in chunks for i in c) == reps
+    where = {i: k for k, c in enumerate(chunks) for i in c}
+    seen: dict = {}
+    shared = 0
+    for i, st in enumerate(stages):
+        for node in [("s", x) for x in st.single_nodes] + [("p", x) for x in st.parallel_nodes]:
+            if node in seen:
+                shared += 1
+                assert where[seen[node]] == where[i], node
+            seen.setdefault(node, i)
+    assert shared and len(chunks) > 1
