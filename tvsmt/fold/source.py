@@ -187,7 +187,15 @@ def _check_chunk(view, checker: Checker, units: list[Unit]) -> tuple[list[tuple]
 
 
 def fold_source(source: UnitSource, extra: int = 0, jobs: int = 1) -> Folded:
-    """Fold a unit source (raises FoldRefused when the plan does not fit)."""
+    """Fold a unit source (raises FoldRefused when the plan does not fit). The source's
+    records are frozen for the cyclic collector (tvsmt/heap.py): the fold allocates enough
+    to trigger many collections, and a forked worker's collection would write to (so copy)
+    every page of them."""
+    with plans_frozen():
+        return _fold_source(source, extra, jobs)
+
+
+def _fold_source(source: UnitSource, extra: int, jobs: int) -> Folded:
     _check_foldable(source.header, extra)
     folder = Folder(source.single, source.header, source.intern, extra)
     folder.add_global(source.global_records())
