@@ -78,6 +78,21 @@ def _move_id(tid: str | None, shift: int, mb=None, rank=None) -> str | None:
 _PARSED: dict = {}
 
 
+def _spread_id(tid: str, units: list[tuple[int, int | None]], per: int) -> tuple[str, ...]:
+    """`tid` (a tensor of replica 0's unit) moved to each unit (d, m) of `units`: its rank
+    into replica d, its micro-batch set to m (as `_move_id` with rank and mb given, for
+    the thousands of copies a sum over every instance names; parsed once)."""
+    parsed = _parse(tid)
+    if parsed is False:
+        return tuple(tid for _ in units)
+    head, r1, r2, m, tail = parsed
+    r0 = r1 % per
+    second = "" if r2 is None else f">r{r2}"
+    if m is None:
+        return tuple(f"{head}@r{r0 + d * per}{second}{tail}" for d, _ in units)
+    return tuple(f"{head}@r{r0 + d * per}{second}m{mm}{tail}" for d, mm in units)
+
+
 def _parse(tid: str):
     """(text before the suffix, rank, second rank or None, micro-batch or None, the rest),
     or False when the id has no `@r` suffix."""
@@ -181,8 +196,7 @@ class StreamedPlan:
                 units = [(d, None) for d in range(wu.dp)]
             else:
                 units = [(d, mm) for mm in range(wu.mb) for d in range(wu.dp)]
-            ids = tuple(_move_id(first, 0, rank=lambda r, d=d: r % per + d * per,
-                                 mb=lambda _, mm=mm: mm) for d, mm in units)
+            ids = _spread_id(first, units, per)
             out.parts.append((lin, pos, replace_struct(p, sum_of=ids)))
             out.part_refs.append([(u, k) for u in units])
         return out
