@@ -301,3 +301,81 @@ def test_tables_over_columns_are_the_reference_tables(unit_file):
                 assert x == y, (u, f.name)
             else:
                 assert np.array_equal(x, y), (u, f.name)
+
+
+class _CountingPlan(StreamedPlan):
+    """Counts the unit tables built in this process (forked workers count in their own)."""
+
+    built_here: list = []
+
+    def table(self, unit):
+        import os
+
+        if os.getpid() == self._owner:
+            self.built_here.append(unit)
+        return super().table(unit)
+
+
+def _counting(**kw):
+    import os
+
+    plan = _CountingPlan("llama3", **kw)
+    plan._owner = os.getpid()
+    plan.built_here = []
+    return plan
+
+
+PARALLEL_WORLD = dict(layers=2, dp=5, tp=2, pp=2, mb=5, **DIMS)  # 30 units: 24 checked by workers
+
+
+def test_units_are_checked_by_the_workers_and_fold_as_serially():
+    """With jobs=2 the units after the representatives are checked in worker processes and
+    none comes back to be re-checked here; the fold equals the serial one."""
+    serial = fold_source(StreamedPlan("llama3", **PARALLEL_WORLD), jobs=1)
+    plan = _counting(**PARALLEL_WORLD)
+    parallel = fold_source(plan, jobs=2)
+    kept = {(d, m) for d in range(2) for m in range(2)} | {(0, None), (1, None)}
+    assert set(plan.built_here) == kept
+    assert parallel.info.checked == serial.info.checked
+    assert parallel.info.exceptions == serial.info.exceptions == []
+    assert {n.id for n in parallel.parallel.nodes} == {n.id for n in serial.parallel.nodes}
+
+
+def test_a_bug_in_a_unit_checked_by_a_worker_is_caught():
+    bug = ("grad-scale-wrong", (4, 3), "L1.ffn.up:BW.linear@")
+    plan = _counting(**PARALLEL_WORLD, mutation=bug)
+    report = verify_source(plan, Options(jobs=2))
+    assert report.verdict == "violation"
+    assert report.fold["exceptions"] == ["replica 4 micro-batch 3"]
+    assert (4, 3) in plan.built_here  # found by a worker, re-checked (and kept) here
+
+
+def test_streamed_unit_tables_are_the_traced_plans_tables():
+    """Every streamed unit's table (what the folder checks; replica units widened over
+    columns) equals the table built from the traced plan's records of that unit."""
+    from dataclasses import fields
+
+    world = dict(layers=2, dp=3, tp=2, pp=2, mb=3, **DIMS)
+    single, parallel = generate_pair("llama3", **world)
+    loaded = LoadedPlan(plan_from_dict(single, "s"), plan_from_dict(parallel, "p"))
+    stream = StreamedPlan("llama3", **world)
+    interned = {"t_shape", "n_op", "n_pass", "n_attrs"}
+
+    def parts(src, tab):  # a replica unit's parts may come in another order
+        return sorted((lin, str(src.intern.values[sc]), tuple(slc),
+                       tuple(map(tuple, tab.p_sum[tab.p_sum_ptr[i]:tab.p_sum_ptr[i + 1]])))
+                      for i, (lin, sc, slc) in enumerate(zip(
+                          tab.p_lin.tolist(), tab.p_scale.tolist(), tab.p_slice.tolist())))
+
+    assert set(loaded.units()) == set(stream.units())
+    for u in stream.units():
+        a, b = loaded.table(u), stream.table(u)
+        for f in fields(a):
+            if f.name.startswith("p_") or f.name == "n_pos":
+                continue  # parts below; positions in the plan: the stream orders by unit
+            x, y = getattr(a, f.name).tolist(), getattr(b, f.name).tolist()
+            if f.name in interned:
+                x = [loaded.intern.values[i] for i in x]
+                y = [stream.intern.values[i] for i in y]
+            assert x == y, (u, f.name)
+        assert parts(loaded, a) == parts(stream, b), u

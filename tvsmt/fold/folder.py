@@ -167,7 +167,9 @@ class Checker:
     """Is a unit a copy of its representative? Small and picklable, so that worker processes
     can check units in parallel (source.fold_source). Frozen copies never learn a lineage's
     batch dimension: a unit that would teach one is reported "not a copy" and re-checked by
-    the main process, so parallel checking cannot weaken the check."""
+    the main process, so parallel checking cannot weaken the check. The lineages they see
+    unmoved while undecided (`nodiff_undecided`) go back to the main process, which then
+    refuses to learn a dimension for them, as a serial check in that order would."""
 
     def __init__(self, wu: WorldUnits, sum_ops: np.ndarray, lineages: int):
         self.wu = wu
@@ -237,10 +239,8 @@ class Checker:
         pieces = set((start // length).tolist())
         still = ~moved
         undecided = still & (self.fold_dim[lins] < 0)
-        if undecided.any():
-            if self.frozen:
-                return False, None
-            self.nodiff_undecided[lins[undecided]] = True
+        if undecided.any():  # a frozen copy marks them too: its marks go back to the
+            self.nodiff_undecided[lins[undecided]] = True  # parent (source.fold_source)
         same = still & (self.fold_dim[lins] >= 0)
         if same.any():
             pieces |= set(self.pieces_at(ref[same], lins[same]).tolist())

@@ -94,10 +94,19 @@ def rebatch_single(single: Plan, header: Plan, fold_dim: dict[int, int],
     shrunk = {t: [isinstance(d, Dim) and f.get(find(d.id), 1) != 1 for d in dims[t]]
               for t in single.tensors}
 
+    memo: dict = {}  # (lineage, slice) -> new slice: a weight's parts repeat per unit
+
     def new_slice(lin: int, p: LineagePart) -> LineagePart:
+        key = (lin, p.slice)
+        out = memo.get(key)
+        if out is None:
+            out = memo[key] = _new_slice(lin, p.slice)
+        return replace(p, slice=out)
+
+    def _new_slice(lin: int, slc: tuple) -> tuple:
         s = header.lineages[lin].single
         out = []
-        for k, (a, b) in enumerate(p.slice):
+        for k, (a, b) in enumerate(slc):
             if not shrunk[s][k]:
                 out.append((a, b))
             elif fold_dim.get(lin) == k:
@@ -111,7 +120,7 @@ def rebatch_single(single: Plan, header: Plan, fold_dim: dict[int, int],
             else:
                 raise FoldRefused(f"lineage #{lin}: slice {a}:{b} of {s} cuts a batch "
                                   "dimension that is not split by replica")
-        return replace(p, slice=tuple(out))
+        return tuple(out)
 
     rebatched = Plan(single.path, single.name, single.kind, single.world, tensors,
                      list(single.nodes), list(single.outputs), list(single.lineages))

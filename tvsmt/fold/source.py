@@ -14,10 +14,12 @@ fix each lineage's batch dimension), then the rest, in worker processes when `jo
 
 from __future__ import annotations
 
+import multiprocessing
 from collections import Counter, defaultdict
 from dataclasses import replace
 from typing import Protocol
 
+import numpy as np
 from joblib import Parallel, delayed
 
 from tvsmt.fold.folder import SUM_OPS, Checker, Folded, Folder, FoldRefused, UnitRecords
@@ -164,6 +166,16 @@ class LoadedPlan:
         return None  # tables are built from records here: no parallel checking
 
 
+_FORKED: tuple | None = None  # (view, checker), inherited by forked checking workers
+
+
+def _check_forked(units: list[Unit]) -> tuple[list[tuple], list]:
+    """Worker side of a forked check: the source and checker come from the parent's memory
+    (copy on write) instead of being pickled once per chunk."""
+    view, checker = _FORKED
+    return _check_chunk(view, checker, units)
+
+
 def _check_chunk(view, checker: Checker, units: list[Unit]) -> tuple[list[tuple], list]:
     out = []
     start = len(checker.deviations)
@@ -171,11 +183,19 @@ def _check_chunk(view, checker: Checker, units: list[Unit]) -> tuple[list[tuple]
         tab = view.table(u)
         ok, piece = checker.compare(u, tab)
         out.append((u, ok, piece, len(tab.t_shape), len(tab.n_op), len(tab.p_lin)))
-    return out, checker.deviations[start:]
+    return out, (checker.deviations[start:], np.flatnonzero(checker.nodiff_undecided))
 
 
 def fold_source(source: UnitSource, extra: int = 0, jobs: int = 1) -> Folded:
-    """Fold a unit source (raises FoldRefused when the plan does not fit)."""
+    """Fold a unit source (raises FoldRefused when the plan does not fit). The source's
+    records are frozen for the cyclic collector (tvsmt/heap.py): the fold allocates enough
+    to trigger many collections, and a forked worker's collection would write to (so copy)
+    every page of them."""
+    with plans_frozen():
+        return _fold_source(source, extra, jobs)
+
+
+def _fold_source(source: UnitSource, extra: int, jobs: int) -> Folded:
     _check_foldable(source.header, extra)
     folder = Folder(source.single, source.header, source.intern, extra)
     folder.add_global(source.global_records())
@@ -194,15 +214,34 @@ def fold_source(source: UnitSource, extra: int = 0, jobs: int = 1) -> Folded:
     size = -(-len(rest) // (4 * jobs))
     chunks = [rest[i:i + size] for i in range(0, len(rest), size)]
     before = list(checker.deviations)
-    results = Parallel(n_jobs=jobs)(delayed(_check_chunk)(view, checker, c) for c in chunks)
+    results = _check_parallel(view, checker, chunks, jobs)
     checker.frozen = False
-    checker.deviations = before + [x for _, dev in results for x in dev]
+    checker.deviations = before + [x for _, (dev, _) in results for x in dev]
+    for _, (_, undecided) in results:
+        # lineages a worker saw unmoved before their batch dimension was known: the units
+        # re-checked below may not learn one for them (as if checked after the workers')
+        checker.nodiff_undecided[undecided] = True
     for u, ok, piece, *counts in (r for chunk, _ in results for r in chunk):
         if ok:
             folder.accept(u, piece, *counts)
         else:  # an exception, or a unit a frozen checker could not decide: check it here
             folder.add_unit(u, source.table(u), lambda u=u: source.records(u))
     return folder.finish(source.records)
+
+
+def _check_parallel(view, checker: Checker, chunks: list[list[Unit]], jobs: int) -> list:
+    """Check chunks of units in worker processes: forked where the platform can fork (the
+    workers inherit the source, nothing big is pickled),
+    else loky workers that receive the source pickled."""
+    global _FORKED
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return Parallel(n_jobs=jobs)(delayed(_check_chunk)(view, checker, c) for c in chunks)
+    _FORKED = (view, checker)
+    try:
+        return Parallel(n_jobs=jobs, backend="multiprocessing")(
+            delayed(_check_forked)(c) for c in chunks)
+    finally:
+        _FORKED = None
 
 
 def fold_plans(single: Plan, parallel: Plan, extra: int = 0) -> Folded:

@@ -78,6 +78,21 @@ def _move_id(tid: str | None, shift: int, mb=None, rank=None) -> str | None:
 _PARSED: dict = {}
 
 
+def _spread_id(tid: str, units: list[tuple[int, int | None]], per: int) -> tuple[str, ...]:
+    """`tid` (a tensor of replica 0's unit) moved to each unit (d, m) of `units`: its rank
+    into replica d, its micro-batch set to m (as `_move_id` with rank and mb given, for
+    the thousands of copies a sum over every instance names; parsed once)."""
+    parsed = _parse(tid)
+    if parsed is False:
+        return tuple(tid for _ in units)
+    head, r1, r2, m, tail = parsed
+    r0 = r1 % per
+    second = "" if r2 is None else f">r{r2}"
+    if m is None:
+        return tuple(f"{head}@r{r0 + d * per}{second}{tail}" for d, _ in units)
+    return tuple(f"{head}@r{r0 + d * per}{second}m{mm}{tail}" for d, mm in units)
+
+
 def _parse(tid: str):
     """(text before the suffix, rank, second rank or None, micro-batch or None, the rest),
     or False when the id has no `@r` suffix."""
@@ -181,8 +196,7 @@ class StreamedPlan:
                 units = [(d, None) for d in range(wu.dp)]
             else:
                 units = [(d, mm) for mm in range(wu.mb) for d in range(wu.dp)]
-            ids = tuple(_move_id(first, 0, rank=lambda r, d=d: r % per + d * per,
-                                 mb=lambda _, mm=mm: mm) for d, mm in units)
+            ids = _spread_id(first, units, per)
             out.parts.append((lin, pos, replace_struct(p, sum_of=ids)))
             out.part_refs.append([(u, k) for u in units])
         return out
@@ -245,24 +259,31 @@ class StreamedPlan:
             for refs in (tab.n_in, tab.n_out, tab.p_sum):
                 refs[(refs[:, 3] == UNIT) & (refs[:, 2] == last_rep), 2] = last
         levels = self._levels_of((d, None))
-        new_in, new_ptr = [], [0]
-        new_ar, new_aptr = [], [0]
-        for i in range(len(tab.n_op)):
-            seg = tab.n_in[tab.n_in_ptr[i]:tab.n_in_ptr[i + 1]]
-            ranks = tab.n_attr_ranks[tab.n_attr_ptr[i]:tab.n_attr_ptr[i + 1]]
-            level = levels.get(i)
-            if level is not None:
-                seg = _group_refs(seg[0, 0], level, d, wu)
-                if level != 1 and len(ranks) == rep_wu.dp:
-                    ranks = ranks[0] % per + per * np.arange(wu.dp)
-            new_in.append(seg)
-            new_ptr.append(new_ptr[-1] + len(seg))
-            new_ar.append(ranks)
-            new_aptr.append(new_aptr[-1] + len(ranks))
-        tab.n_in = np.concatenate(new_in) if new_in else tab.n_in
-        tab.n_in_ptr = np.array(new_ptr, dtype=np.int64)
-        tab.n_attr_ranks = np.concatenate(new_ar) if new_ar else tab.n_attr_ranks
-        tab.n_attr_ptr = np.array(new_aptr, dtype=np.int64)
+        rows = np.fromiter(levels.keys(), np.int64, len(levels))
+        lv = np.fromiter(levels.values(), np.int64, len(levels))
+        n = len(tab.n_op)
+        in_lens, ar_lens = np.diff(tab.n_in_ptr), np.diff(tab.n_attr_ptr)
+        group_k = tab.n_in[tab.n_in_ptr[rows], 0]  # the local number every unit gives
+        # a group over every replica (levels 0 and 2) lists each replica's rank
+        widen = rows[(lv != 1) & (ar_lens[rows] == rep_wu.dp)]
+        ranks_first = tab.n_attr_ranks[tab.n_attr_ptr[widen]]
+        new_in_lens = in_lens.copy()
+        templates = {level: _group_refs(0, level, d, wu) for level in set(lv.tolist())}
+        for level, tpl in templates.items():
+            new_in_lens[rows[lv == level]] = len(tpl)
+        tab.n_in, tab.n_in_ptr = _respliced(tab.n_in, tab.n_in_ptr, new_in_lens, rows, 4)
+        for level, tpl in templates.items():
+            sel = lv == level
+            dest = (tab.n_in_ptr[rows[sel]][:, None] + np.arange(len(tpl))[None, :]).ravel()
+            tab.n_in[dest] = np.tile(tpl, (int(sel.sum()), 1))
+            tab.n_in[dest, 0] = np.repeat(group_k[sel], len(tpl))
+        new_ar_lens = ar_lens.copy()
+        new_ar_lens[widen] = wu.dp
+        tab.n_attr_ranks, tab.n_attr_ptr = _respliced(tab.n_attr_ranks, tab.n_attr_ptr,
+                                                      new_ar_lens, widen, None)
+        dest = tab.n_attr_ptr[widen][:, None] + np.arange(wu.dp)[None, :]
+        tab.n_attr_ranks[dest] = (ranks_first % per)[:, None] + per * np.arange(wu.dp)
+        assert n == len(tab.n_in_ptr) - 1
         return _take_parts(tab, self._pick)
 
     def records(self, unit: Unit) -> UnitRecords:
@@ -273,13 +294,20 @@ class StreamedPlan:
         wu, per = self.wu, self.wu.per_replica
         shift = d * per
         if m is not None:
-            def move(x):
-                return _move_id(x, shift, mb=lambda _: m)
+            def mb_of(_):
+                return m
         else:
             last_rep, last = self.rep_wu.mb - 1, wu.mb - 1
 
-            def move(x):
-                return _move_id(x, shift, mb=lambda mm: last if mm == last_rep else mm)
+            def mb_of(mm):
+                return last if mm == last_rep else mm
+        moved: dict = {None: None}  # a tensor id is named by its record, producer, readers
+
+        def move(x):
+            y = moved.get(x)
+            if y is None and x is not None:
+                y = moved[x] = _move_id(x, shift, mb=mb_of)
+            return y
         levels = self._levels_of(unit) if m is None else {}
 
         def attrs_of(i: int, n: Node) -> dict:
@@ -318,6 +346,22 @@ class StreamedPlan:
             parts.append((lin, pos, LineagePart(slc, tuple(move(x) for x in p.sum_of),
                                                 p.scale)))
         return UnitRecords(tensors, nodes, parts)
+
+
+def _respliced(flat: np.ndarray, ptr: np.ndarray, new_lens: np.ndarray, replaced: np.ndarray,
+               width: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """A CSR column with the segments of the rows `replaced` resized to `new_lens` (left to
+    be filled by the caller), the other segments copied unchanged."""
+    new_ptr = np.zeros(len(ptr), dtype=np.int64)
+    np.cumsum(new_lens, out=new_ptr[1:])
+    out = np.empty((int(new_ptr[-1]),) + (() if width is None else (width,)), dtype=flat.dtype)
+    lens = np.diff(ptr)
+    keep = np.ones(len(lens), dtype=bool)
+    keep[replaced] = False
+    node_of = np.repeat(np.arange(len(lens)), lens)
+    src = np.flatnonzero(keep[node_of])
+    out[new_ptr[node_of[src]] + (src - ptr[node_of[src]])] = flat[src]
+    return out, new_ptr
 
 
 def _group_pairs(level: int, d: int, wu: WorldUnits) -> list[tuple[int, int | None]]:
