@@ -20,10 +20,11 @@ from tvsmt.ops.backend import UNINTERPRETED
 REAL_FUNCTIONS = UNINTERPRETED  # one home: tvsmt/ops/backend.py
 
 
-class FloatEvaluator(DagWalker):
-    """Walks a pysmt term bottom-up; 0-ary symbols take values from `env` (by name)."""
+class _Leaves(DagWalker):
+    """The leaves of a term, shared by both evaluators: 0-ary symbols take their values from
+    `env` (by name), constants are floats (booleans stay booleans)."""
 
-    def __init__(self, env: dict[str, float], neg_inf: float = -math.inf):
+    def __init__(self, env: dict, neg_inf: float = -math.inf):
         super().__init__()
         self.env, self.neg_inf = env, neg_inf
 
@@ -39,7 +40,11 @@ class FloatEvaluator(DagWalker):
     walk_int_constant = walk_real_constant
 
     def walk_bool_constant(self, formula, args, **kw):
-        return formula.constant_value()
+        return bool(formula.constant_value())
+
+
+class FloatEvaluator(_Leaves):
+    """Walks a pysmt term bottom-up at one point (`env`: symbol name -> float)."""
 
     def walk_plus(self, formula, args, **kw):
         return math.fsum(args) if all(math.isfinite(a) for a in args) else sum(args)
@@ -120,32 +125,18 @@ def _real_function(name: str):
     return apply
 
 
-class PointsEvaluator(DagWalker):
+class PointsEvaluator(_Leaves):
     """FloatEvaluator over several points at once: every symbol's value is a vector (one
     entry per point), so a term is walked once for all points (the walk, not the arithmetic,
     is what costs)."""
 
     def __init__(self, env: dict[str, np.ndarray], n: int, neg_inf: float = -math.inf):
-        super().__init__()
-        self.env, self.n, self.neg_inf = env, n, neg_inf
+        super().__init__(env, neg_inf)
+        self.n = n
         self._functions: dict = {}
 
     def vector(self, term) -> np.ndarray:
         return np.broadcast_to(np.asarray(self.walk(term), dtype=np.float64), (self.n,))
-
-    def walk_symbol(self, formula, args, **kw):
-        name = formula.symbol_name()
-        if name == "neg_inf" and name not in self.env:
-            return self.neg_inf
-        return self.env[name]
-
-    def walk_real_constant(self, formula, args, **kw):
-        return float(formula.constant_value())
-
-    walk_int_constant = walk_real_constant
-
-    def walk_bool_constant(self, formula, args, **kw):
-        return bool(formula.constant_value())
 
     def walk_plus(self, formula, args, **kw):
         out = args[0]
