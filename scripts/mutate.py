@@ -262,6 +262,44 @@ MUTATIONS: tuple[Mutation, ...] = (
          Patch("tvsmt/fold/folder.py", "units |= set(self.exceptions)",
                "units |= set(self.exceptions[:-1])")),
         (f"{T_FOLD}[grad-scale-wrong]",), fast=True),
+    Mutation(
+        "fold-forgets-worker-marks",
+        "the parallel fold forgets which lineages its workers saw unmoved before their batch "
+        "dimension was known, so a unit re-checked afterwards may learn one they contradict",
+        "folding",
+        (Patch("tvsmt/fold/source.py", "        checker.nodiff_undecided[undecided] = True\n",
+               "        pass\n"),),
+        ("tests/test_stream.py::test_units_are_checked_by_the_workers_and_fold_as_serially",
+         "tests/test_stream.py::test_a_bug_in_a_unit_checked_by_a_worker_is_caught")),
+    Mutation(
+        "memo-ignores-input-terms",
+        "the symbolic node memo keys a node's result by the node alone, not by its input "
+        "terms, so a node run on other terms in another stage reuses stale results",
+        "node memo (encoding)",
+        (Patch("tvsmt/encoding/interpreter.py",
+               "            tuple(None if a is None else (a.shape, tuple(map(id, a.flat))) "
+               "for a in ins))",
+               "            ())"),),
+        ("tests/test_encoding_cost.py::test_node_memo_gives_byte_identical_obligations",
+         "tests/test_encoding_cost.py::test_a_bug_in_a_memoised_multi_output_node_is_still_caught")),
+    Mutation(
+        "expert-start-not-kept",
+        "shape reduction of the expert axis forgets to keep a rank's first expert a whole "
+        "position",
+        "shape reduction (experts)",
+        (Patch("tvsmt/ops/definitions/moe.py", "        c.keep_boundary(w11[0], int(start))\n",
+               ""),),
+        ("tests/test_encoding_cost.py::test_the_expert_axis_is_reduced_with_its_ranges",
+         "tests/test_encoding_cost.py::test_an_expert_range_off_by_part_of_a_range_is_caught",
+         "tests/test_moe.py")),
+    Mutation(
+        "stream-node-ids-unchecked",
+        "the JSON Lines reader keeps node ids as hashes and never compares them at the end, so "
+        "an id used twice in different blocks reads",
+        "streaming reader (id hashes)",
+        (Patch("tvsmt/plan/stream.py", "    if not st.node_hashes:\n",
+               "    if True:\n"),),
+        ("tests/test_plan_stream.py::test_a_node_id_used_twice_is_found_across_blocks",)),
 )
 
 
