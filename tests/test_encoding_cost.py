@@ -204,3 +204,32 @@ def test_chunks_cover_every_template_once_and_keep_node_sharing_stages_together(
                 assert where[seen[node]] == where[i], node
             seen.setdefault(node, i)
     assert shared and len(chunks) > 1
+
+
+def test_a_node_run_on_other_input_terms_is_not_served_from_the_memo():
+    """The memo key holds the input terms: the same node run on other terms (another stage's
+    frontier, another reduction) computes afresh instead of returning the first result."""
+    from handmade import single_mlp
+    from pysmt.typing import REAL
+
+    from tvsmt.encoding.interpreter import Interpreter
+
+    plan = plan_from_dict(single_mlp(), "s")
+    node = next(n for n in plan.nodes if n.op == "linear")
+    be = SymbolicBackend.fresh()
+    interp = Interpreter(plan, be)
+    results = []
+    with be.active():
+        for tag in ("first", "second"):
+            env = {}
+            for t in node.inputs:
+                shape = plan.shape(t)
+                env[t] = np.array([be.mgr.Symbol(f"{tag}|{t}|{k}", REAL)
+                                   for k in range(int(np.prod(shape)))],
+                                  dtype=object).reshape(shape)
+            interp.run_node(node, env)
+            results.append(env[node.outputs[0]])
+        interp.run_node(node, env)  # the second inputs again: now served from the memo
+    assert len(be.node_memo) == 2
+    assert results[0].flat[0] is not results[1].flat[0]
+    assert env[node.outputs[0]].flat[0] is results[1].flat[0]
