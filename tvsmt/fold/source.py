@@ -23,7 +23,7 @@ import numpy as np
 from joblib import Parallel, delayed
 
 from tvsmt.fold.folder import SUM_OPS, Checker, Folded, Folder, FoldRefused, UnitRecords
-from tvsmt.fold.table import Interner, UnitTable, build_table
+from tvsmt.fold.table import Interner, UnitTable, loaded_table
 from tvsmt.fold.units import (
     REPRESENTATIVE,
     REPRESENTATIVE_REPLICA,
@@ -157,7 +157,7 @@ class LoadedPlan:
 
     def table(self, unit: Unit) -> UnitTable:
         r = self._units[unit]
-        return build_table(unit, r.tensors, r.nodes, r.parts, self._map.locate, self.intern)
+        return loaded_table(unit, r.tensors, r.nodes, r.parts, self._map.locate, self.intern)
 
     def records(self, unit: Unit) -> UnitRecords:
         return self._units[unit]

@@ -232,6 +232,36 @@ def instance_table(unit: Unit, tensors: list[TensorInfo], nodes: list[tuple[int,
 
 
 _RANK, _MB = attrgetter("rank"), attrgetter("mb")
+_INPUTS, _OUTPUTS = attrgetter("inputs"), attrgetter("outputs")
+
+
+def loaded_table(unit: Unit, tensors: list[TensorInfo], nodes: list[tuple[int, Node]],
+                 parts: list[tuple[int, int, LineagePart]], locate: Locate,
+                 intern: Interner) -> UnitTable:
+    """`build_table` for a loaded plan's unit (tvsmt/fold/source.py `LoadedPlan`), built over
+    columns by `instance_table`: the unit's own tensors are its `tensors` by local number
+    (units.py numbers each unit's tensors 0, 1, ...), every other one goes through `locate`.
+    The same table as `build_table` (tests/test_fold_tables.py compares them)."""
+    if tensors and locate(tensors[-1].id)[1] != len(tensors) - 1:
+        # not numbered 0.. in list order (a tensor missing from the plan's table)
+        return build_table(unit, tensors, nodes, parts, locate, intern)
+    local = {t.id: k for k, t in enumerate(tensors)}
+    ns = [n for _, n in nodes]
+    seen: dict = {None: NULL_REF}
+
+    def outside(x: str) -> tuple:
+        r = seen.get(x)
+        if r is None:
+            k = local.get(x)
+            r = seen[x] = reference(unit, unit, k) if k is not None else \
+                reference(unit, *locate(x))
+        return r
+
+    tab = instance_table(unit, tensors, nodes, list(map(_INPUTS, ns)), list(map(_OUTPUTS, ns)),
+                         local, outside, intern)
+    if parts:
+        attach_parts(tab, parts, [[outside(x) for x in p.sum_of] for _, _, p in parts], intern)
+    return tab
 
 
 def _interned(intern: Interner, values: list) -> np.ndarray:
