@@ -17,6 +17,8 @@ from __future__ import annotations
 import multiprocessing
 from collections import Counter, defaultdict
 from dataclasses import replace
+from itertools import chain
+from operator import attrgetter
 from typing import Protocol
 
 import numpy as np
@@ -61,24 +63,19 @@ def flatten_sum_chains(parallel: Plan, sum_ops: frozenset[str]) -> Plan:
         node_unit, _ = node_units(parallel, wu, sum_ops)
     except NoUnits:
         return parallel
-    producer: dict[str, int] = {}
-    readers: Counter = Counter()
-    for i, n in enumerate(parallel.nodes):
-        for x in n.outputs:
-            if x is not None:
-                producer[x] = i
-        readers.update(x for x in n.inputs if x is not None)
+    nodes = parallel.nodes
+    spanning = [n.op in sum_ops and u[1] is None for n, u in zip(nodes, node_unit)]
+    if not any(spanning):
+        return parallel
+    producer = {x: i for i, n in enumerate(nodes) for x in n.outputs}
+    producer.pop(None, None)
+    readers = Counter(chain.from_iterable(map(attrgetter("inputs"), nodes)))
     named = set(parallel.outputs)
-    for lin in parallel.lineages:
-        for p in lin.parts:
-            named.update(p.sum_of)
-    spanning = [n.op in sum_ops and node_unit[i][1] is None
-                for i, n in enumerate(parallel.nodes)]
+    named.update(chain.from_iterable(p.sum_of for lin in parallel.lineages for p in lin.parts))
     inputs: dict[int, tuple] = {}
     dropped: set[int] = set()
-    for i, n in enumerate(parallel.nodes):
-        if not spanning[i]:
-            continue
+    for i in [i for i, s in enumerate(spanning) if s]:
+        n = nodes[i]
         flat: list = []
         changed = False
         for x in n.inputs:
@@ -114,15 +111,23 @@ def split_units(parallel: Plan, wu: WorldUnits, sum_ops: frozenset[str]
     units: dict[Unit, UnitRecords] = defaultdict(UnitRecords)
     glob = UnitRecords()
     tu, num = umap.tensor_unit, umap.number
-    for t in sorted(parallel.tensors.values(), key=lambda t: num[t.id]):
-        u = tu[t.id]
-        (glob if u is None else units[u]).tensors.append(t)
+    infos = list(parallel.tensors.values())
+    ids = list(parallel.tensors)
+    by_number = np.argsort(np.fromiter(map(num.__getitem__, ids), np.int64, len(ids)),
+                           kind="stable").tolist()  # each unit's tensors by local number
+    owner = list(map(tu.__getitem__, ids))
+    for i in by_number:
+        u = owner[i]
+        (glob if u is None else units[u]).tensors.append(infos[i])
     for u, idx in umap.order.items():
-        units[u].nodes = [(i, parallel.nodes[i]) for i in idx]
+        units[u].nodes = list(zip(idx, map(parallel.nodes.__getitem__, idx)))
     for lin in parallel.lineages:
         for pos, p in enumerate(lin.parts):
-            us = {tu[x] for x in p.sum_of}
-            u = us.pop() if len(us) == 1 else None
+            if len(p.sum_of) == 1:
+                u = tu[p.sum_of[0]]
+            else:
+                us = set(map(tu.__getitem__, p.sum_of))
+                u = us.pop() if len(us) == 1 else None
             if u is None:
                 glob.parts.append((lin.index, pos, p))
                 glob.part_refs.append([umap.locate(x) for x in p.sum_of])
