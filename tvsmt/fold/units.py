@@ -117,11 +117,18 @@ def node_units(plan: Plan, wu: WorldUnits, sum_ops: frozenset[str]
 def assign_units(plan: Plan, wu: WorldUnits, sum_ops: frozenset[str]) -> UnitMap:
     """Units of a loaded plan's nodes and tensors, from ranks, micro-batches and dataflow."""
     node_unit, produced = node_units(plan, wu, sum_ops)
-    consumers: dict[str, set] = {}
+    reads: dict[Unit, list] = {}  # each unit's inputs
     for n, u in zip(plan.nodes, node_unit):
-        for x in n.inputs:
-            if x is not None and x not in produced:
-                consumers.setdefault(x, set()).add(u)
+        r = reads.get(u)
+        if r is None:
+            r = reads[u] = []
+        r += n.inputs
+    consumers: dict[str, set] = {}
+    for u, xs in reads.items():  # the units reading each graph input
+        unproduced = set(xs).difference(produced)
+        unproduced.discard(None)
+        for x in unproduced:
+            consumers.setdefault(x, set()).add(u)
     tensor_unit: dict[str, Unit | None] = dict(produced)
     for x, us in consumers.items():
         if len(us) == 1:
