@@ -54,3 +54,18 @@ def test_loaded_tables_equal_build_table_on_generated_plans(model, world, dims):
     single, parallel = generate_pair(model, **world, **dims)
     loaded = LoadedPlan(plan_from_dict(single, "s"), plan_from_dict(parallel, "p"))
     assert _same_tables(loaded) == world["dp"] * (world["mb"] + 1)
+
+
+@pytest.mark.parametrize("name", ["llama3-ly2-dp16pp4tp1mb8"])  # 8 micro-batches: chains
+def test_flattened_plans_units_are_computed_afresh(name):
+    """flatten_with_units hands split_units the node units of the flattened plan without
+    computing them again: they are the ones `node_units` finds on that plan."""
+    from tvsmt.fold.folder import SUM_OPS
+    from tvsmt.fold.source import flatten_with_units
+    from tvsmt.fold.units import WorldUnits, node_units
+
+    _, parallel = (json.load(gzip.open(p)) for p in fixture_pair(name))
+    plan = plan_from_dict(parallel, "p")
+    flat, known = flatten_with_units(plan, SUM_OPS)
+    assert len(flat.nodes) < len(plan.nodes)  # chains of accumulations were flattened
+    assert known == node_units(flat, WorldUnits.of(flat.world), SUM_OPS)

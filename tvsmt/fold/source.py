@@ -53,20 +53,29 @@ class UnitSource(Protocol):
 
 
 def flatten_sum_chains(parallel: Plan, sum_ops: frozenset[str]) -> Plan:
+    return flatten_with_units(parallel, sum_ops)[0]
+
+
+def flatten_with_units(parallel: Plan, sum_ops: frozenset[str]
+                       ) -> tuple[Plan, tuple[list[Unit], dict[str, Unit]] | None]:
     """Chains of two-input sums over units (nnScaler accumulates micro-batch gradients as
     g1 + g2, then (g1 + g2) + g3, ...) rewritten as one sum of all the chain's inputs. Exact
     (addition is associative), and applied only where each intermediate sum is read by the
     next one alone and named by no lineage or output, so nothing else can see the change.
-    Sums over units are then one node each, as folding needs (folder.py)."""
+    Sums over units are then one node each, as folding needs (folder.py).
+
+    Also returns `node_units` of the result (None: the plan has no units), computed once: a
+    flattened sum reads every unit its chain read, so it stays a sum over units, and no other
+    node's unit depends on the dropped ones (only their chain's next sum read them)."""
     wu = WorldUnits.of(parallel.world)
     try:
-        node_unit, _ = node_units(parallel, wu, sum_ops)
+        node_unit, produced = node_units(parallel, wu, sum_ops)
     except NoUnits:
-        return parallel
+        return parallel, None
     nodes = parallel.nodes
     spanning = [n.op in sum_ops and u[1] is None for n, u in zip(nodes, node_unit)]
     if not any(spanning):
-        return parallel
+        return parallel, (node_unit, produced)
     producer = {x: i for i, n in enumerate(nodes) for x in n.outputs}
     producer.pop(None, None)
     readers = Counter(chain.from_iterable(map(attrgetter("inputs"), nodes)))
@@ -92,20 +101,24 @@ def flatten_sum_chains(parallel: Plan, sum_ops: frozenset[str]) -> Plan:
         if changed:
             inputs[i] = tuple(flat)
     if not dropped:
-        return parallel
+        return parallel, (node_unit, produced)
     gone = {parallel.nodes[j].outputs[0] for j in dropped}
     nodes = [n if i not in inputs else Node(n.id, n.op, n.pass_, n.rank, n.mb, inputs[i],
                                             n.outputs, n.attrs, n.source)
              for i, n in enumerate(parallel.nodes) if i not in dropped]
     tensors = {t: info for t, info in parallel.tensors.items() if t not in gone}
-    return replace(parallel, nodes=nodes, tensors=tensors)
+    kept_units = [u for i, u in enumerate(node_unit) if i not in dropped]
+    for x in gone:
+        del produced[x]
+    return replace(parallel, nodes=nodes, tensors=tensors), (kept_units, produced)
 
 
-def split_units(parallel: Plan, wu: WorldUnits, sum_ops: frozenset[str]
+def split_units(parallel: Plan, wu: WorldUnits, sum_ops: frozenset[str], known=None
                 ) -> tuple[dict[Unit, UnitRecords], UnitRecords, UnitMap]:
-    """Group a loaded plan's records by unit (units.py); records of no unit are global."""
+    """Group a loaded plan's records by unit (units.py); records of no unit are global.
+    `known`: the plan's `node_units`, when already computed."""
     try:
-        umap = assign_units(parallel, wu, sum_ops)
+        umap = assign_units(parallel, wu, sum_ops, known)
     except NoUnits as e:
         raise FoldRefused(str(e)) from None
     units: dict[Unit, UnitRecords] = defaultdict(UnitRecords)
@@ -146,11 +159,11 @@ class LoadedPlan:
     """A loaded parallel plan as a unit source."""
 
     def __init__(self, single: Plan, parallel: Plan):
-        parallel = flatten_sum_chains(parallel, SUM_OPS)
+        parallel, known = flatten_with_units(parallel, SUM_OPS)
         self.single, self.header = single, parallel
         self.intern = Interner()
         self._units, self._global, self._map = split_units(
-            parallel, WorldUnits.of(parallel.world), SUM_OPS)
+            parallel, WorldUnits.of(parallel.world), SUM_OPS, known)
         if REPRESENTATIVE not in self._units:
             raise FoldRefused("replica 0 has no node of micro-batch 0")
 

@@ -114,9 +114,11 @@ def node_units(plan: Plan, wu: WorldUnits, sum_ops: frozenset[str]
     return node_unit, produced
 
 
-def assign_units(plan: Plan, wu: WorldUnits, sum_ops: frozenset[str]) -> UnitMap:
-    """Units of a loaded plan's nodes and tensors, from ranks, micro-batches and dataflow."""
-    node_unit, produced = node_units(plan, wu, sum_ops)
+def assign_units(plan: Plan, wu: WorldUnits, sum_ops: frozenset[str],
+                 known: "tuple[list[Unit], dict[str, Unit]] | None" = None) -> UnitMap:
+    """Units of a loaded plan's nodes and tensors, from ranks, micro-batches and dataflow
+    (`known`: the plan's `node_units`, when the caller has them)."""
+    node_unit, produced = known if known is not None else node_units(plan, wu, sum_ops)
     reads: dict[Unit, list] = {}  # each unit's inputs
     for n, u in zip(plan.nodes, node_unit):
         r = reads.get(u)
