@@ -124,29 +124,46 @@ def split_units(parallel: Plan, wu: WorldUnits, sum_ops: frozenset[str], known=N
     units: dict[Unit, UnitRecords] = defaultdict(UnitRecords)
     glob = UnitRecords()
     tu, num = umap.tensor_unit, umap.number
-    infos = list(parallel.tensors.values())
     ids = list(parallel.tensors)
-    by_number = np.argsort(np.fromiter(map(num.__getitem__, ids), np.int64, len(ids)),
-                           kind="stable").tolist()  # each unit's tensors by local number
-    owner = list(map(tu.__getitem__, ids))
-    for i in by_number:
-        u = owner[i]
-        (glob if u is None else units[u]).tensors.append(infos[i])
+    numbers = np.fromiter(map(num.__getitem__, ids), np.int64, len(ids))
+    for u, infos in _grouped(list(map(tu.__getitem__, ids)), list(parallel.tensors.values()),
+                             numbers):  # each unit's tensors by local number
+        (glob if u is None else units[u]).tensors = infos
     for u, idx in umap.order.items():
         units[u].nodes = list(zip(idx, map(parallel.nodes.__getitem__, idx)))
-    for lin in parallel.lineages:
-        for pos, p in enumerate(lin.parts):
-            if len(p.sum_of) == 1:
-                u = tu[p.sum_of[0]]
-            else:
-                us = set(map(tu.__getitem__, p.sum_of))
-                u = us.pop() if len(us) == 1 else None
-            if u is None:
-                glob.parts.append((lin.index, pos, p))
-                glob.part_refs.append([umap.locate(x) for x in p.sum_of])
-            else:
-                units[u].parts.append((lin.index, pos, p))
+    parts = [(lin.index, pos, p) for lin in parallel.lineages for pos, p in enumerate(lin.parts)]
+    owners = [tu[p.sum_of[0]] if len(p.sum_of) == 1 else _one_unit(p.sum_of, tu)
+              for _, _, p in parts]
+    for u, group in _grouped(owners, parts):  # each unit's parts in lineage order
+        if u is None:
+            glob.parts = group
+            glob.part_refs = [[umap.locate(x) for x in p.sum_of] for _, _, p in group]
+        else:
+            units[u].parts = group
     return units, glob, umap
+
+
+def _one_unit(tensors, tensor_unit: dict) -> Unit | None:
+    """The unit of all of `tensors` when they are in one, else None (a global part)."""
+    us = set(map(tensor_unit.__getitem__, tensors))
+    return us.pop() if len(us) == 1 else None
+
+
+def _grouped(owners: list, items: list, keys: np.ndarray | None = None) -> list[tuple]:
+    """(owner, its items) for each distinct owner: items in `keys` order inside a group (in
+    list order when `keys` is None), grouped by one sort instead of a loop of appends."""
+    if not items:
+        return []
+    code = {u: i for i, u in enumerate(dict.fromkeys(owners))}
+    codes = np.fromiter(map(code.__getitem__, owners), np.int64, len(owners))
+    order = (np.argsort(codes, kind="stable") if keys is None
+             else np.lexsort((keys, codes)))
+    ordered = list(map(items.__getitem__, order.tolist()))
+    sorted_codes = codes[order]
+    cuts = [0, *(np.flatnonzero(sorted_codes[1:] != sorted_codes[:-1]) + 1).tolist(),
+            len(ordered)]
+    who = list(code)
+    return [(who[int(sorted_codes[a])], ordered[a:b]) for a, b in zip(cuts, cuts[1:])]
 
 
 def unit_order(units) -> list[Unit]:
