@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from itertools import chain, repeat
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from dataclasses import dataclass, fields
 from typing import Callable
 
@@ -295,8 +295,10 @@ def part_columns(parts: list[tuple[int, int, LineagePart]], ref: Callable[[str],
         raise ValueError(f"a lineage slice with more than {MAX_DIMS} dimensions")
     slices = np.full((len(parts), 2 * MAX_DIMS), -1, dtype=np.int64)
     raw = [p.slice for _, _, p in parts]
-    if len({len(x) for x in raw}) == 1:  # one rank (the usual case): one numpy call
-        flat = np.array(raw, dtype=np.int64).reshape(len(parts), -1)
+    if len(set(map(len, raw))) == 1:  # one rank (the usual case): one numpy call
+        rank = len(raw[0])
+        flat = np.fromiter(chain.from_iterable(chain.from_iterable(raw)), np.int64,
+                           2 * rank * len(raw)).reshape(len(parts), 2 * rank)
         slices[:, :flat.shape[1]] = flat
     else:
         for i, x in enumerate(raw):
@@ -308,8 +310,8 @@ def part_columns(parts: list[tuple[int, int, LineagePart]], ref: Callable[[str],
         if refs is None:
             refs = [[ref(x) for x in p.sum_of] for _, _, p in parts]
         sp, sums = _csr(refs)
-    arr = lambda xs: np.array(xs, dtype=np.int64)  # noqa: E731
-    return dict(p_lin=arr([lin for lin, _, _ in parts]), p_pos=arr([pos for _, pos, _ in parts]),
+    return dict(p_lin=np.fromiter(map(itemgetter(0), parts), np.int64, len(parts)),
+                p_pos=np.fromiter(map(itemgetter(1), parts), np.int64, len(parts)),
                 p_scale=_interned_objects(intern, [p.scale for _, _, p in parts]),
                 p_slice=slices, p_sum_ptr=sp, p_sum=sums)
 
