@@ -291,11 +291,12 @@ def part_columns(parts: list[tuple[int, int, LineagePart]], ref: Callable[[str],
                  sums: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """The lineage-part columns of a table (`ref`: tensor id -> reference; or `refs`, the
     references of each part's tensors, already known; or `sums`, those in CSR form)."""
-    if any(len(p.slice) > MAX_DIMS for _, _, p in parts):
+    raw = [p.slice for _, _, p in parts]
+    ranks = set(map(len, raw))
+    if ranks and max(ranks) > MAX_DIMS:
         raise ValueError(f"a lineage slice with more than {MAX_DIMS} dimensions")
     slices = np.full((len(parts), 2 * MAX_DIMS), -1, dtype=np.int64)
-    raw = [p.slice for _, _, p in parts]
-    if len(set(map(len, raw))) == 1:  # one rank (the usual case): one numpy call
+    if len(ranks) == 1:  # one rank (the usual case): one numpy call
         rank = len(raw[0])
         flat = np.fromiter(chain.from_iterable(chain.from_iterable(raw)), np.int64,
                            2 * rank * len(raw)).reshape(len(parts), 2 * rank)

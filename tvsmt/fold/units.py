@@ -32,7 +32,8 @@ representative, and its unit is then verified as it is (see folder.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import repeat
+from collections import Counter
+from itertools import chain, repeat
 
 from tvsmt.plan.mesh import Mesh
 from tvsmt.plan.model import Plan
@@ -125,19 +126,23 @@ def assign_units(plan: Plan, wu: WorldUnits, sum_ops: frozenset[str],
         if r is None:
             r = reads[u] = []
         r += n.inputs
-    consumers: dict[str, set] = {}
-    for u, xs in reads.items():  # the units reading each graph input
+    # the graph inputs each unit and each replica reads, in set operations: an input read by
+    # one unit is that unit's, by units of one replica that replica unit's, else global
+    first: dict[str, Unit] = {}  # input -> the first unit found reading it
+    shared: set[str] = set()  # inputs read by more than one unit
+    by_replica: dict[int, set] = {}
+    for u, xs in reads.items():
         unproduced = set(xs).difference(produced)
         unproduced.discard(None)
-        for x in unproduced:
-            consumers.setdefault(x, set()).add(u)
+        fresh = unproduced.difference(first)
+        first.update(dict.fromkeys(fresh, u))
+        shared.update(unproduced.difference(fresh))
+        by_replica.setdefault(u[0], set()).update(unproduced)
+    replicas = Counter(chain.from_iterable(by_replica.values()))
     tensor_unit: dict[str, Unit | None] = dict(produced)
-    for x, us in consumers.items():
-        if len(us) == 1:
-            tensor_unit[x] = next(iter(us))
-        else:
-            ds = {d for d, _ in us}
-            tensor_unit[x] = (ds.pop(), None) if len(ds) == 1 else None
+    tensor_unit.update(first)
+    for x in shared:
+        tensor_unit[x] = (first[x][0], None) if replicas[x] == 1 else None
     for x in plan.tensors:
         tensor_unit.setdefault(x, None)
     order, number = _canonical_order(plan, wu, node_unit, tensor_unit)
