@@ -14,16 +14,21 @@ fix each lineage's batch dimension), then the rest, in worker processes when `jo
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 from collections import Counter, defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from itertools import chain
+from operator import attrgetter
 from typing import Protocol
 
 import numpy as np
 from joblib import Parallel, delayed
 
 from tvsmt.fold.folder import SUM_OPS, Checker, Folded, Folder, FoldRefused, UnitRecords
-from tvsmt.fold.table import Interner, UnitTable, build_table
+from tvsmt.fold.table import Interner, UnitTable, loaded_table
 from tvsmt.fold.units import (
     REPRESENTATIVE,
     REPRESENTATIVE_REPLICA,
@@ -51,34 +56,38 @@ class UnitSource(Protocol):
 
 
 def flatten_sum_chains(parallel: Plan, sum_ops: frozenset[str]) -> Plan:
+    return flatten_with_units(parallel, sum_ops)[0]
+
+
+def flatten_with_units(parallel: Plan, sum_ops: frozenset[str]
+                       ) -> tuple[Plan, tuple[list[Unit], dict[str, Unit]] | None]:
     """Chains of two-input sums over units (nnScaler accumulates micro-batch gradients as
     g1 + g2, then (g1 + g2) + g3, ...) rewritten as one sum of all the chain's inputs. Exact
     (addition is associative), and applied only where each intermediate sum is read by the
     next one alone and named by no lineage or output, so nothing else can see the change.
-    Sums over units are then one node each, as folding needs (folder.py)."""
+    Sums over units are then one node each, as folding needs (folder.py).
+
+    Also returns `node_units` of the result (None: the plan has no units), computed once: a
+    flattened sum reads every unit its chain read, so it stays a sum over units, and no other
+    node's unit depends on the dropped ones (only their chain's next sum read them)."""
     wu = WorldUnits.of(parallel.world)
     try:
-        node_unit, _ = node_units(parallel, wu, sum_ops)
+        node_unit, produced = node_units(parallel, wu, sum_ops)
     except NoUnits:
-        return parallel
-    producer: dict[str, int] = {}
-    readers: Counter = Counter()
-    for i, n in enumerate(parallel.nodes):
-        for x in n.outputs:
-            if x is not None:
-                producer[x] = i
-        readers.update(x for x in n.inputs if x is not None)
+        return parallel, None
+    nodes = parallel.nodes
+    spanning = [n.op in sum_ops and u[1] is None for n, u in zip(nodes, node_unit)]
+    if not any(spanning):
+        return parallel, (node_unit, produced)
+    producer = {x: i for i, n in enumerate(nodes) for x in n.outputs}
+    producer.pop(None, None)
+    readers = Counter(chain.from_iterable(map(attrgetter("inputs"), nodes)))
     named = set(parallel.outputs)
-    for lin in parallel.lineages:
-        for p in lin.parts:
-            named.update(p.sum_of)
-    spanning = [n.op in sum_ops and node_unit[i][1] is None
-                for i, n in enumerate(parallel.nodes)]
+    named.update(chain.from_iterable(p.sum_of for lin in parallel.lineages for p in lin.parts))
     inputs: dict[int, tuple] = {}
     dropped: set[int] = set()
-    for i, n in enumerate(parallel.nodes):
-        if not spanning[i]:
-            continue
+    for i in [i for i, s in enumerate(spanning) if s]:
+        n = nodes[i]
         flat: list = []
         changed = False
         for x in n.inputs:
@@ -95,40 +104,69 @@ def flatten_sum_chains(parallel: Plan, sum_ops: frozenset[str]) -> Plan:
         if changed:
             inputs[i] = tuple(flat)
     if not dropped:
-        return parallel
+        return parallel, (node_unit, produced)
     gone = {parallel.nodes[j].outputs[0] for j in dropped}
     nodes = [n if i not in inputs else Node(n.id, n.op, n.pass_, n.rank, n.mb, inputs[i],
                                             n.outputs, n.attrs, n.source)
              for i, n in enumerate(parallel.nodes) if i not in dropped]
     tensors = {t: info for t, info in parallel.tensors.items() if t not in gone}
-    return replace(parallel, nodes=nodes, tensors=tensors)
+    kept_units = [u for i, u in enumerate(node_unit) if i not in dropped]
+    for x in gone:
+        del produced[x]
+    return replace(parallel, nodes=nodes, tensors=tensors), (kept_units, produced)
 
 
-def split_units(parallel: Plan, wu: WorldUnits, sum_ops: frozenset[str]
+def split_units(parallel: Plan, wu: WorldUnits, sum_ops: frozenset[str], known=None
                 ) -> tuple[dict[Unit, UnitRecords], UnitRecords, UnitMap]:
-    """Group a loaded plan's records by unit (units.py); records of no unit are global."""
+    """Group a loaded plan's records by unit (units.py); records of no unit are global.
+    `known`: the plan's `node_units`, when already computed."""
     try:
-        umap = assign_units(parallel, wu, sum_ops)
+        umap = assign_units(parallel, wu, sum_ops, known)
     except NoUnits as e:
         raise FoldRefused(str(e)) from None
     units: dict[Unit, UnitRecords] = defaultdict(UnitRecords)
     glob = UnitRecords()
     tu, num = umap.tensor_unit, umap.number
-    for t in sorted(parallel.tensors.values(), key=lambda t: num[t.id]):
-        u = tu[t.id]
-        (glob if u is None else units[u]).tensors.append(t)
+    ids = list(parallel.tensors)
+    numbers = np.fromiter(map(num.__getitem__, ids), np.int64, len(ids))
+    for u, infos in _grouped(list(map(tu.__getitem__, ids)), list(parallel.tensors.values()),
+                             numbers):  # each unit's tensors by local number
+        (glob if u is None else units[u]).tensors = infos
     for u, idx in umap.order.items():
-        units[u].nodes = [(i, parallel.nodes[i]) for i in idx]
-    for lin in parallel.lineages:
-        for pos, p in enumerate(lin.parts):
-            us = {tu[x] for x in p.sum_of}
-            u = us.pop() if len(us) == 1 else None
-            if u is None:
-                glob.parts.append((lin.index, pos, p))
-                glob.part_refs.append([umap.locate(x) for x in p.sum_of])
-            else:
-                units[u].parts.append((lin.index, pos, p))
+        units[u].nodes = list(zip(idx, map(parallel.nodes.__getitem__, idx)))
+    parts = [(lin.index, pos, p) for lin in parallel.lineages for pos, p in enumerate(lin.parts)]
+    owners = [tu[p.sum_of[0]] if len(p.sum_of) == 1 else _one_unit(p.sum_of, tu)
+              for _, _, p in parts]
+    for u, group in _grouped(owners, parts):  # each unit's parts in lineage order
+        if u is None:
+            glob.parts = group
+            glob.part_refs = [[umap.locate(x) for x in p.sum_of] for _, _, p in group]
+        else:
+            units[u].parts = group
     return units, glob, umap
+
+
+def _one_unit(tensors, tensor_unit: dict) -> Unit | None:
+    """The unit of all of `tensors` when they are in one, else None (a global part)."""
+    us = set(map(tensor_unit.__getitem__, tensors))
+    return us.pop() if len(us) == 1 else None
+
+
+def _grouped(owners: list, items: list, keys: np.ndarray | None = None) -> list[tuple]:
+    """(owner, its items) for each distinct owner: items in `keys` order inside a group (in
+    list order when `keys` is None), grouped by one sort instead of a loop of appends."""
+    if not items:
+        return []
+    code = {u: i for i, u in enumerate(dict.fromkeys(owners))}
+    codes = np.fromiter(map(code.__getitem__, owners), np.int64, len(owners))
+    order = (np.argsort(codes, kind="stable") if keys is None
+             else np.lexsort((keys, codes)))
+    ordered = list(map(items.__getitem__, order.tolist()))
+    sorted_codes = codes[order]
+    cuts = [0, *(np.flatnonzero(sorted_codes[1:] != sorted_codes[:-1]) + 1).tolist(),
+            len(ordered)]
+    who = list(code)
+    return [(who[int(sorted_codes[a])], ordered[a:b]) for a, b in zip(cuts, cuts[1:])]
 
 
 def unit_order(units) -> list[Unit]:
@@ -141,11 +179,11 @@ class LoadedPlan:
     """A loaded parallel plan as a unit source."""
 
     def __init__(self, single: Plan, parallel: Plan):
-        parallel = flatten_sum_chains(parallel, SUM_OPS)
+        parallel, known = flatten_with_units(parallel, SUM_OPS)
         self.single, self.header = single, parallel
         self.intern = Interner()
         self._units, self._global, self._map = split_units(
-            parallel, WorldUnits.of(parallel.world), SUM_OPS)
+            parallel, WorldUnits.of(parallel.world), SUM_OPS, known)
         if REPRESENTATIVE not in self._units:
             raise FoldRefused("replica 0 has no node of micro-batch 0")
 
@@ -157,7 +195,7 @@ class LoadedPlan:
 
     def table(self, unit: Unit) -> UnitTable:
         r = self._units[unit]
-        return build_table(unit, r.tensors, r.nodes, r.parts, self._map.locate, self.intern)
+        return loaded_table(unit, r.tensors, r.nodes, r.parts, self._map.locate, self.intern)
 
     def records(self, unit: Unit) -> UnitRecords:
         return self._units[unit]
@@ -247,8 +285,22 @@ def _check_parallel(view, checker: Checker, chunks: list[list[Unit]], jobs: int)
 def fold_plans(single: Plan, parallel: Plan, extra: int = 0) -> Folded:
     """Fold a loaded pair (raises FoldRefused when the plan does not fit)."""
     _check_foldable(parallel, extra)  # before splitting the plan into units
-    with plans_frozen():
+    with plans_frozen(), _collector_paused():
         return fold_source(LoadedPlan(single, parallel), extra)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic collection while a loaded plan is split and folded: the split allocates
+    millions of acyclic records (unit maps, per-unit lists), and collecting them as they grow
+    was a tenth of the fold of a 327k-node plan; reference counting still frees them."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _check_foldable(parallel: Plan, extra: int) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from itertools import chain, repeat
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from dataclasses import dataclass, fields
 from typing import Callable
 
@@ -195,24 +195,8 @@ def instance_table(unit: Unit, tensors: list[TensorInfo], nodes: list[tuple[int,
     with one dict lookup per name and numpy instead of a Python loop per node. `local`: the
     unit's tensors by local number; `outside(x)`: the reference of any other tensor."""
     ns = [n for _, n in nodes]
-    own = np.array(reference(unit, unit, 0), dtype=np.int64)
-    refs = {}
-    for name, col in (("in", ins), ("out", outs)):
-        lens = np.fromiter(map(len, col), np.int64, len(col))
-        flat = list(chain.from_iterable(col))
-        codes = np.fromiter(map(local.get, flat, repeat(-1)), np.int64, len(flat))
-        rows = np.empty((len(flat), 4), dtype=np.int64)
-        mine = codes >= 0
-        rows[mine] = own
-        rows[mine, 0] = codes[mine]
-        other = np.flatnonzero(~mine)
-        if len(other):
-            seen: dict = {None: NULL_REF}
-            rows[other] = [seen[x] if x in seen else seen.setdefault(x, outside(x))
-                           for x in map(flat.__getitem__, other.tolist())]
-        ptr = np.zeros(len(col) + 1, dtype=np.int64)
-        np.cumsum(lens, out=ptr[1:])
-        refs[name] = (ptr, rows)
+    refs = {name: reference_rows(unit, col, local, outside)
+            for name, col in (("in", ins), ("out", outs))}
     attrs = _semantic_column(ns)
     ranks = [rs for _, rs in attrs]
     ap = np.zeros(len(ns) + 1, dtype=np.int64)
@@ -231,7 +215,55 @@ def instance_table(unit: Unit, tensors: list[TensorInfo], nodes: list[tuple[int,
         **part_columns([], None, intern, []))
 
 
+def reference_rows(unit: Unit, col: list, local: dict[str, int],
+                   outside: Callable[[str], tuple]) -> tuple[np.ndarray, np.ndarray]:
+    """The references of lists of tensor ids (CSR: pointers, (n, 4) rows): the unit's own
+    tensors (`local`) in numpy, each other name once through `outside`."""
+    own = np.array(reference(unit, unit, 0), dtype=np.int64)
+    lens = np.fromiter(map(len, col), np.int64, len(col))
+    flat = list(chain.from_iterable(col))
+    codes = np.fromiter(map(local.get, flat, repeat(-1)), np.int64, len(flat))
+    rows = np.empty((len(flat), 4), dtype=np.int64)
+    mine = codes >= 0
+    rows[mine] = own
+    rows[mine, 0] = codes[mine]
+    other = np.flatnonzero(~mine)
+    if len(other):
+        seen: dict = {None: NULL_REF}
+        rows[other] = [seen[x] if x in seen else seen.setdefault(x, outside(x))
+                       for x in map(flat.__getitem__, other.tolist())]
+    ptr = np.zeros(len(col) + 1, dtype=np.int64)
+    np.cumsum(lens, out=ptr[1:])
+    return ptr, rows
+
+
 _RANK, _MB = attrgetter("rank"), attrgetter("mb")
+_INPUTS, _OUTPUTS = attrgetter("inputs"), attrgetter("outputs")
+
+
+def loaded_table(unit: Unit, tensors: list[TensorInfo], nodes: list[tuple[int, Node]],
+                 parts: list[tuple[int, int, LineagePart]], locate: Locate,
+                 intern: Interner) -> UnitTable:
+    """`build_table` for a loaded plan's unit (tvsmt/fold/source.py `LoadedPlan`), built over
+    columns by `instance_table`: the unit's own tensors are its `tensors` by local number
+    (units.py numbers each unit's tensors 0, 1, ...), every other one goes through `locate`.
+    The same table as `build_table` (tests/test_fold_tables.py compares them)."""
+    if tensors and locate(tensors[-1].id)[1] != len(tensors) - 1:
+        # not numbered 0.. in list order (a tensor missing from the plan's table)
+        return build_table(unit, tensors, nodes, parts, locate, intern)
+    local = {t.id: k for k, t in enumerate(tensors)}
+    ns = [n for _, n in nodes]
+
+    def outside(x: str) -> tuple:
+        return reference(unit, *locate(x))
+
+    tab = instance_table(unit, tensors, nodes, list(map(_INPUTS, ns)), list(map(_OUTPUTS, ns)),
+                         local, outside, intern)
+    if parts:
+        sums = reference_rows(unit, [p.sum_of for _, _, p in parts], local, outside)
+        for name, value in part_columns(parts, None, intern, sums=sums).items():
+            setattr(tab, name, value)
+    return tab
 
 
 def _interned(intern: Interner, values: list) -> np.ndarray:
@@ -254,27 +286,33 @@ def _semantic_column(ns: list[Node]) -> list[tuple[str, list[int]]]:
     return hits
 
 
-def part_columns(parts: list[tuple[int, int, LineagePart]], ref: Callable[[str], tuple],
-                 intern: Interner, refs: list[list[tuple]] | None = None
-                 ) -> dict[str, np.ndarray]:
+def part_columns(parts: list[tuple[int, int, LineagePart]], ref: Callable[[str], tuple] | None,
+                 intern: Interner, refs: list[list[tuple]] | None = None,
+                 sums: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """The lineage-part columns of a table (`ref`: tensor id -> reference; or `refs`, the
-    references of each part's tensors, already known)."""
-    if any(len(p.slice) > MAX_DIMS for _, _, p in parts):
+    references of each part's tensors, already known; or `sums`, those in CSR form)."""
+    raw = [p.slice for _, _, p in parts]
+    ranks = set(map(len, raw))
+    if ranks and max(ranks) > MAX_DIMS:
         raise ValueError(f"a lineage slice with more than {MAX_DIMS} dimensions")
     slices = np.full((len(parts), 2 * MAX_DIMS), -1, dtype=np.int64)
-    raw = [p.slice for _, _, p in parts]
-    if len({len(x) for x in raw}) == 1:  # one rank (the usual case): one numpy call
-        flat = np.array(raw, dtype=np.int64).reshape(len(parts), -1)
+    if len(ranks) == 1:  # one rank (the usual case): one numpy call
+        rank = len(raw[0])
+        flat = np.fromiter(chain.from_iterable(chain.from_iterable(raw)), np.int64,
+                           2 * rank * len(raw)).reshape(len(parts), 2 * rank)
         slices[:, :flat.shape[1]] = flat
     else:
         for i, x in enumerate(raw):
             for k, (a, b) in enumerate(x):
                 slices[i, 2 * k], slices[i, 2 * k + 1] = a, b
-    if refs is None:
-        refs = [[ref(x) for x in p.sum_of] for _, _, p in parts]
-    sp, sums = _csr(refs)
-    arr = lambda xs: np.array(xs, dtype=np.int64)  # noqa: E731
-    return dict(p_lin=arr([lin for lin, _, _ in parts]), p_pos=arr([pos for _, pos, _ in parts]),
+    if sums is not None:
+        sp, sums = sums
+    else:
+        if refs is None:
+            refs = [[ref(x) for x in p.sum_of] for _, _, p in parts]
+        sp, sums = _csr(refs)
+    return dict(p_lin=np.fromiter(map(itemgetter(0), parts), np.int64, len(parts)),
+                p_pos=np.fromiter(map(itemgetter(1), parts), np.int64, len(parts)),
                 p_scale=_interned_objects(intern, [p.scale for _, _, p in parts]),
                 p_slice=slices, p_sum_ptr=sp, p_sum=sums)
 

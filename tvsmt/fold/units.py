@@ -32,6 +32,8 @@ representative, and its unit is then verified as it is (see folder.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections import Counter
+from itertools import chain, repeat
 
 from tvsmt.plan.mesh import Mesh
 from tvsmt.plan.model import Plan
@@ -87,44 +89,60 @@ def node_units(plan: Plan, wu: WorldUnits, sum_ops: frozenset[str]
         raise NoUnits(f"the plan's world: {e}") from None
     produced: dict[str, Unit] = {}
     node_unit: list[Unit] = []
+    size, per, mbs = mesh.dp * mesh.pp * mesh.tp, mesh.per_replica, wu.mb
+    same: dict[tuple[int, int], Unit] = {}  # (rank, mb) -> unit, one tuple each
     for n in plan.nodes:
-        try:
-            d = mesh.replica_of(n.rank)
-        except ValueError:
-            raise NoUnits(f"node {n.id}: rank {n.rank} outside the world") from None
-        if n.mb == -1:
-            u: Unit = (d, None)
-        elif not 0 <= n.mb < wu.mb:
-            raise NoUnits(f"node {n.id}: micro-batch {n.mb} outside the world")
-        else:
-            u = (d, n.mb)
-            if n.op in sum_ops and len(n.inputs) > 1:
-                units = {produced.get(x) for x in n.inputs if x is not None}
-                units.discard(None)
-                if len(units) > 1:
-                    u = (d, None)  # a sum over units belongs to its replica
+        r, m = n.rank, n.mb
+        u = same.get((r, m))
+        if u is None:
+            if not (isinstance(r, int) and 0 <= r < size):
+                raise NoUnits(f"node {n.id}: rank {r} outside the world")
+            if m == -1:
+                u = (r // per, None)
+            elif not 0 <= m < mbs:
+                raise NoUnits(f"node {n.id}: micro-batch {m} outside the world")
+            else:
+                u = (r // per, m)
+            same[(r, m)] = u
+        if u[1] is not None and n.op in sum_ops and len(n.inputs) > 1:
+            units = {produced.get(x) for x in n.inputs if x is not None}
+            units.discard(None)
+            if len(units) > 1:
+                u = (u[0], None)  # a sum over units belongs to its replica
         node_unit.append(u)
-        for x in n.outputs:
-            if x is not None:
-                produced[x] = u
+        produced.update(zip(n.outputs, repeat(u)))
+    produced.pop(None, None)  # an absent output slot
     return node_unit, produced
 
 
-def assign_units(plan: Plan, wu: WorldUnits, sum_ops: frozenset[str]) -> UnitMap:
-    """Units of a loaded plan's nodes and tensors, from ranks, micro-batches and dataflow."""
-    node_unit, produced = node_units(plan, wu, sum_ops)
-    consumers: dict[str, set] = {}
+def assign_units(plan: Plan, wu: WorldUnits, sum_ops: frozenset[str],
+                 known: "tuple[list[Unit], dict[str, Unit]] | None" = None) -> UnitMap:
+    """Units of a loaded plan's nodes and tensors, from ranks, micro-batches and dataflow
+    (`known`: the plan's `node_units`, when the caller has them)."""
+    node_unit, produced = known if known is not None else node_units(plan, wu, sum_ops)
+    reads: dict[Unit, list] = {}  # each unit's inputs
     for n, u in zip(plan.nodes, node_unit):
-        for x in n.inputs:
-            if x is not None and x not in produced:
-                consumers.setdefault(x, set()).add(u)
+        r = reads.get(u)
+        if r is None:
+            r = reads[u] = []
+        r += n.inputs
+    # the graph inputs each unit and each replica reads, in set operations: an input read by
+    # one unit is that unit's, by units of one replica that replica unit's, else global
+    first: dict[str, Unit] = {}  # input -> the first unit found reading it
+    shared: set[str] = set()  # inputs read by more than one unit
+    by_replica: dict[int, set] = {}
+    for u, xs in reads.items():
+        unproduced = set(xs).difference(produced)
+        unproduced.discard(None)
+        fresh = unproduced.difference(first)
+        first.update(dict.fromkeys(fresh, u))
+        shared.update(unproduced.difference(fresh))
+        by_replica.setdefault(u[0], set()).update(unproduced)
+    replicas = Counter(chain.from_iterable(by_replica.values()))
     tensor_unit: dict[str, Unit | None] = dict(produced)
-    for x, us in consumers.items():
-        if len(us) == 1:
-            tensor_unit[x] = next(iter(us))
-        else:
-            ds = {d for d, _ in us}
-            tensor_unit[x] = (ds.pop(), None) if len(ds) == 1 else None
+    tensor_unit.update(first)
+    for x in shared:
+        tensor_unit[x] = (first[x][0], None) if replicas[x] == 1 else None
     for x in plan.tensors:
         tensor_unit.setdefault(x, None)
     order, number = _canonical_order(plan, wu, node_unit, tensor_unit)
@@ -151,11 +169,22 @@ def _canonical_order(plan: Plan, wu: WorldUnits, node_unit: list[Unit],
     counters: dict[Unit | None, int] = {}
     number: dict[str, int] = {}
 
-    def num(x: str | None, want: Unit | None) -> None:
-        if x is not None and x not in number and tensor_unit[x] == want:
+    def num_all(xs: list, want: Unit | None) -> None:
+        """Number, in the order of `xs`, those of its tensors of unit `want` not numbered yet
+        (each tensor's first occurrence)."""
+        new = [x for x in dict.fromkeys(xs)
+               if x is not None and x not in number and tensor_unit[x] == want]
+        if new:
             k = counters.get(want, 0)
-            number[x] = k
-            counters[want] = k + 1
+            number.update(zip(new, range(k, k + len(new))))
+            counters[want] = k + len(new)
+
+    def reads_and_writes(idx) -> list:
+        flat: list = []
+        for i in idx:
+            flat += nodes[i].inputs
+            flat += nodes[i].outputs
+        return flat
 
     order: dict[Unit, list[int]] = {}
     for u, idx in members.items():
@@ -163,17 +192,11 @@ def _canonical_order(plan: Plan, wu: WorldUnits, node_unit: list[Unit],
             continue
         idx.sort(key=lambda i: (nodes[i].rank - u[0] * per, i))
         order[u] = idx
-        for i in idx:
-            for x in nodes[i].inputs:
-                num(x, u)
-            for x in nodes[i].outputs:
-                num(x, u)
+        num_all(reads_and_writes(idx), u)
     replicas = sorted(u for u in members if u[1] is None)
     for u in replicas:  # what the replica's instance units read first (its weights)
-        for m in range(wu.mb):
-            for i in order.get((u[0], m), ()):
-                for x in nodes[i].inputs:
-                    num(x, u)
+        num_all([x for m in range(wu.mb) for i in order.get((u[0], m), ())
+                 for x in nodes[i].inputs], u)
     level: dict[int, int] = {}
     producer: dict[str, int] = {}
     for u in replicas:
@@ -195,14 +218,12 @@ def _canonical_order(plan: Plan, wu: WorldUnits, node_unit: list[Unit],
                 return (n.rank - u[0] * per, n.op, read, i)
             idx = sorted((i for i in members[u] if level[i] == lev), key=key)
             order[u] += idx
-            for i in idx:
-                for x in nodes[i].inputs:
-                    num(x, u)
-                for x in nodes[i].outputs:
-                    num(x, u)
-    for n in nodes:  # global tensors, then whatever no node touches
-        for x in n.inputs:
-            num(x, None)
-    for x in plan.tensors:
-        num(x, tensor_unit[x])
+            num_all(reads_and_writes(idx), u)
+    num_all([x for n in nodes for x in n.inputs], None)  # global tensors
+    for x in plan.tensors:  # then whatever no node touches
+        if x not in number:
+            want = tensor_unit[x]
+            k = counters.get(want, 0)
+            number[x] = k
+            counters[want] = k + 1
     return order, number

@@ -1,0 +1,71 @@
+"""The loaded plan's unit tables built over columns (table.loaded_table, what LoadedPlan gives
+the folder) are exactly `build_table`'s, the node-by-node construction the fold's checks were
+written against: on real nnScaler plans (../shared/plans) and on generated ones."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import fields
+
+import numpy as np
+import pytest
+from conftest import fixture_pair
+
+from tvsmt.fold.source import LoadedPlan
+from tvsmt.fold.table import Interner, build_table, loaded_table
+from tvsmt.frontends import generate_pair
+from tvsmt.plan import plan_from_dict
+
+DIMS = dict(hidden=16, heads=4, ffn=32, vocab=16, seq=4)
+MOE = dict(hidden=16, heads=4, ffn=16, vocab=16, seq=4)
+
+
+def _same_tables(loaded: LoadedPlan) -> int:
+    """Compare every unit's two tables column by column (one interner: the old table is
+    built first, so the new one finds every value already numbered); returns the units."""
+    intern = Interner()
+    units = loaded.units()
+    for u in units:
+        r = loaded.records(u)
+        old = build_table(u, r.tensors, r.nodes, r.parts, loaded._map.locate, intern)
+        new = loaded_table(u, r.tensors, r.nodes, r.parts, loaded._map.locate, intern)
+        for f in fields(old):
+            a, b = getattr(old, f.name), getattr(new, f.name)
+            assert a.dtype == b.dtype and a.shape == b.shape, (u, f.name, a.shape, b.shape)
+            assert np.array_equal(a, b), (u, f.name)
+    return len(units)
+
+
+@pytest.mark.parametrize("name", ["llama3-ly2-dp2pp2tp2mb2", "moe-ly4-dp2pp2tp2mb2",
+                                  "llama3moe-ly2-dp2pp2tp2mb2", "mlp-ly2-dp2pp2tp2mb2"])
+def test_loaded_tables_equal_build_table_on_real_plans(name):
+    single, parallel = (json.load(gzip.open(p)) for p in fixture_pair(name))
+    loaded = LoadedPlan(plan_from_dict(single, "s"), plan_from_dict(parallel, "p"))
+    assert _same_tables(loaded) >= 6  # 2 x 2 instance units and 2 replica units
+
+
+@pytest.mark.parametrize("model,world,dims", [
+    ("llama3", dict(layers=2, dp=3, tp=2, pp=2, mb=3), DIMS),
+    ("llama3", dict(layers=1, dp=4, tp=1, pp=1, mb=1), DIMS),
+    ("moe", dict(layers=2, dp=2, tp=2, pp=2, mb=3), MOE),
+])
+def test_loaded_tables_equal_build_table_on_generated_plans(model, world, dims):
+    single, parallel = generate_pair(model, **world, **dims)
+    loaded = LoadedPlan(plan_from_dict(single, "s"), plan_from_dict(parallel, "p"))
+    assert _same_tables(loaded) == world["dp"] * (world["mb"] + 1)
+
+
+@pytest.mark.parametrize("name", ["llama3-ly2-dp16pp4tp1mb8"])  # 8 micro-batches: chains
+def test_flattened_plans_units_are_computed_afresh(name):
+    """flatten_with_units hands split_units the node units of the flattened plan without
+    computing them again: they are the ones `node_units` finds on that plan."""
+    from tvsmt.fold.folder import SUM_OPS
+    from tvsmt.fold.source import flatten_with_units
+    from tvsmt.fold.units import WorldUnits, node_units
+
+    _, parallel = (json.load(gzip.open(p)) for p in fixture_pair(name))
+    plan = plan_from_dict(parallel, "p")
+    flat, known = flatten_with_units(plan, SUM_OPS)
+    assert len(flat.nodes) < len(plan.nodes)  # chains of accumulations were flattened
+    assert known == node_units(flat, WorldUnits.of(flat.world), SUM_OPS)
