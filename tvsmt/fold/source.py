@@ -14,11 +14,8 @@ fix each lineage's batch dimension), then the rest, in worker processes when `jo
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 from collections import Counter, defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from itertools import chain
 from operator import attrgetter
@@ -39,7 +36,7 @@ from tvsmt.fold.units import (
     assign_units,
     node_units,
 )
-from tvsmt.heap import plans_frozen
+from tvsmt.heap import collector_paused, plans_frozen
 from tvsmt.plan.model import Node, Plan
 
 
@@ -53,10 +50,6 @@ class UnitSource(Protocol):
     def table(self, unit: Unit) -> UnitTable: ...
     def records(self, unit: Unit) -> UnitRecords: ...
     def worker_view(self) -> "UnitSource": ...  # what worker processes need (picklable)
-
-
-def flatten_sum_chains(parallel: Plan, sum_ops: frozenset[str]) -> Plan:
-    return flatten_with_units(parallel, sum_ops)[0]
 
 
 def flatten_with_units(parallel: Plan, sum_ops: frozenset[str]
@@ -285,22 +278,8 @@ def _check_parallel(view, checker: Checker, chunks: list[list[Unit]], jobs: int)
 def fold_plans(single: Plan, parallel: Plan, extra: int = 0) -> Folded:
     """Fold a loaded pair (raises FoldRefused when the plan does not fit)."""
     _check_foldable(parallel, extra)  # before splitting the plan into units
-    with plans_frozen(), _collector_paused():
+    with plans_frozen(), collector_paused():
         return fold_source(LoadedPlan(single, parallel), extra)
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """No cyclic collection while a loaded plan is split and folded: the split allocates
-    millions of acyclic records (unit maps, per-unit lists), and collecting them as they grow
-    was a tenth of the fold of a 327k-node plan; reference counting still frees them."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _check_foldable(parallel: Plan, extra: int) -> None:
