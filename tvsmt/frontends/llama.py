@@ -79,8 +79,9 @@ def block(tr: Tracer, cfg, layer: int, h: Val, mask: Val, b: int) -> Val:
     return tr.op("add", [res, f], f"{p}.ffn_residual", h.shape, {"alpha": 1})
 
 
-def forward(tr: Tracer, cfg, b: int, stage_of: list[int]) -> Val:
-    """One micro-batch of b sequences: embedding, layers, final norm, LM head, sum loss."""
+def embed(tr: Tracer, cfg, b: int) -> tuple[Val, Val]:
+    """The token embedding of one micro-batch of b sequences (its batch position in the
+    attributes) and the causal mask: the start of every Llama-like model."""
     w = tr.w
     ids = tr.data("tokens", (b, cfg.seq))
     table = tr.param("embed.weight", (cfg.vocab, cfg.hidden))
@@ -90,6 +91,13 @@ def forward(tr: Tracer, cfg, b: int, stage_of: list[int]) -> Val:
     h = tr.op("embedding", [ids, table], "embed.out", (b, cfg.seq, cfg.hidden), emb_attrs)
     mask = tr.op("create_mask", [ids, h], "mask", (1, 1, cfg.seq, cfg.seq), batch=False,
                  differentiable=False)
+    return h, mask
+
+
+def forward(tr: Tracer, cfg, b: int, stage_of: list[int]) -> Val:
+    """One micro-batch of b sequences: embedding, layers, final norm, LM head, sum loss."""
+    w = tr.w
+    h, mask = embed(tr, cfg, b)
     for layer in range(cfg.layers):
         h, mask = tr.goto(stage_of[layer], h, mask)
         h = block(tr, cfg, layer, h, mask, b)

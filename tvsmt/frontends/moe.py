@@ -176,14 +176,7 @@ def forward(tr: Tracer, cfg, b: int, stage_of: list[int]) -> Val:
     """One micro-batch: embedding, dense and MoE layers, final norm, LM head; the loss is the
     sum of the logits plus every MoE layer's auxiliary loss."""
     w, ms = tr.w, moe_shape(cfg)
-    ids = tr.data("tokens", (b, cfg.seq))
-    table = tr.param("embed.weight", (cfg.vocab, cfg.hidden))
-    emb_attrs = {"padding_idx": None, "start": 0, "stop": cfg.vocab, "dp": tr.d, "mb": tr.m,
-                 "num_dp": w.dp, "num_mb": w.mb, "batch_index": tr.d * w.mb + tr.m,
-                 "num_batches": w.dp * w.mb}
-    h = tr.op("embedding", [ids, table], "embed.out", (b, cfg.seq, cfg.hidden), emb_attrs)
-    mask = tr.op("create_mask", [ids, h], "mask", (1, 1, cfg.seq, cfg.seq), batch=False,
-                 differentiable=False)
+    h, mask = llama.embed(tr, cfg, b)
     auxes = []
     for layer in range(cfg.layers):
         h, mask = tr.goto(stage_of[layer], h, mask)
