@@ -279,7 +279,18 @@ def fold_plans(single: Plan, parallel: Plan, extra: int = 0) -> Folded:
     """Fold a loaded pair (raises FoldRefused when the plan does not fit)."""
     _check_foldable(parallel, extra)  # before splitting the plan into units
     with plans_frozen(), collector_paused():
-        return fold_source(LoadedPlan(single, parallel), extra)
+        return fold_source(loaded_source(single, parallel), extra)
+
+
+def loaded_source(single: Plan, parallel: Plan) -> "UnitSource":
+    """A loaded pair as a unit source: split over columns (tvsmt/fold/columns.py), or node by
+    node (`LoadedPlan`, the same split) when the plan holds what columns cannot represent."""
+    from tvsmt.fold.columns import ColumnPlan, NoColumns
+
+    try:
+        return ColumnPlan(single, parallel)
+    except NoColumns:
+        return LoadedPlan(single, parallel)
 
 
 def _check_foldable(parallel: Plan, extra: int) -> None:

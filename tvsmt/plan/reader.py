@@ -37,7 +37,8 @@ from isal import igzip, isal_zlib
 from msgspec.structs import force_setattr
 
 from tvsmt.errors import PlanError, UnsupportedOperator
-from tvsmt.plan.model import MAX_DIM, Aligned, Lineage, LineagePart, Node, Plan, TensorInfo
+from tvsmt.plan.model import (MAX_DIM, Aligned, Lineage, LineagePart, Node, Plan, PlanColumns,
+                              TensorInfo)
 from tvsmt.plan.schema import RawPlan, decode_scale
 
 FORMAT = "tvsmt.execplan"
@@ -223,10 +224,10 @@ def _build(doc: RawPlan, path: str) -> Plan:
     nums = np.fromiter(map(number.get, chain(chain.from_iterable(outs_col),
                                              chain.from_iterable(ins_col)), repeat(-2)),
                        np.int64, n_out + n_in)
-    del number
     if len(nums) and nums.min() == -2:
         raise _Reject
     out_num, in_num = nums[:n_out], nums[n_out:]
+    columns = PlanColumns(list(nodes), tids, number, in_lens, in_num, out_lens, out_num)
     at = np.arange(n_nodes, dtype=np.int64)
     out_at = np.repeat(at, out_lens)
     real = out_num >= 0
@@ -252,7 +253,8 @@ def _build(doc: RawPlan, path: str) -> Plan:
     if doc.kind == "single" and lineages:
         raise _Reject
     name = os.path.basename(path) if doc.name is msgspec.UNSET else doc.name
-    return Plan(path, str(name), doc.kind, world, tensors, nodes, list(outputs), lineages)
+    return Plan(path, str(name), doc.kind, world, tensors, nodes, list(outputs), lineages,
+                columns)
 
 
 _ONE = Fraction(1)
