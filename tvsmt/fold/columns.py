@@ -19,8 +19,9 @@ ranks, micro-batches or ids are not what the reader guarantees) goes to `LoadedP
 from __future__ import annotations
 
 from itertools import chain, repeat
-from operator import attrgetter, is_
+from operator import attrgetter, is_, itemgetter
 
+import msgspec
 import numpy as np
 
 from tvsmt.fold.folder import SUM_OPS, FoldRefused, UnitRecords
@@ -35,7 +36,9 @@ from tvsmt.fold.table import (
     Interner,
     UnitTable,
     _interned,
+    _ATTRS_SEEN,
     _interned_objects,
+    _semantic_attrs,
     _semantic_column,
     MAX_DIMS,
 )
@@ -45,7 +48,8 @@ from tvsmt.plan.model import Node, Plan, PlanColumns
 
 _INPUTS, _OUTPUTS, _RANK, _MB, _OP = (attrgetter(k) for k in
                                       ("inputs", "outputs", "rank", "mb", "op"))
-_PASS, _SHAPE = attrgetter("pass_"), attrgetter("shape")
+_PASS, _SHAPE, _SCALE, _SLICE, _SUM_OF = (attrgetter(k) for k in
+                                          ("pass_", "shape", "scale", "slice", "sum_of"))
 _GLOBAL_KEY = -1  # the unit key of a tensor of no unit
 
 
@@ -200,8 +204,12 @@ class ColumnPlan:
         named = np.zeros(n_t, dtype=bool)
         lookup = cols.number.__getitem__
         named[list(map(lookup, plan.outputs))] = True
-        named[list(map(lookup, chain.from_iterable(
-            p.sum_of for lin in plan.lineages for p in lin.parts)))] = True
+        parts = [(lin.index, pos, p) for lin in plan.lineages for pos, p in enumerate(lin.parts)]
+        sums = list(map(_SUM_OF, map(_THIRD, parts)))
+        s_len = np.fromiter(map(len, sums), np.int64, len(sums))
+        s_num = np.fromiter(map(lookup, chain.from_iterable(sums)), np.int64, int(s_len.sum()))
+        named[s_num] = True
+        self._parts, self._p_sum_num = parts, (s_len, s_num)
         rows = np.flatnonzero(spanning)
         dropped = np.zeros(n, dtype=bool)
         new_inputs: dict[int, list] = {}
@@ -267,6 +275,7 @@ class ColumnPlan:
                                      tuple(tids[x] if x >= 0 else None for x in v),
                                      nd.outputs, nd.attrs, nd.source)
         self._nodes = fnodes
+        self._opc, self._op_names = opc[keep], list(op_code)
         self._number_of = cols.number.__getitem__
         self._tensor_unit(n_t, tensor_alive, f_key, f_in_len, f_in, f_out, f_out_len)
         self._number(fnodes, per, f_key, f_rank, f_in_ptr, f_in, f_out_ptr, f_out,
@@ -429,14 +438,12 @@ class ColumnPlan:
         nk = len(fnodes)
         self._in = (f_in_ptr, self._refs(np.repeat(f_key, np.diff(f_in_ptr)), f_in))
         self._out = (f_out_ptr, self._refs(np.repeat(f_key, np.diff(f_out_ptr)), f_out))
-        self._op = _interned(intern, list(map(_OP, fnodes)))
+        opc, names = self._opc, self._op_names
+        self._op = np.array([intern(op) for op in names], dtype=np.int64)[opc]
         self._pass = _interned(intern, list(map(_PASS, fnodes)))
         self._rank, self._mb = f_rank, f_mb
-        attrs = _semantic_column(fnodes)
-        ranks = [rs for _, rs in attrs]
-        self._attrs = _interned(intern, [a for a, _ in attrs])
-        self._attr_ptr = _ptr(np.fromiter(map(len, ranks), np.int64, nk))
-        self._attr_ranks = np.array(list(chain.from_iterable(ranks)), dtype=np.int64)
+        self._attrs, self._attr_ptr, self._attr_ranks = _attr_columns(fnodes, opc, names,
+                                                                      intern)
         infos = list(plan.tensors.values())
         self._infos = infos
         # each unit's tensors by local number
@@ -451,12 +458,8 @@ class ColumnPlan:
         self._tensors = {int(keys[a]): by[a:b] for a, b in zip(cuts[:-1].tolist(),
                                                               cuts[1:].tolist())}
         # lineage parts: owned by the unit of all their tensors, else global
-        parts = [(lin.index, pos, p) for lin in plan.lineages for pos, p in enumerate(lin.parts)]
-        self._parts = parts
-        sums = [p.sum_of for _, _, p in parts]
-        s_len = np.fromiter(map(len, sums), np.int64, len(sums))
-        s_num = np.fromiter(map(cols.number.__getitem__, chain.from_iterable(sums)), np.int64,
-                            int(s_len.sum()))
+        parts = self._parts
+        s_len, s_num = self._p_sum_num
         s_ptr = _ptr(s_len)
         owner = np.full(len(parts), _GLOBAL_KEY, dtype=np.int64)
         if len(parts):
@@ -468,8 +471,9 @@ class ColumnPlan:
         self._p_sum = (s_ptr, self._refs(np.repeat(owner, s_len), s_num), s_num)
         self._p_lin = np.fromiter(map(_FIRST, parts), np.int64, len(parts))
         self._p_pos = np.fromiter(map(_SECOND, parts), np.int64, len(parts))
-        self._p_scale = _interned_objects(intern, [p.scale for _, _, p in parts])
-        self._p_slice = _slices([p.slice for _, _, p in parts])
+        ps = list(map(_THIRD, parts))
+        self._p_scale = _interned_objects(intern, list(map(_SCALE, ps)))
+        self._p_slice = _slices(list(map(_SLICE, ps)))
         pidx = np.argsort(owner, kind="stable")
         ok = owner[pidx]
         cuts = np.flatnonzero(np.concatenate([[True], ok[1:] != ok[:-1], [True]]))
@@ -536,22 +540,57 @@ class ColumnPlan:
         return None
 
 
-_FIRST, _SECOND = (lambda e: e[0]), (lambda e: e[1])
+def _attr_columns(fnodes: list, opc: np.ndarray, op_names: list, intern: Interner
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every node's semantic attributes (table.semantic_attrs): interned text, and the rank
+    numbers taken out of it (CSR), computed once per distinct (op, attribute JSON text)."""
+    n = len(fnodes)
+    try:
+        lines = _ENCODE_LINES(list(map(_ATTRS, fnodes))).split(b"\n")  # JSON has no raw \n
+    except (TypeError, ValueError, OverflowError):
+        attrs = _semantic_column(fnodes)
+        ranks = [rs for _, rs in attrs]
+        return (_interned(intern, [a for a, _ in attrs]),
+                _ptr(np.fromiter(map(len, ranks), np.int64, n)),
+                np.array(list(chain.from_iterable(ranks)), dtype=np.int64))
+    text: dict = {}
+    tc = np.fromiter(map(text.setdefault, lines[:n], range(n)), np.int64, n)
+    _, first, inv = np.unique(opc * (n + 1) + tc, return_index=True, return_inverse=True)
+    sem = []
+    for i in first.tolist():
+        key = (op_names[opc[i]], lines[i])
+        hit = _ATTRS_SEEN.get(key)
+        if hit is None:
+            if len(_ATTRS_SEEN) > 100_000:
+                _ATTRS_SEEN.clear()
+            hit = _ATTRS_SEEN[key] = _semantic_attrs(fnodes[i])
+        sem.append(hit)
+    codes = np.array([intern(a) for a, _ in sem], dtype=np.int64)
+    lens = np.array([len(r) for _, r in sem], dtype=np.int64)
+    values = np.array(list(chain.from_iterable(r for _, r in sem)), dtype=np.int64)
+    inv = inv.reshape(-1)
+    al, ar = _gather(_ptr(lens), values, inv)
+    return codes[inv], _ptr(al), ar
+
+
+_ATTRS = attrgetter("attrs")
+_ENCODE_LINES = msgspec.json.Encoder().encode_lines
+_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 def _slices(raw: list) -> np.ndarray:
-    """Lineage slices as rows of (start, end) pairs, -1 padded (table.part_columns)."""
-    ranks = set(map(len, raw))
-    if ranks and max(ranks) > MAX_DIMS:
+    """Lineage slices as rows of (start, end) pairs, -1 padded (table.part_columns): each
+    distinct slice (a few thousand among 300k parts) written once."""
+    first: dict = {}
+    codes = np.fromiter(map(first.setdefault, raw, range(len(raw))), np.int64, len(raw))
+    distinct = list(first)
+    if distinct and max(map(len, distinct)) > MAX_DIMS:
         raise ValueError(f"a lineage slice with more than {MAX_DIMS} dimensions")
-    out = np.full((len(raw), 2 * MAX_DIMS), -1, dtype=np.int64)
-    if len(ranks) == 1:
-        rank = len(raw[0])
-        flat = np.fromiter(chain.from_iterable(chain.from_iterable(raw)), np.int64,
-                           2 * rank * len(raw)).reshape(len(raw), 2 * rank)
-        out[:, :flat.shape[1]] = flat
-    else:
-        for i, x in enumerate(raw):
-            for k, (a, b) in enumerate(x):
-                out[i, 2 * k], out[i, 2 * k + 1] = a, b
-    return out
+    rows = np.full((len(distinct), 2 * MAX_DIMS), -1, dtype=np.int64)
+    for i, x in enumerate(distinct):
+        for k, (a, b) in enumerate(x):
+            rows[i, 2 * k], rows[i, 2 * k + 1] = a, b
+    index = np.full(len(raw), 0, dtype=np.int64)
+    if len(raw):
+        index[:] = np.searchsorted(np.fromiter(first.values(), np.int64, len(first)), codes)
+    return rows[index]
