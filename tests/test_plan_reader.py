@@ -369,9 +369,25 @@ DECODER_CHECKS = {
     "scale boolean": lambda p: p["lineages"][0]["parts"][0].update(scale=[1, True]),
     "scale float": lambda p: p["lineages"][0]["parts"][0].update(scale=[1.5, 2]),
     "scale of three": lambda p: p["lineages"][0]["parts"][0].update(scale=[1, 2, 3]),
+    # the lineage checks the reader runs over the columns of all parts at once
+    "a lineage without parts": lambda p: p["lineages"][2].update(parts=[]),
+    "a part summing nothing": lambda p: p["lineages"][1]["parts"][3].update(sum_of=[]),
+    "a part naming a tensor twice":
+        lambda p: p["lineages"][1]["parts"][2].update(sum_of=["w1@2", "w1@2"]),
+    "a part of two tensors, one of another shape":
+        lambda p: p["lineages"][0]["parts"][3].update(sum_of=["x@3", "seed@0"]),
+    "a part of two tensors": lambda p: p["lineages"][0]["parts"][3].update(sum_of=["x@3", "x@0"]),
+    "the last part of another shape":
+        lambda p: p["lineages"][-1]["parts"][-1].update(slice=[[0, 3]]),
+    "a slice bound 2**53+1":
+        lambda p: p["lineages"][1]["parts"][1].update(slice=[[8, 2**53 + 1], [0, 8]]),
+    "a slice of no tensor's shape":
+        lambda p: p["lineages"][1]["parts"][1].update(slice=[[8, 15], [0, 8]]),
+    "a part naming a tensor of a later lineage's shape":
+        lambda p: p["lineages"][1]["parts"][1].update(sum_of=["seed@1"]),
 }
 _VALID = ("a tensor no node names", "mb -1", "attrs null", "scale 1/2", "scale null", "scale 2**64",
-          "an id inside a tensor", "role not a string")
+          "an id inside a tensor", "role not a string", "a part of two tensors")
 
 
 @pytest.mark.parametrize("damage", list(DECODER_CHECKS), ids=str)

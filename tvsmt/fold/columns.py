@@ -19,7 +19,7 @@ ranks, micro-batches or ids are not what the reader guarantees) goes to `LoadedP
 from __future__ import annotations
 
 from itertools import chain, repeat
-from operator import attrgetter, is_, itemgetter
+from operator import attrgetter, is_
 
 import msgspec
 import numpy as np
@@ -48,8 +48,8 @@ from tvsmt.plan.model import Node, Plan, PlanColumns
 
 _INPUTS, _OUTPUTS, _RANK, _MB, _OP = (attrgetter(k) for k in
                                       ("inputs", "outputs", "rank", "mb", "op"))
-_PASS, _SHAPE, _SCALE, _SLICE, _SUM_OF = (attrgetter(k) for k in
-                                          ("pass_", "shape", "scale", "slice", "sum_of"))
+_PASS, _SHAPE, _SCALE, _SLICE, _SUM_OF, _PARTS = (
+    attrgetter(k) for k in ("pass_", "shape", "scale", "slice", "sum_of", "parts"))
 _GLOBAL_KEY = -1  # the unit key of a tensor of no unit
 
 
@@ -59,11 +59,14 @@ class NoColumns(Exception):
 
 
 def build_columns(plan: Plan) -> PlanColumns:
+    """What the reader keeps (PlanColumns), computed from the plan's records."""
     nodes = plan.nodes
     tids = list(plan.tensors)
-    number = dict(zip(tids, range(len(tids))))
-    number[None] = -1
+    number = dict(zip(chain(tids, (None,)), chain(range(len(tids)), (-1,))))
     ins, outs = list(map(_INPUTS, nodes)), list(map(_OUTPUTS, nodes))
+    infos = list(plan.tensors.values())
+    parts = list(chain.from_iterable(map(_PARTS, plan.lineages)))
+    sums = list(map(_SUM_OF, parts))
     try:
         in_len = np.fromiter(map(len, ins), np.int64, len(nodes))
         out_len = np.fromiter(map(len, outs), np.int64, len(nodes))
@@ -71,18 +74,33 @@ def build_columns(plan: Plan) -> PlanColumns:
                              int(in_len.sum()))
         out_num = np.fromiter(map(number.__getitem__, chain.from_iterable(outs)), np.int64,
                               int(out_len.sum()))
-    except (KeyError, TypeError):
+        rank = np.fromiter(map(_RANK, nodes), np.int64, len(nodes))
+        mb = np.fromiter(map(_MB, nodes), np.int64, len(nodes))
+        s_len = np.fromiter(map(len, sums), np.int64, len(sums))
+        s_num = np.fromiter(map(number.__getitem__, chain.from_iterable(sums)), np.int64,
+                            int(s_len.sum()))
+    except (KeyError, TypeError, ValueError, OverflowError):
         raise NoColumns from None
-    return PlanColumns(list(nodes), tids, number, in_len, in_num, out_len, out_num)
+    first_shape: dict = {}
+    t_shape = np.fromiter(map(first_shape.setdefault, map(_SHAPE, infos), range(len(infos))),
+                          np.int64, len(infos))
+    first: dict = {}
+    at = np.fromiter(map(first.setdefault, map(_SLICE, parts), range(len(parts))), np.int64,
+                     len(parts))
+    index = np.searchsorted(np.fromiter(first.values(), np.int64, len(first)), at)
+    return PlanColumns(list(nodes), tids, number, in_len, in_num, out_len, out_num, rank, mb,
+                       infos, t_shape, list(plan.lineages), s_len, s_num, index, list(first))
 
 
 def columns_of(plan: Plan) -> PlanColumns:
-    """The reader's columns when they still describe the plan (same node objects, same tensor
-    ids in the same order: nodes are frozen, so that is the same dataflow), else new ones."""
+    """The reader's columns when they still describe the plan (the same node, tensor and
+    lineage objects, all frozen, and the same tensor ids in the same order), else new ones."""
     cols = getattr(plan, "columns", None)
     if (cols is not None and len(cols.nodes) == len(plan.nodes)
-            and all(map(is_, cols.nodes, plan.nodes)) and len(cols.tids) == len(plan.tensors)
-            and cols.tids == list(plan.tensors)):
+            and len(cols.tids) == len(plan.tensors) and len(cols.lineages) == len(plan.lineages)
+            and all(map(is_, cols.nodes, plan.nodes)) and cols.tids == list(plan.tensors)
+            and all(map(is_, cols.infos, plan.tensors.values()))
+            and all(map(is_, cols.lineages, plan.lineages))):
         return cols
     return build_columns(plan)
 
@@ -152,11 +170,7 @@ class ColumnPlan:
         n = len(nodes)
         size, per, mbs = mesh.dp * mesh.pp * mesh.tp, mesh.per_replica, wu.mb
         self.wu, self.stride = wu, mbs + 1  # unit key: d * stride + (m + 1), 0 for m None
-        try:
-            rank = np.fromiter(map(_RANK, nodes), np.int64, n)
-            mb = np.fromiter(map(_MB, nodes), np.int64, n)
-        except (TypeError, ValueError, OverflowError):
-            raise NoColumns from None
+        rank, mb = cols.rank, cols.mb
         bad = np.flatnonzero((rank < 0) | (rank >= size) | ((mb != -1) & ((mb < 0) | (mb >= mbs))))
         if len(bad):
             i = int(bad[0])
@@ -204,12 +218,9 @@ class ColumnPlan:
         named = np.zeros(n_t, dtype=bool)
         lookup = cols.number.__getitem__
         named[list(map(lookup, plan.outputs))] = True
-        parts = [(lin.index, pos, p) for lin in plan.lineages for pos, p in enumerate(lin.parts)]
-        sums = list(map(_SUM_OF, map(_THIRD, parts)))
-        s_len = np.fromiter(map(len, sums), np.int64, len(sums))
-        s_num = np.fromiter(map(lookup, chain.from_iterable(sums)), np.int64, int(s_len.sum()))
-        named[s_num] = True
-        self._parts, self._p_sum_num = parts, (s_len, s_num)
+        named[cols.s_num] = True
+        self._parts = list(chain.from_iterable(map(_PARTS, plan.lineages)))
+        self._p_sum_num = (cols.s_len, cols.s_num)
         rows = np.flatnonzero(spanning)
         dropped = np.zeros(n, dtype=bool)
         new_inputs: dict[int, list] = {}
@@ -449,9 +460,9 @@ class ColumnPlan:
         # each unit's tensors by local number
         tk = self._tunit
         alive = np.flatnonzero(tensor_alive)
-        self._t_shape = np.full(len(infos), -1, dtype=np.int64)
-        self._t_shape[alive] = _interned(intern, list(map(_SHAPE, map(infos.__getitem__,
-                                                                      alive.tolist()))))
+        firsts, dense = np.unique(cols.t_shape, return_inverse=True)
+        self._t_shape = np.array([intern(infos[i].shape) for i in firsts.tolist()],
+                                 dtype=np.int64)[dense.reshape(-1)]
         by = alive[np.lexsort((self._num[alive], tk[alive]))]
         keys = tk[by]
         cuts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1], [True]]))
@@ -469,11 +480,13 @@ class ColumnPlan:
             owner = np.where(lo == hi, lo, _GLOBAL_KEY)
         self._p_owner = owner
         self._p_sum = (s_ptr, self._refs(np.repeat(owner, s_len), s_num), s_num)
-        self._p_lin = np.fromiter(map(_FIRST, parts), np.int64, len(parts))
-        self._p_pos = np.fromiter(map(_SECOND, parts), np.int64, len(parts))
-        ps = list(map(_THIRD, parts))
-        self._p_scale = _interned_objects(intern, list(map(_SCALE, ps)))
-        self._p_slice = _slices(list(map(_SLICE, ps)))
+        per_lin = np.fromiter(map(len, map(_PARTS, plan.lineages)), np.int64,
+                              len(plan.lineages))
+        self._p_lin = np.repeat(np.fromiter((lin.index for lin in plan.lineages), np.int64,
+                                            len(plan.lineages)), per_lin)
+        self._p_pos = np.arange(len(parts)) - np.repeat(_ptr(per_lin)[:-1], per_lin)
+        self._p_scale = _interned_objects(intern, list(map(_SCALE, parts)))
+        self._p_slice = _slices(cols.slices)[cols.slice_index]
         pidx = np.argsort(owner, kind="stable")
         ok = owner[pidx]
         cuts = np.flatnonzero(np.concatenate([[True], ok[1:] != ok[:-1], [True]]))
@@ -497,7 +510,7 @@ class ColumnPlan:
         if t is not None:
             recs.tensors = list(map(self._infos.__getitem__, t.tolist()))
         pidx = self._unit_parts.get(_GLOBAL_KEY, np.zeros(0, dtype=np.int64)).tolist()
-        recs.parts = list(map(self._parts.__getitem__, pidx))
+        recs.parts = self._part_records(pidx)
         s_ptr, _, s_num = self._p_sum
         tk, num = self._tunit.tolist(), self._num.tolist()
         recs.part_refs = [[(self.unit_of(tk[x]), num[x])
@@ -534,7 +547,12 @@ class ColumnPlan:
         pidx = self._unit_parts.get(key, np.zeros(0, dtype=np.int64)).tolist()
         return UnitRecords(list(map(self._infos.__getitem__, t)),
                            list(zip(rows, map(self._nodes.__getitem__, rows))),
-                           list(map(self._parts.__getitem__, pidx)))
+                           self._part_records(pidx))
+
+    def _part_records(self, pidx: list) -> list[tuple]:
+        """(lineage, position in it, part) of these parts."""
+        return list(zip(self._p_lin[pidx].tolist(), self._p_pos[pidx].tolist(),
+                        map(self._parts.__getitem__, pidx)))
 
     def worker_view(self):
         return None
@@ -575,22 +593,14 @@ def _attr_columns(fnodes: list, opc: np.ndarray, op_names: list, intern: Interne
 
 _ATTRS = attrgetter("attrs")
 _ENCODE_LINES = msgspec.json.Encoder().encode_lines
-_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
-def _slices(raw: list) -> np.ndarray:
-    """Lineage slices as rows of (start, end) pairs, -1 padded (table.part_columns): each
-    distinct slice (a few thousand among 300k parts) written once."""
-    first: dict = {}
-    codes = np.fromiter(map(first.setdefault, raw, range(len(raw))), np.int64, len(raw))
-    distinct = list(first)
+def _slices(distinct: list) -> np.ndarray:
+    """Distinct lineage slices as rows of (start, end) pairs, -1 padded (table.part_columns)."""
     if distinct and max(map(len, distinct)) > MAX_DIMS:
         raise ValueError(f"a lineage slice with more than {MAX_DIMS} dimensions")
     rows = np.full((len(distinct), 2 * MAX_DIMS), -1, dtype=np.int64)
     for i, x in enumerate(distinct):
         for k, (a, b) in enumerate(x):
             rows[i, 2 * k], rows[i, 2 * k + 1] = a, b
-    index = np.full(len(raw), 0, dtype=np.int64)
-    if len(raw):
-        index[:] = np.searchsorted(np.fromiter(first.values(), np.int64, len(first)), codes)
-    return rows[index]
+    return rows

@@ -157,3 +157,12 @@ class PlanColumns:
     in_num: Any
     out_len: Any
     out_num: Any
+    rank: Any  # per node
+    mb: Any
+    infos: list  # the plan's TensorInfo objects, in tensor order (compared by identity)
+    t_shape: Any  # per tensor: its shape, as the number of the first tensor with that shape
+    lineages: list  # the Lineage objects described (compared by identity)
+    s_len: Any  # per lineage part (all lineages' parts in order): how many tensors
+    s_num: Any  # their numbers, concatenated
+    slice_index: Any  # per part: its slice, as an index into `slices`
+    slices: list  # the distinct slices
