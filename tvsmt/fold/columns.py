@@ -81,6 +81,9 @@ def build_columns(plan: Plan) -> PlanColumns:
                             int(s_len.sum()))
     except (KeyError, TypeError, ValueError, OverflowError):
         raise NoColumns from None
+    op_first: dict = {}
+    op_at = np.fromiter(map(op_first.setdefault, map(_OP, nodes), range(len(nodes))), np.int64,
+                        len(nodes))
     first_shape: dict = {}
     t_shape = np.fromiter(map(first_shape.setdefault, map(_SHAPE, infos), range(len(infos))),
                           np.int64, len(infos))
@@ -89,7 +92,7 @@ def build_columns(plan: Plan) -> PlanColumns:
                      len(parts))
     index = np.searchsorted(np.fromiter(first.values(), np.int64, len(first)), at)
     return PlanColumns(list(nodes), tids, number, in_len, in_num, out_len, out_num, rank, mb,
-                       infos, t_shape, list(plan.lineages), s_len, s_num, index, list(first))
+                       op_at, infos, t_shape, list(plan.lineages), s_len, s_num, index, list(first))
 
 
 def columns_of(plan: Plan) -> PlanColumns:
@@ -181,9 +184,9 @@ class ColumnPlan:
         stride = self.stride
         d = rank // per
         key = d * stride + np.where(mb == -1, 0, mb + 1)
-        ops = list(map(_OP, nodes))
-        op_code = {op: i for i, op in enumerate(dict.fromkeys(ops))}
-        opc = np.fromiter(map(op_code.__getitem__, ops), np.int64, n)
+        firsts, opc = np.unique(cols.op, return_inverse=True)
+        opc = opc.reshape(-1)
+        op_code = {nodes[i].op: k for k, i in enumerate(firsts.tolist())}
         sum_codes = np.array([op_code[o] for o in SUM_OPS if o in op_code], dtype=np.int64)
         is_sum = np.isin(opc, sum_codes)
         in_len, in_num, out_len, out_num = cols.in_len, cols.in_num, cols.out_len, cols.out_num

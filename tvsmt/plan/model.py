@@ -159,6 +159,7 @@ class PlanColumns:
     out_num: Any
     rank: Any  # per node
     mb: Any
+    op: Any  # per node: its op, as the number of the first node with that op
     infos: list  # the plan's TensorInfo objects, in tensor order (compared by identity)
     t_shape: Any  # per tensor: its shape, as the number of the first tensor with that shape
     lineages: list  # the Lineage objects described (compared by identity)

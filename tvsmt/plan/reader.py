@@ -178,6 +178,11 @@ def decode_document(text: bytes, path: str = "<memory>") -> Plan:
         return plan_from_dict(data, path)
     finally:
         if enabled:
+            # The new plan's containers (a million for 300k nodes) are all young, so the first
+            # allocation after enabling would start a collection that traverses every one of
+            # them (a fifth of the load): they move to the permanent generation instead, as
+            # tvsmt/heap.py `plans_frozen` does, and are unfrozen when it next ends.
+            gc.freeze()
             gc.enable()
 
 
@@ -212,8 +217,10 @@ def _build(doc: RawPlan, path: str) -> Plan:
         out_lens = np.fromiter(map(len, outs_col), np.int64, n_nodes)
     except TypeError:
         raise _Reject from None
-    if (len(set(map(_ID, nodes))) != n_nodes
-            or any(get_op(op) is None for op in set(map(_OP, nodes)))):
+    op_first: dict = {}  # op -> its first node
+    op_at = np.fromiter(map(op_first.setdefault, map(_OP, nodes), range(n_nodes)), np.int64,
+                        n_nodes)
+    if len(set(map(_ID, nodes))) != n_nodes or any(get_op(op) is None for op in op_first):
         raise _Reject
     # Declared tensors, SSA and topological order, over tensor numbers (one dict lookup per
     # name, then numpy): every name is declared, written at most once, and every input is
@@ -257,7 +264,7 @@ def _build(doc: RawPlan, path: str) -> Plan:
         raise _Reject
     name = os.path.basename(path) if doc.name is msgspec.UNSET else doc.name
     columns = PlanColumns(list(nodes), tids, number, in_lens, in_num, out_lens, out_num,
-                          ranks, mbs, infos, t_shape, list(lineages), *parts)
+                          ranks, mbs, op_at, infos, t_shape, list(lineages), *parts)
     return Plan(path, str(name), doc.kind, world, tensors, nodes, list(outputs), lineages,
                 columns)
 
