@@ -110,3 +110,28 @@ def test_a_rank_outside_the_world_is_refused_with_the_node():
     for cls in (LoadedPlan, ColumnPlan):
         with pytest.raises(FoldRefused, match=f"node {p.nodes[5].id}: rank 99 outside"):
             cls(s, p)
+
+
+@pytest.mark.parametrize("bug,op,pass_", [("bw-wrong-input", "silu", "bw")])
+def test_a_bug_put_into_a_loaded_real_plan_in_place_is_caught(bug, op, pass_):
+    """The reader's columns describe the plan as read; a node replaced in the loaded plan's
+    list afterwards (here: a bug in a unit the fold drops) must be seen by the fold, which
+    keeps that unit as an exception and finds the violation."""
+    from tvsmt.frontends.mutations import apply
+    from tvsmt.verify import Options, verify_plans
+
+    single_path, parallel_path = fixture_pair("llama3-ly2-dp16pp4tp1mb8")
+    s, p = load_plan(single_path), load_plan(parallel_path)
+    raw = json.load(gzip.open(parallel_path))
+    per = p.world["pp"] * p.world["tp"]
+    i = max(k for k, n in enumerate(p.nodes) if n.op == op and n.pass_ == pass_
+            and n.rank // per >= 2 and n.mb >= 2)
+    node = p.nodes[i]
+    broken, _ = apply(raw, bug, where=node.id)
+    new = next(n for n in broken["nodes"] if n["id"] == node.id)
+    assert set(broken["tensors"]) == set(raw["tensors"])  # the bug only rewires the node
+    p.nodes[i] = replace(node, inputs=tuple(new["inputs"]), attrs=new.get("attrs") or {})
+    assert p.nodes[i] != node
+    report = verify_plans(s, p, Options(jobs=1))
+    assert report.verdict == "violation"
+    assert f"replica {node.rank // per} micro-batch {node.mb}" in report.fold["exceptions"]
