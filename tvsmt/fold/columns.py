@@ -18,7 +18,7 @@ ranks, micro-batches or ids are not what the reader guarantees) goes to `LoadedP
 
 from __future__ import annotations
 
-from itertools import chain, repeat
+from itertools import chain
 from operator import attrgetter, is_
 
 import msgspec
@@ -458,7 +458,7 @@ class ColumnPlan:
         self._rank, self._mb = f_rank, f_mb
         self._attrs, self._attr_ptr, self._attr_ranks = _attr_columns(fnodes, opc, names,
                                                                       intern)
-        infos = list(plan.tensors.values())
+        infos = cols.infos
         self._infos = infos
         # each unit's tensors by local number
         tk = self._tunit

@@ -220,7 +220,7 @@ def _build(doc: RawPlan, path: str) -> Plan:
     op_first: dict = {}  # op -> its first node
     op_at = np.fromiter(map(op_first.setdefault, map(_OP, nodes), range(n_nodes)), np.int64,
                         n_nodes)
-    if len(set(map(_ID, nodes))) != n_nodes or any(get_op(op) is None for op in op_first):
+    if not _distinct(list(map(_ID, nodes))) or any(get_op(op) is None for op in op_first):
         raise _Reject
     # Declared tensors, SSA and topological order, over tensor numbers (one dict lookup per
     # name, then numpy): every name is declared, written at most once, and every input is
@@ -315,6 +315,16 @@ def _document_lineages(raws, number: dict, t_shape: np.ndarray, shape_first: dic
                        ).any():
         raise _Reject
     return lineages, (s_len, s_num, index, distinct)
+
+
+def _distinct(ids: list[str]) -> bool:
+    """No string twice: their hashes all differ (a numpy sort), or, when two hashes are
+    equal, a set of the strings says."""
+    hashes = np.fromiter(map(hash, ids), np.int64, len(ids))
+    hashes.sort()
+    if not (hashes[1:] == hashes[:-1]).any():
+        return True  # equal strings have equal hashes
+    return len(set(ids)) == len(ids)
 
 
 _ONE = Fraction(1)
