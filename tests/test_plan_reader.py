@@ -416,3 +416,33 @@ def test_a_corrupt_gzip_stream_is_one_line(tmp_path, name):
     data = bytearray(gzip.compress(text))
     data[40:240] = bytes(200)
     one_line_exit_2(verify_with(tmp_path, bytes(data), name), name, "cannot read plan")
+
+
+def test_reading_leaves_the_collector_on_and_the_new_plan_out_of_its_next_collection():
+    """decode_document pauses the cyclic collector while it builds a plan; afterwards the
+    collector is on again (also after a refused plan) and the plan's containers are in the
+    permanent generation (tvsmt/heap.py), so the first allocation does not start a collection
+    that traverses them all."""
+    import gc
+
+    from tvsmt.plan.reader import decode_document
+
+    plan = parallel_mlp()
+    text = json.dumps(plan).encode()
+    gc.collect()
+    before = gc.get_freeze_count()
+    try:
+        p = decode_document(text, "p.json")
+        assert gc.isenabled()
+        assert gc.get_freeze_count() > before and gc.get_count()[0] < 50
+        assert p.nodes and gc.get_freeze_count() - before >= len(p.nodes)  # its tuples, dicts
+        plan["nodes"][0]["op"] = "no_such_op"
+        with pytest.raises(PlanError):
+            decode_document(json.dumps(plan).encode(), "p.json")
+        assert gc.isenabled()
+        gc.disable()
+        decode_document(text, "p.json")
+        assert not gc.isenabled()  # the caller's choice is kept
+    finally:
+        gc.enable()
+        gc.unfreeze()

@@ -330,14 +330,6 @@ def _distinct(ids: list[str]) -> bool:
 _ONE = Fraction(1)
 
 
-def _declared_shapes(tensors: dict[str, TensorInfo]):
-    """`_fast_lineage`'s view of a document's tensors: the shapes of some ids, in order (an
-    undeclared id has none: AttributeError)."""
-    def shapes_of(ids):
-        return list(map(_SHAPE, map(tensors.get, ids)))
-    return shapes_of
-
-
 def _fast_lineage(raw, index: int, shapes_of, slices: dict) -> Lineage:
     """One typed lineage (a `schema.RawLineage` or `LineageRec`) as a `Lineage`, or
     `_Reject`, checked over columns of its parts. `shapes_of(ids)`: the declared shapes of these tensor ids, in order
