@@ -246,8 +246,11 @@ def _build(doc: RawPlan, path: str) -> Plan:
     if n_in and bool((written_at[in_num] >= np.repeat(at, in_lens)).any()):
         raise _Reject
     # ranks >= 0 and micro-batches >= -1 were checked by the decoder: only the largest remain
-    ranks = np.fromiter(map(_RANK, nodes), np.int64, n_nodes)
-    mbs = np.fromiter(map(_MB, nodes), np.int64, n_nodes)
+    try:
+        ranks = np.fromiter(map(_RANK, nodes), np.int64, n_nodes)
+        mbs = np.fromiter(map(_MB, nodes), np.int64, n_nodes)
+    except OverflowError:  # beyond 64 bits: outside any world (the generic path says so)
+        raise _Reject from None
     top_rank, top_mb = ([int(ranks.max())], [int(mbs.max())]) if n_nodes else ((), ())
     if world_problem(world, top_rank, top_mb) is not None:
         raise _Reject
