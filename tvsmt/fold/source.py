@@ -4,7 +4,10 @@ A *unit source* gives the single plan, a header of the parallel plan (world, lin
 tensors, outputs), the records that belong to no unit, and every unit as a table (for the
 check) or as records (for the units the fold keeps). Two sources exist:
 
-* `LoadedPlan`: a plan read from a file, split into units;
+* `LoadedPlan`: a plan read from a file, split into units node by node; `fold_plans` uses
+  `fold.columns.ColumnPlan`, the same split computed over numpy columns (the reference
+  `LoadedPlan` is what tests/test_fold_columns.py compares it with, and where a plan the
+  columns cannot hold goes);
 * `frontends.stream.StreamedPlan`: the generator's plan produced unit by unit, so that a plan
   of 100M nodes is never held in memory.
 
