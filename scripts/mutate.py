@@ -277,6 +277,28 @@ MUTATIONS: tuple[Mutation, ...] = (
                    "worker would; the merge guards plans where a lineage first appears in a "
                    "worker's unit, and no test builds one yet (a gap, listed in the README)"),
     Mutation(
+        "fold-columns-trust-stale",
+        "the column-wise split of a loaded plan uses the reader's columns without checking "
+        "that the plan still holds the nodes they were read from, so a node replaced after "
+        "reading (a bug in a unit the fold drops) is never compared",
+        "folding (reader columns)",
+        (Patch("tvsmt/fold/columns.py",
+               "            and all(map(is_, cols.nodes, plan.nodes)) and cols.tids == ",
+               "            and cols.tids == "),),
+        ("tests/test_fold_columns.py::test_stale_reader_columns_are_not_used",
+         "tests/test_fold_columns.py::test_a_bug_put_into_a_loaded_real_plan_in_place_is_caught"),
+        fast=True),
+    Mutation(
+        "fold-columns-input-unit",
+        "the column-wise split gives a graph input read by several units the unit of the "
+        "first reader (not the replica unit or none), so units are compared through wrong "
+        "references",
+        "folding (column split)",
+        (Patch("tvsmt/fold/columns.py",
+               "tunit[t] = np.where(lo == hi, lo, np.where(",
+               "tunit[t] = np.where(True, lo, np.where("),),
+        ("tests/test_fold_columns.py",)),
+    Mutation(
         "memo-ignores-input-terms",
         "the symbolic node memo keys a node's result by the node alone, not by its input "
         "terms, so a node run on other terms in another stage reuses stale results",

@@ -352,6 +352,8 @@ DECODER_CHECKS = {
     "rank -1": lambda p: p["nodes"][3].update(rank=-1),
     "rank beyond the world": lambda p: p["nodes"][-1].update(rank=4),
     "rank a float": lambda p: p["nodes"][3].update(rank=1.0),
+    "rank 2**64": lambda p: p["nodes"][3].update(rank=2**64),
+    "mb 2**63": lambda p: p["nodes"][3].update(mb=2**63),
     "mb -1": lambda p: p["nodes"][3].update(mb=-1),
     "mb -2": lambda p: p["nodes"][3].update(mb=-2),
     "mb beyond the world": lambda p: p["nodes"][-1].update(mb=1),
@@ -369,9 +371,25 @@ DECODER_CHECKS = {
     "scale boolean": lambda p: p["lineages"][0]["parts"][0].update(scale=[1, True]),
     "scale float": lambda p: p["lineages"][0]["parts"][0].update(scale=[1.5, 2]),
     "scale of three": lambda p: p["lineages"][0]["parts"][0].update(scale=[1, 2, 3]),
+    # the lineage checks the reader runs over the columns of all parts at once
+    "a lineage without parts": lambda p: p["lineages"][2].update(parts=[]),
+    "a part summing nothing": lambda p: p["lineages"][1]["parts"][3].update(sum_of=[]),
+    "a part naming a tensor twice":
+        lambda p: p["lineages"][1]["parts"][2].update(sum_of=["w1@2", "w1@2"]),
+    "a part of two tensors, one of another shape":
+        lambda p: p["lineages"][0]["parts"][3].update(sum_of=["x@3", "seed@0"]),
+    "a part of two tensors": lambda p: p["lineages"][0]["parts"][3].update(sum_of=["x@3", "x@0"]),
+    "the last part of another shape":
+        lambda p: p["lineages"][-1]["parts"][-1].update(slice=[[0, 3]]),
+    "a slice bound 2**53+1":
+        lambda p: p["lineages"][1]["parts"][1].update(slice=[[8, 2**53 + 1], [0, 8]]),
+    "a slice of no tensor's shape":
+        lambda p: p["lineages"][1]["parts"][1].update(slice=[[8, 15], [0, 8]]),
+    "a part naming a tensor of a later lineage's shape":
+        lambda p: p["lineages"][1]["parts"][1].update(sum_of=["seed@1"]),
 }
 _VALID = ("a tensor no node names", "mb -1", "attrs null", "scale 1/2", "scale null", "scale 2**64",
-          "an id inside a tensor", "role not a string")
+          "an id inside a tensor", "role not a string", "a part of two tensors")
 
 
 @pytest.mark.parametrize("damage", list(DECODER_CHECKS), ids=str)
@@ -400,3 +418,33 @@ def test_a_corrupt_gzip_stream_is_one_line(tmp_path, name):
     data = bytearray(gzip.compress(text))
     data[40:240] = bytes(200)
     one_line_exit_2(verify_with(tmp_path, bytes(data), name), name, "cannot read plan")
+
+
+def test_reading_leaves_the_collector_on_and_the_new_plan_out_of_its_next_collection():
+    """decode_document pauses the cyclic collector while it builds a plan; afterwards the
+    collector is on again (also after a refused plan) and the plan's containers are in the
+    permanent generation (tvsmt/heap.py), so the first allocation does not start a collection
+    that traverses them all."""
+    import gc
+
+    from tvsmt.plan.reader import decode_document
+
+    plan = parallel_mlp()
+    text = json.dumps(plan).encode()
+    gc.collect()
+    before = gc.get_freeze_count()
+    try:
+        p = decode_document(text, "p.json")
+        assert gc.isenabled()
+        assert gc.get_freeze_count() > before and gc.get_count()[0] < 50
+        assert p.nodes and gc.get_freeze_count() - before >= len(p.nodes)  # its tuples, dicts
+        plan["nodes"][0]["op"] = "no_such_op"
+        with pytest.raises(PlanError):
+            decode_document(json.dumps(plan).encode(), "p.json")
+        assert gc.isenabled()
+        gc.disable()
+        decode_document(text, "p.json")
+        assert not gc.isenabled()  # the caller's choice is kept
+    finally:
+        gc.enable()
+        gc.unfreeze()

@@ -4,7 +4,10 @@ A *unit source* gives the single plan, a header of the parallel plan (world, lin
 tensors, outputs), the records that belong to no unit, and every unit as a table (for the
 check) or as records (for the units the fold keeps). Two sources exist:
 
-* `LoadedPlan`: a plan read from a file, split into units;
+* `LoadedPlan`: a plan read from a file, split into units node by node; `fold_plans` uses
+  `fold.columns.ColumnPlan`, the same split computed over numpy columns (the reference
+  `LoadedPlan` is what tests/test_fold_columns.py compares it with, and where a plan the
+  columns cannot hold goes);
 * `frontends.stream.StreamedPlan`: the generator's plan produced unit by unit, so that a plan
   of 100M nodes is never held in memory.
 
@@ -279,7 +282,18 @@ def fold_plans(single: Plan, parallel: Plan, extra: int = 0) -> Folded:
     """Fold a loaded pair (raises FoldRefused when the plan does not fit)."""
     _check_foldable(parallel, extra)  # before splitting the plan into units
     with plans_frozen(), collector_paused():
-        return fold_source(LoadedPlan(single, parallel), extra)
+        return fold_source(loaded_source(single, parallel), extra)
+
+
+def loaded_source(single: Plan, parallel: Plan) -> "UnitSource":
+    """A loaded pair as a unit source: split over columns (tvsmt/fold/columns.py), or node by
+    node (`LoadedPlan`, the same split) when the plan holds what columns cannot represent."""
+    from tvsmt.fold.columns import ColumnPlan, NoColumns
+
+    try:
+        return ColumnPlan(single, parallel)
+    except NoColumns:
+        return LoadedPlan(single, parallel)
 
 
 def _check_foldable(parallel: Plan, extra: int) -> None:

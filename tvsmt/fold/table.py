@@ -279,10 +279,14 @@ def _semantic_column(ns: list[Node]) -> list[tuple[str, list[int]]]:
     except (TypeError, ValueError, OverflowError):
         return [semantic_attrs(n) for n in ns]
     hits = list(map(_ATTRS_SEEN.get, keys))
-    if None in hits:
-        for i in [i for i, h in enumerate(hits) if h is None]:
-            semantic_attrs(ns[i])
-            hits[i] = _ATTRS_SEEN[keys[i]]
+    if None in hits:  # each distinct missing key computed once (from its last node)
+        node_of = dict(zip(keys, ns))
+        done = {k: _semantic_attrs(node_of[k])
+                for k in dict.fromkeys(k for k, h in zip(keys, hits) if h is None)}
+        if len(_ATTRS_SEEN) + len(done) > 100_000:
+            _ATTRS_SEEN.clear()
+        _ATTRS_SEEN.update(done)
+        hits = [h if h is not None else done[k] for k, h in zip(keys, hits)]
     return hits
 
 

@@ -12,7 +12,7 @@ objects make every collection slow.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Annotated, Any, Literal, Optional
 
@@ -134,6 +134,36 @@ class Plan:
     nodes: list[Node]
     outputs: list[str]
     lineages: list[Lineage]
+    # what the reader numbered while checking the nodes, for the fold (tvsmt/fold/columns.py,
+    # which uses it only while the plan still holds the same node objects and tensor ids)
+    columns: "PlanColumns | None" = field(default=None, repr=False, compare=False)
 
     def shape(self, tensor: str) -> tuple[int, ...]:
         return self.tensors[tensor].shape
+
+
+@dataclass
+class PlanColumns:
+    """A plan's dataflow as tensor numbers (a tensor's number: its position in the plan's
+    tensor table; -1 an absent slot), for exactly the node objects in `nodes` and the tensor
+    ids in `tids` (tvsmt/fold/columns.py `columns_of` checks that the plan still holds those
+    before using them). Per node, in plan order: how many inputs and outputs, and their
+    numbers concatenated."""
+
+    nodes: list  # the node objects described (a copy of the list: compared by identity)
+    tids: list[str]
+    number: dict  # tensor id -> number (None -> -1)
+    in_len: Any
+    in_num: Any
+    out_len: Any
+    out_num: Any
+    rank: Any  # per node
+    mb: Any
+    op: Any  # per node: its op, as the number of the first node with that op
+    infos: list  # the plan's TensorInfo objects, in tensor order (compared by identity)
+    t_shape: Any  # per tensor: its shape, as the number of the first tensor with that shape
+    lineages: list  # the Lineage objects described (compared by identity)
+    s_len: Any  # per lineage part (all lineages' parts in order): how many tensors
+    s_num: Any  # their numbers, concatenated
+    slice_index: Any  # per part: its slice, as an index into `slices`
+    slices: list  # the distinct slices

@@ -37,7 +37,8 @@ from isal import igzip, isal_zlib
 from msgspec.structs import force_setattr
 
 from tvsmt.errors import PlanError, UnsupportedOperator
-from tvsmt.plan.model import MAX_DIM, Aligned, Lineage, LineagePart, Node, Plan, TensorInfo
+from tvsmt.plan.model import (MAX_DIM, Aligned, Lineage, LineagePart, Node, Plan, PlanColumns,
+                              TensorInfo)
 from tvsmt.plan.schema import RawPlan, decode_scale
 
 FORMAT = "tvsmt.execplan"
@@ -177,6 +178,11 @@ def decode_document(text: bytes, path: str = "<memory>") -> Plan:
         return plan_from_dict(data, path)
     finally:
         if enabled:
+            # The new plan's containers (a million for 300k nodes) are all young, so the first
+            # allocation after enabling would start a collection that traverses every one of
+            # them (a fifth of the load): they move to the permanent generation instead, as
+            # tvsmt/heap.py `plans_frozen` does, and are unfrozen when it next ends.
+            gc.freeze()
             gc.enable()
 
 
@@ -211,22 +217,24 @@ def _build(doc: RawPlan, path: str) -> Plan:
         out_lens = np.fromiter(map(len, outs_col), np.int64, n_nodes)
     except TypeError:
         raise _Reject from None
-    if (len(set(map(_ID, nodes))) != n_nodes
-            or any(get_op(op) is None for op in set(map(_OP, nodes)))):
+    op_first: dict = {}  # op -> its first node
+    op_at = np.fromiter(map(op_first.setdefault, map(_OP, nodes), range(n_nodes)), np.int64,
+                        n_nodes)
+    if not _distinct(list(map(_ID, nodes))) or any(get_op(op) is None for op in op_first):
         raise _Reject
     # Declared tensors, SSA and topological order, over tensor numbers (one dict lookup per
     # name, then numpy): every name is declared, written at most once, and every input is
     # written by an earlier node or by none (a graph input).
     n_out, n_in = int(out_lens.sum()), int(in_lens.sum())
-    number = dict(zip(tids, range(len(tids))))
-    number[None] = -1  # an absent slot: "written" at -1 by the last entry of `written_at`
+    # None: an absent slot, "written" at -1 by the last entry of `written_at`
+    number = dict(zip(chain(tids, (None,)), chain(range(len(tids)), (-1,))))
     nums = np.fromiter(map(number.get, chain(chain.from_iterable(outs_col),
                                              chain.from_iterable(ins_col)), repeat(-2)),
                        np.int64, n_out + n_in)
-    del number
     if len(nums) and nums.min() == -2:
         raise _Reject
     out_num, in_num = nums[:n_out], nums[n_out:]
+
     at = np.arange(n_nodes, dtype=np.int64)
     out_at = np.repeat(at, out_lens)
     real = out_num >= 0
@@ -238,32 +246,91 @@ def _build(doc: RawPlan, path: str) -> Plan:
     if n_in and bool((written_at[in_num] >= np.repeat(at, in_lens)).any()):
         raise _Reject
     # ranks >= 0 and micro-batches >= -1 were checked by the decoder: only the largest remain
-    top_rank, top_mb = ([max(map(_RANK, nodes))], [max(map(_MB, nodes))]) if n_nodes else ((), ())
+    try:
+        ranks = np.fromiter(map(_RANK, nodes), np.int64, n_nodes)
+        mbs = np.fromiter(map(_MB, nodes), np.int64, n_nodes)
+    except OverflowError:  # beyond 64 bits: outside any world (the generic path says so)
+        raise _Reject from None
+    top_rank, top_mb = ([int(ranks.max())], [int(mbs.max())]) if n_nodes else ((), ())
     if world_problem(world, top_rank, top_mb) is not None:
         raise _Reject
 
     outputs = doc.outputs or []
     if any(t not in tensors for t in outputs):
         raise _Reject
-    slices: dict = {}
-    shapes_of = _declared_shapes(tensors)
-    lineages = [_fast_lineage(raw, i, shapes_of, slices)
-                for i, raw in enumerate(doc.lineages or ())]
+    infos = list(tensors.values())
+    shape_first: dict = {}  # shape -> the first tensor with it
+    t_shape = np.fromiter(map(shape_first.setdefault, map(_SHAPE, infos), range(len(infos))),
+                          np.int64, len(infos))
+    lineages, parts = _document_lineages(doc.lineages or (), number, t_shape, shape_first)
     if doc.kind == "single" and lineages:
         raise _Reject
     name = os.path.basename(path) if doc.name is msgspec.UNSET else doc.name
-    return Plan(path, str(name), doc.kind, world, tensors, nodes, list(outputs), lineages)
+    columns = PlanColumns(list(nodes), tids, number, in_lens, in_num, out_lens, out_num,
+                          ranks, mbs, op_at, infos, t_shape, list(lineages), *parts)
+    return Plan(path, str(name), doc.kind, world, tensors, nodes, list(outputs), lineages,
+                columns)
+
+
+_PARTS = attrgetter("parts")
+
+
+def _document_lineages(raws, number: dict, t_shape: np.ndarray, shape_first: dict
+                       ) -> tuple[list[Lineage], tuple]:
+    """A document's typed lineages as `Lineage`s, or `_Reject` (the checks of `_fast_lineage`,
+    over the columns of all parts at once): every part has tensors, distinct ones, declared,
+    of its slice's shape; slice bounds at most 2**53. `t_shape`: each tensor's shape as the
+    number of the first tensor with it (`shape_first`). Also the parts' columns for the fold
+    (PlanColumns): tensors per part and their numbers, each part's distinct slice, those
+    slices."""
+    lineages = []
+    for i, raw in enumerate(raws):
+        if not raw.parts:
+            raise _Reject
+        aligned = None
+        if raw.aligned is not None:
+            aligned = _aligned(raw.aligned, i)
+            if aligned is None:
+                raise _Reject
+        lineages.append(Lineage(i, raw.single, tuple(raw.parts), aligned, raw.hypothesis))
+    flat = list(chain.from_iterable(map(_PARTS, lineages)))
+    n_p = len(flat)
+    first: dict = {}  # slice -> its first part
+    at = np.fromiter(map(first.setdefault, map(_SLICE, flat), range(n_p)), np.int64, n_p)
+    distinct = list(first)
+    want = []
+    for key in distinct:  # each distinct slice's shape, as a tensor's shape code (-1: none)
+        if any(s > MAX_DIM or e > MAX_DIM for s, e in key):
+            raise _Reject
+        want.append(shape_first.get(tuple(e - s for s, e in key), -1))
+    index = np.searchsorted(np.fromiter(first.values(), np.int64, len(first)), at)
+    sums = list(map(_SUM_OF, flat))
+    s_len = np.fromiter(map(len, sums), np.int64, n_p)
+    if n_p and s_len.min() == 0:
+        raise _Reject
+    if any(len(set(sums[j])) != len(sums[j]) for j in np.flatnonzero(s_len > 1).tolist()):
+        raise _Reject
+    s_num = np.fromiter(map(number.get, chain.from_iterable(sums), repeat(-2)), np.int64,
+                        int(s_len.sum()))
+    if len(s_num) and s_num.min() < 0:  # an undeclared tensor
+        raise _Reject
+    if len(s_num) and (t_shape[s_num] != np.repeat(np.array(want, np.int64)[index], s_len)
+                       ).any():
+        raise _Reject
+    return lineages, (s_len, s_num, index, distinct)
+
+
+def _distinct(ids: list[str]) -> bool:
+    """No string twice: their hashes all differ (a numpy sort), or, when two hashes are
+    equal, a set of the strings says."""
+    hashes = np.fromiter(map(hash, ids), np.int64, len(ids))
+    hashes.sort()
+    if not (hashes[1:] == hashes[:-1]).any():
+        return True  # equal strings have equal hashes
+    return len(set(ids)) == len(ids)
 
 
 _ONE = Fraction(1)
-
-
-def _declared_shapes(tensors: dict[str, TensorInfo]):
-    """`_fast_lineage`'s view of a document's tensors: the shapes of some ids, in order (an
-    undeclared id has none: AttributeError)."""
-    def shapes_of(ids):
-        return list(map(_SHAPE, map(tensors.get, ids)))
-    return shapes_of
 
 
 def _fast_lineage(raw, index: int, shapes_of, slices: dict) -> Lineage:
@@ -547,12 +614,12 @@ def check_pair(single: Plan, parallel: Plan) -> None:
                             f"{single.path} does not declare", file=parallel.path,
                             tensor=lin.single)
         full = single.shape(lin.single)
-        for j, part in enumerate(lin.parts):
-            ok = len(part.slice) == len(full) and all(
-                0 <= s < e <= n for (s, e), n in zip(part.slice, full))
-            if not ok and not (len(full) == 0 and part.slice == ()):
+        for key in dict.fromkeys(map(_SLICE, lin.parts)):  # each distinct slice once
+            ok = len(key) == len(full) and all(0 <= s < e <= n for (s, e), n in zip(key, full))
+            if not ok and not (len(full) == 0 and key == ()):
+                j = next(j for j, part in enumerate(lin.parts) if part.slice == key)
                 raise PlanError(f"lineage #{lin.index} part {j}: slice "
-                                f"{[list(r) for r in part.slice]} is outside the full shape "
+                                f"{[list(r) for r in key]} is outside the full shape "
                                 f"{list(full)}", file=parallel.path, tensor=lin.single)
     if not single.outputs:
         # Nothing would be claimed, so nothing proven: a pass here would be vacuous (the

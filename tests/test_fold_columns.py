@@ -1,0 +1,137 @@
+"""The loaded plan split over columns (tvsmt/fold/columns.py `ColumnPlan`, what fold_plans
+uses) is exactly the node-by-node split (`LoadedPlan`): the same units, the same tables
+(interned values compared as values), the same records, the same global records; on real
+nnScaler plans, generated ones, and plans whose reader columns went stale."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import fields
+
+import numpy as np
+import pytest
+from conftest import fixture_pair
+
+from tvsmt.fold.columns import ColumnPlan, columns_of
+from tvsmt.fold.folder import FoldRefused
+from tvsmt.fold.source import LoadedPlan, loaded_source
+from tvsmt.frontends import generate_pair
+from tvsmt.plan import load_plan, plan_from_dict
+from tvsmt.plan.model import replace
+
+DIMS = dict(hidden=16, heads=4, ffn=32, vocab=16, seq=4)
+MOE = dict(hidden=16, heads=4, ffn=16, vocab=16, seq=4)
+INTERNED = ("t_shape", "n_op", "n_pass", "n_attrs", "p_scale")
+
+
+def _same_split(single, parallel) -> int:
+    old, new = LoadedPlan(single, parallel), ColumnPlan(single, parallel)
+    assert new.units() == old.units()
+    for u in old.units():
+        a, b = old.table(u), new.table(u)
+        for f in fields(a):
+            x, y = getattr(a, f.name), getattr(b, f.name)
+            if f.name in INTERNED:
+                x = [old.intern.values[i] for i in x.tolist()]
+                y = [new.intern.values[i] for i in y.tolist()]
+                assert x == y, (u, f.name)
+                continue
+            assert x.dtype == y.dtype and x.shape == y.shape, (u, f.name, x.shape, y.shape)
+            assert np.array_equal(x, y), (u, f.name)
+        ra, rb = old.records(u), new.records(u)
+        assert ra.tensors == rb.tensors, u
+        assert [(p, n, n.attrs) for p, n in ra.nodes] == [(p, n, n.attrs) for p, n in rb.nodes]
+        assert ra.parts == rb.parts, u
+    ga, gb = old.global_records(), new.global_records()
+    assert (ga.tensors, ga.nodes, ga.parts, ga.part_refs) == (gb.tensors, gb.nodes, gb.parts,
+                                                              gb.part_refs)
+    return len(old.units())
+
+
+@pytest.mark.parametrize("name", ["llama3-ly2-dp2pp2tp2mb2", "moe-ly4-dp2pp2tp2mb2",
+                                  "llama3moe-ly2-dp2pp2tp2mb2", "mlp-ly2-dp2pp2tp2mb2",
+                                  "llama3-ly2-dp16pp4tp1mb8", "llama3adpt-ly2-dp64pp2tp2mb1"])
+def test_column_split_equals_the_node_by_node_split_on_real_plans(name):
+    s, p = (load_plan(x) for x in fixture_pair(name))
+    assert p.columns is not None and columns_of(p) is p.columns  # the reader's, still valid
+    assert _same_split(s, p) >= 6
+
+
+@pytest.mark.parametrize("model,world,dims", [
+    ("llama3", dict(layers=2, dp=3, tp=2, pp=2, mb=3), DIMS),
+    ("llama3", dict(layers=1, dp=4, tp=1, pp=1, mb=1), DIMS),
+    ("moe", dict(layers=2, dp=2, tp=2, pp=2, mb=3), MOE),
+])
+def test_column_split_equals_the_node_by_node_split_on_generated_plans(model, world, dims):
+    single, parallel = generate_pair(model, **world, **dims)
+    s, p = plan_from_dict(single, "s"), plan_from_dict(parallel, "p")
+    assert p.columns is None  # built by the fold itself
+    assert _same_split(s, p) == world["dp"] * (world["mb"] + 1)
+
+
+def test_stale_reader_columns_are_not_used():
+    """A node replaced in place (as the bug-injecting tests do) or a renamed tensor table
+    makes the reader's columns stale: the fold numbers the plan afresh."""
+    s, p = (load_plan(x) for x in fixture_pair("llama3-ly2-dp16pp4tp1mb8"))
+    cols = p.columns
+    i = next(k for k, n in enumerate(p.nodes) if n.mb == 3 and n.inputs and n.inputs[0])
+    n = p.nodes[i]
+    other = next(x for x in p.tensors if x not in n.inputs and p.tensors[x].shape
+                 == p.tensors[n.inputs[0]].shape and x != n.inputs[0])
+    p.nodes[i] = replace(n, inputs=(other,) + n.inputs[1:])
+    fresh = columns_of(p)
+    assert fresh is not cols
+    k = int(fresh.in_len[:i].sum())
+    assert fresh.in_num[k] == fresh.number[other] != cols.in_num[k]
+    _same_split(s, p)
+    p.tensors = dict(reversed(list(p.tensors.items())))
+    assert columns_of(p) is not cols
+
+
+def test_a_plan_the_columns_cannot_hold_goes_node_by_node():
+    """An undeclared tensor (plan_from_dict refuses it; a hand-built plan may hold one) is
+    split by `LoadedPlan`."""
+    single, parallel = generate_pair("llama3", layers=1, dp=3, tp=1, pp=1, mb=3, **DIMS)
+    s, p = plan_from_dict(single, "s"), plan_from_dict(parallel, "p")
+    gone = next(x for x in p.tensors if any(x in n.inputs for n in p.nodes))
+    del p.tensors[gone]
+    try:
+        src = loaded_source(s, p)
+    except FoldRefused:
+        return
+    assert isinstance(src, LoadedPlan)
+
+
+def test_a_rank_outside_the_world_is_refused_with_the_node():
+    single, parallel = generate_pair("llama3", layers=1, dp=3, tp=1, pp=1, mb=3, **DIMS)
+    s, p = plan_from_dict(single, "s"), plan_from_dict(parallel, "p")
+    p.nodes[5] = replace(p.nodes[5], rank=99)
+    for cls in (LoadedPlan, ColumnPlan):
+        with pytest.raises(FoldRefused, match=f"node {p.nodes[5].id}: rank 99 outside"):
+            cls(s, p)
+
+
+@pytest.mark.parametrize("bug,op,pass_", [("bw-wrong-input", "silu", "bw")])
+def test_a_bug_put_into_a_loaded_real_plan_in_place_is_caught(bug, op, pass_):
+    """The reader's columns describe the plan as read; a node replaced in the loaded plan's
+    list afterwards (here: a bug in a unit the fold drops) must be seen by the fold, which
+    keeps that unit as an exception and finds the violation."""
+    from tvsmt.frontends.mutations import apply
+    from tvsmt.verify import Options, verify_plans
+
+    single_path, parallel_path = fixture_pair("llama3-ly2-dp16pp4tp1mb8")
+    s, p = load_plan(single_path), load_plan(parallel_path)
+    raw = json.load(gzip.open(parallel_path))
+    per = p.world["pp"] * p.world["tp"]
+    i = max(k for k, n in enumerate(p.nodes) if n.op == op and n.pass_ == pass_
+            and n.rank // per >= 2 and n.mb >= 2)
+    node = p.nodes[i]
+    broken, _ = apply(raw, bug, where=node.id)
+    new = next(n for n in broken["nodes"] if n["id"] == node.id)
+    assert set(broken["tensors"]) == set(raw["tensors"])  # the bug only rewires the node
+    p.nodes[i] = replace(node, inputs=tuple(new["inputs"]), attrs=new.get("attrs") or {})
+    assert p.nodes[i] != node
+    report = verify_plans(s, p, Options(jobs=1))
+    assert report.verdict == "violation"
+    assert f"replica {node.rank // per} micro-batch {node.mb}" in report.fold["exceptions"]

@@ -1,0 +1,609 @@
+"""A loaded plan split into units over columns: `source.LoadedPlan`'s units, records and
+tables, computed with numpy over the whole plan instead of Python loops per node.
+
+A real plan of 128 ranks holds 300k nodes of which the fold keeps 5k: what every unit needs
+is only its table (table.py), the records are needed for the few units kept. So the plan's
+dataflow is numbered once (tensor numbers of every node's inputs and outputs, kept by the
+reader: `PlanColumns`), the unit rules of units.py and the chain flattening of
+source.flatten_with_units are applied to those arrays, every reference of every table is
+computed in one pass, and a unit's table is a gather of its rows. Node objects are only
+touched for their attributes (one encoding each), for the few sums over replica units
+(ordered by dataflow, as units.py does) and for the records of the kept units.
+
+It is the same function as `LoadedPlan` (tests/test_fold_columns.py compares units, tables
+and records on real and generated plans; scripts/mutate.py breaks it): no new shortcut,
+only a faster way to compute the same split. Whatever it cannot represent (a plan whose
+ranks, micro-batches or ids are not what the reader guarantees) goes to `LoadedPlan`.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from operator import attrgetter, is_
+
+import msgspec
+import numpy as np
+
+from tvsmt.fold.folder import SUM_OPS, FoldRefused, UnitRecords
+from tvsmt.fold.source import unit_order
+from tvsmt.fold.table import (
+    GLOBAL,
+    NO_MB,
+    NULL,
+    OTHER,
+    SAME,
+    UNIT,
+    Interner,
+    UnitTable,
+    _interned,
+    _ATTRS_SEEN,
+    _interned_objects,
+    _semantic_attrs,
+    _semantic_column,
+    MAX_DIMS,
+)
+from tvsmt.fold.units import REPRESENTATIVE, NoUnits, Unit, WorldUnits
+from tvsmt.plan.mesh import Mesh
+from tvsmt.plan.model import Node, Plan, PlanColumns
+
+_INPUTS, _OUTPUTS, _RANK, _MB, _OP = (attrgetter(k) for k in
+                                      ("inputs", "outputs", "rank", "mb", "op"))
+_PASS, _SHAPE, _SCALE, _SLICE, _SUM_OF, _PARTS = (
+    attrgetter(k) for k in ("pass_", "shape", "scale", "slice", "sum_of", "parts"))
+_GLOBAL_KEY = -1  # the unit key of a tensor of no unit
+
+
+class NoColumns(Exception):
+    """The plan holds something the reader would have refused (an undeclared tensor, a rank
+    that is not an int): the node-by-node `LoadedPlan` handles it."""
+
+
+def build_columns(plan: Plan) -> PlanColumns:
+    """What the reader keeps (PlanColumns), computed from the plan's records."""
+    nodes = plan.nodes
+    tids = list(plan.tensors)
+    number = dict(zip(chain(tids, (None,)), chain(range(len(tids)), (-1,))))
+    ins, outs = list(map(_INPUTS, nodes)), list(map(_OUTPUTS, nodes))
+    infos = list(plan.tensors.values())
+    parts = list(chain.from_iterable(map(_PARTS, plan.lineages)))
+    sums = list(map(_SUM_OF, parts))
+    try:
+        in_len = np.fromiter(map(len, ins), np.int64, len(nodes))
+        out_len = np.fromiter(map(len, outs), np.int64, len(nodes))
+        in_num = np.fromiter(map(number.__getitem__, chain.from_iterable(ins)), np.int64,
+                             int(in_len.sum()))
+        out_num = np.fromiter(map(number.__getitem__, chain.from_iterable(outs)), np.int64,
+                              int(out_len.sum()))
+        rank = np.fromiter(map(_RANK, nodes), np.int64, len(nodes))
+        mb = np.fromiter(map(_MB, nodes), np.int64, len(nodes))
+        s_len = np.fromiter(map(len, sums), np.int64, len(sums))
+        s_num = np.fromiter(map(number.__getitem__, chain.from_iterable(sums)), np.int64,
+                            int(s_len.sum()))
+    except (KeyError, TypeError, ValueError, OverflowError):
+        raise NoColumns from None
+    op_first: dict = {}
+    op_at = np.fromiter(map(op_first.setdefault, map(_OP, nodes), range(len(nodes))), np.int64,
+                        len(nodes))
+    first_shape: dict = {}
+    t_shape = np.fromiter(map(first_shape.setdefault, map(_SHAPE, infos), range(len(infos))),
+                          np.int64, len(infos))
+    first: dict = {}
+    at = np.fromiter(map(first.setdefault, map(_SLICE, parts), range(len(parts))), np.int64,
+                     len(parts))
+    index = np.searchsorted(np.fromiter(first.values(), np.int64, len(first)), at)
+    return PlanColumns(list(nodes), tids, number, in_len, in_num, out_len, out_num, rank, mb,
+                       op_at, infos, t_shape, list(plan.lineages), s_len, s_num, index, list(first))
+
+
+def columns_of(plan: Plan) -> PlanColumns:
+    """The reader's columns when they still describe the plan (the same node, tensor and
+    lineage objects, all frozen, and the same tensor ids in the same order), else new ones."""
+    cols = getattr(plan, "columns", None)
+    if (cols is not None and len(cols.nodes) == len(plan.nodes)
+            and len(cols.tids) == len(plan.tensors) and len(cols.lineages) == len(plan.lineages)
+            and all(map(is_, cols.nodes, plan.nodes)) and cols.tids == list(plan.tensors)
+            and all(map(is_, cols.infos, plan.tensors.values()))
+            and all(map(is_, cols.lineages, plan.lineages))):
+        return cols
+    return build_columns(plan)
+
+
+def _ptr(lens: np.ndarray) -> np.ndarray:
+    ptr = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=ptr[1:])
+    return ptr
+
+
+def _gather(ptr: np.ndarray, flat: np.ndarray, rows: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of a CSR array, concatenated: (their lengths, the values)."""
+    lens = ptr[rows + 1] - ptr[rows]
+    if not len(rows):
+        return lens, flat[:0]
+    total = int(lens.sum())
+    starts = np.repeat(ptr[rows] - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
+    return lens, flat[starts + np.arange(total)]
+
+
+def _first_seen(values: np.ndarray) -> np.ndarray:
+    """The distinct values in order of first occurrence."""
+    if not len(values):
+        return values
+    _, first = np.unique(values, return_index=True)
+    return values[np.sort(first)]
+
+
+def _cumcount(groups: np.ndarray) -> np.ndarray:
+    """For each element, how many earlier elements have its group (any order of groups)."""
+    n = len(groups)
+    if not n:
+        return groups.copy()
+    order = np.argsort(groups, kind="stable")
+    g = groups[order]
+    idx = np.arange(n)
+    start = np.where(np.concatenate([[True], g[1:] != g[:-1]]), idx, 0)
+    out = np.empty(n, dtype=np.int64)
+    out[order] = idx - np.maximum.accumulate(start)
+    return out
+
+
+class ColumnPlan:
+    """`source.LoadedPlan` over columns (the same unit source, see the module docstring)."""
+
+    def __init__(self, single: Plan, parallel: Plan):
+        self.single, self.header = single, parallel
+        self.intern = Interner()
+        cols = columns_of(parallel)
+        try:
+            self._split(parallel, cols)
+        except NoUnits as e:
+            raise FoldRefused(str(e)) from None
+        if REPRESENTATIVE not in self._order:
+            raise FoldRefused("replica 0 has no node of micro-batch 0")
+
+    # -- units of nodes (units.node_units) and chains of sums (source.flatten_with_units)
+
+    def _split(self, plan: Plan, cols: PlanColumns) -> None:
+        wu = WorldUnits.of(plan.world)
+        try:
+            mesh = Mesh.of({k: v for k, v in plan.world.items() if k in ("dp", "pp", "tp")})
+        except (TypeError, ValueError) as e:
+            raise NoUnits(f"the plan's world: {e}") from None
+        nodes = plan.nodes
+        n = len(nodes)
+        size, per, mbs = mesh.dp * mesh.pp * mesh.tp, mesh.per_replica, wu.mb
+        self.wu, self.stride = wu, mbs + 1  # unit key: d * stride + (m + 1), 0 for m None
+        rank, mb = cols.rank, cols.mb
+        bad = np.flatnonzero((rank < 0) | (rank >= size) | ((mb != -1) & ((mb < 0) | (mb >= mbs))))
+        if len(bad):
+            i = int(bad[0])
+            r, m = int(rank[i]), int(mb[i])
+            if not 0 <= r < size:
+                raise NoUnits(f"node {nodes[i].id}: rank {r} outside the world")
+            raise NoUnits(f"node {nodes[i].id}: micro-batch {m} outside the world")
+        stride = self.stride
+        d = rank // per
+        key = d * stride + np.where(mb == -1, 0, mb + 1)
+        firsts, opc = np.unique(cols.op, return_inverse=True)
+        opc = opc.reshape(-1)
+        op_code = {nodes[i].op: k for k, i in enumerate(firsts.tolist())}
+        sum_codes = np.array([op_code[o] for o in SUM_OPS if o in op_code], dtype=np.int64)
+        is_sum = np.isin(opc, sum_codes)
+        in_len, in_num, out_len, out_num = cols.in_len, cols.in_num, cols.out_len, cols.out_num
+        in_ptr, out_ptr = _ptr(in_len), _ptr(out_len)
+        n_t = len(cols.tids)
+        writer = np.full(n_t + 1, -1, dtype=np.int64)  # tensor -> its producer (index -1: None)
+        out_node = np.repeat(np.arange(n), out_len)
+        real = out_num >= 0
+        writer[out_num[real]] = out_node[real]
+        writer[-1] = -1
+        # a sum over units belongs to its replica: applied until nothing changes (each sum's
+        # unit depends on earlier nodes only, so the fixed point is node_units' result)
+        cand = np.flatnonzero(is_sum & (in_len > 1) & (mb != -1))
+        if len(cand):
+            lens, xs = _gather(in_ptr, in_num, cand)
+            w = writer[xs]
+            has = w >= 0
+            offsets = _ptr(lens)[:-1]
+            base = key[cand]
+            for _ in range(n + 1):
+                pk = np.where(has, key[np.maximum(w, 0)], -1)
+                hi = np.maximum.reduceat(pk, offsets)
+                lo = np.minimum.reduceat(np.where(has, pk, np.iinfo(np.int64).max), offsets)
+                spans = (hi >= 0) & (lo != hi)
+                new = np.where(spans, d[cand] * stride, base)
+                if np.array_equal(new, key[cand]):
+                    break
+                key[cand] = new
+        # chains of two-input sums over units, flattened (source.flatten_with_units)
+        spanning = is_sum & (key % stride == 0)
+        readers = np.bincount(in_num[in_num >= 0], minlength=n_t)
+        named = np.zeros(n_t, dtype=bool)
+        lookup = cols.number.__getitem__
+        named[list(map(lookup, plan.outputs))] = True
+        named[cols.s_num] = True
+        self._parts = list(chain.from_iterable(map(_PARTS, plan.lineages)))
+        self._p_sum_num = (cols.s_len, cols.s_num)
+        rows = np.flatnonzero(spanning)
+        dropped = np.zeros(n, dtype=bool)
+        new_inputs: dict[int, list] = {}
+        if len(rows):
+            lens, xs = _gather(in_ptr, in_num, rows)
+            j = writer[xs]
+            jj = np.maximum(j, 0)
+            at = np.repeat(rows, lens)
+            merge = ((j >= 0) & spanning[jj] & (opc[jj] == opc[at]) & (rank[jj] == rank[at])
+                     & (out_len[jj] == 1) & (readers[np.maximum(xs, 0)] == 1)
+                     & ~named[np.maximum(xs, 0)] & (xs >= 0))
+            if merge.any():
+                has = np.add.reduceat(merge.astype(np.int64), _ptr(lens)[:-1]) > 0
+                ptr = _ptr(lens)
+                for r in np.flatnonzero(has).tolist():
+                    i = int(rows[r])
+                    a, b = int(ptr[r]), int(ptr[r + 1])
+                    flat: list = []
+                    for x, jx, mg in zip(xs[a:b].tolist(), j[a:b].tolist(),
+                                         merge[a:b].tolist()):
+                        if mg:
+                            got = new_inputs.get(jx)
+                            flat += (got if got is not None else
+                                     in_num[in_ptr[jx]:in_ptr[jx + 1]].tolist())
+                            dropped[jx] = True
+                        else:
+                            flat.append(x)
+                    new_inputs[i] = flat
+        alive = ~dropped
+        keep = np.flatnonzero(alive)
+        tensor_alive = np.ones(n_t, dtype=bool)
+        if dropped.any():
+            gone = out_num[out_ptr[np.flatnonzero(dropped)]]
+            tensor_alive[gone[gone >= 0]] = False
+        # the flattened plan's columns
+        changed = {i: v for i, v in new_inputs.items() if alive[i]}
+        nk = len(keep)
+        f_in_len = in_len[keep].copy()
+        pos_of = np.full(n, -1, dtype=np.int64)
+        pos_of[keep] = np.arange(nk)
+        for i, v in changed.items():
+            f_in_len[pos_of[i]] = len(v)
+        f_in_ptr = _ptr(f_in_len)
+        plain = np.ones(nk, dtype=bool)
+        plain[pos_of[list(changed)]] = False
+        f_in = np.empty(int(f_in_ptr[-1]), dtype=np.int64)
+        src_rows = keep[plain]
+        lens, vals = _gather(in_ptr, in_num, src_rows)
+        dst = np.flatnonzero(plain)
+        _, dst_idx = _gather(f_in_ptr, np.arange(int(f_in_ptr[-1])), dst)
+        f_in[dst_idx] = vals
+        for i, v in changed.items():
+            p = int(pos_of[i])
+            f_in[f_in_ptr[p]:f_in_ptr[p + 1]] = v
+        f_out_len, f_out = _gather(out_ptr, out_num, keep)
+        f_out_ptr = _ptr(f_out_len)
+        f_key, f_rank, f_mb = key[keep], rank[keep], mb[keep]
+        tids = cols.tids
+        fnodes = list(map(nodes.__getitem__, keep.tolist()))
+        for i, v in changed.items():
+            nd = nodes[i]
+            fnodes[pos_of[i]] = Node(nd.id, nd.op, nd.pass_, nd.rank, nd.mb,
+                                     tuple(tids[x] if x >= 0 else None for x in v),
+                                     nd.outputs, nd.attrs, nd.source)
+        self._nodes = fnodes
+        self._opc, self._op_names = opc[keep], list(op_code)
+        self._number_of = cols.number.__getitem__
+        self._tensor_unit(n_t, tensor_alive, f_key, f_in_len, f_in, f_out, f_out_len)
+        self._number(fnodes, per, f_key, f_rank, f_in_ptr, f_in, f_out_ptr, f_out,
+                     tensor_alive)
+        self._tables(plan, cols, fnodes, f_key, f_rank, f_mb, f_in_ptr, f_in, f_out_ptr,
+                     f_out, tensor_alive)
+
+    # -- units of tensors (units.assign_units)
+
+    def _tensor_unit(self, n_t, tensor_alive, f_key, f_in_len, f_in, f_out, f_out_len):
+        stride = self.stride
+        tunit = np.full(n_t, -2, dtype=np.int64)  # -2: not yet known
+        out_key = np.repeat(f_key, f_out_len)
+        real = f_out >= 0
+        tunit[f_out[real]] = out_key[real]
+        in_key = np.repeat(f_key, f_in_len)
+        sel = f_in >= 0
+        xs, ks = f_in[sel], in_key[sel]
+        sel = tunit[xs] == -2  # graph inputs
+        xs, ks = xs[sel], ks[sel]
+        if len(xs):
+            order = np.lexsort((ks, xs))
+            xs, ks = xs[order], ks[order]
+            starts = np.flatnonzero(np.concatenate([[True], xs[1:] != xs[:-1]]))
+            lo = ks[starts]
+            hi = np.maximum.reduceat(ks, starts)
+            t = xs[starts]
+            tunit[t] = np.where(lo == hi, lo, np.where(lo // stride == hi // stride,
+                                                       (lo // stride) * stride, _GLOBAL_KEY))
+        tunit[tunit == -2] = _GLOBAL_KEY
+        self._tunit = tunit
+
+    # -- canonical order and local numbers (units._canonical_order)
+
+    def _number(self, fnodes, per, f_key, f_rank, f_in_ptr, f_in, f_out_ptr, f_out,
+                tensor_alive):
+        stride, tunit = self.stride, self._tunit
+        nk = len(f_key)
+        num = np.full(len(tunit), -1, dtype=np.int64)
+        d = f_key // stride
+        inst = f_key % stride != 0
+        idx = np.flatnonzero(inst)
+        idx = idx[np.lexsort((idx, f_rank[idx] - d[idx] * per, f_key[idx]))]
+        order: dict[int, np.ndarray] = {}
+        if len(idx):
+            ukeys = f_key[idx]
+            cuts = np.flatnonzero(np.concatenate([[True], ukeys[1:] != ukeys[:-1], [True]]))
+            for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+                order[int(ukeys[a])] = idx[a:b]
+        # inputs then outputs of each node, in canonical order, first uses by the unit's own
+        in_lens, ins = _gather(f_in_ptr, f_in, idx)
+        out_lens, outs = _gather(f_out_ptr, f_out, idx)
+        io_len = in_lens + out_lens
+        io = np.empty(int(io_len.sum()), dtype=np.int64)
+        io_ptr = _ptr(io_len)
+        in_dst = np.repeat(io_ptr[:-1] - _ptr(in_lens)[:-1], in_lens) + np.arange(len(ins))
+        out_dst = (np.repeat(io_ptr[:-1] + in_lens - _ptr(out_lens)[:-1], out_lens)
+                   + np.arange(len(outs)))
+        io[in_dst] = ins
+        io[out_dst] = outs
+        io_key = np.repeat(f_key[idx], io_len)
+        counters = np.zeros(self.wu.dp * stride + 2, dtype=np.int64)  # by unit key + 1
+
+        def number_first(xs: np.ndarray) -> None:
+            """Number the (already filtered) tensors of `xs`, grouped by unit, in order of
+            first occurrence, after the unit's tensors numbered so far."""
+            t = _first_seen(xs)
+            if not len(t):
+                return
+            u = tunit[t]
+            num[t] = counters[u + 1] + _cumcount(u)
+            np.add.at(counters, u + 1, 1)
+
+        sel = (io >= 0)
+        sel[sel] = tunit[io[sel]] == io_key[sel]
+        number_first(io[sel])
+        # a replica unit's tensors its instance units read first (weights), in their order
+        replicas = sorted(set((f_key[~inst]).tolist()))
+        in_key = np.repeat((f_key[idx] // stride) * stride, in_lens)
+        sel = ins >= 0
+        sel[sel] = (tunit[ins[sel]] == in_key[sel]) & np.isin(in_key[sel], replicas)
+        number_first(ins[sel])
+        # replica units by dataflow (few nodes: the sums over units and what follows them)
+        members = {u: np.flatnonzero(f_key == u).tolist() for u in replicas}
+        tlist = tunit.tolist()
+        col_number = self._number_of
+        level: dict[int, int] = {}
+        producer: dict[int, int] = {}
+        for u in replicas:
+            for i in members[u]:
+                nd = fnodes[i]
+                level[i] = 1 + max((level[producer[x]] for x in map(col_number, nd.inputs)
+                                    if x >= 0 and x in producer), default=-1)
+                for x in map(col_number, nd.outputs):
+                    if x >= 0:
+                        producer[x] = i
+        top = max(level.values(), default=-1)
+        r_order: dict[int, list] = {u: [] for u in replicas}
+        for lev in range(top + 1):
+            for u in replicas:
+                def sort_key(i: int, u=u):
+                    nd = fnodes[i]
+                    read = sorted(int(num[x]) for x in map(col_number, nd.inputs) if x >= 0)
+                    return (nd.rank - (u // stride) * per, nd.op, read, i)
+                got = sorted((i for i in members[u] if level[i] == lev), key=sort_key)
+                r_order[u] += got
+                new = [x for x in dict.fromkeys(chain.from_iterable(
+                    chain(map(col_number, fnodes[i].inputs), map(col_number, fnodes[i].outputs))
+                    for i in got)) if x >= 0 and num[x] < 0 and tlist[x] == u]
+                if new:
+                    k = int(counters[u + 1])
+                    num[new] = np.arange(k, k + len(new))
+                    counters[u + 1] = k + len(new)
+        for u, got in r_order.items():
+            order[u] = np.array(got, dtype=np.int64)
+        # global tensors: first read by any node, in plan order
+        sel = f_in >= 0
+        sel[sel] = tunit[f_in[sel]] == _GLOBAL_KEY
+        number_first(f_in[sel])
+        # then whatever no node touches, in the plan's tensor order
+        rest = np.flatnonzero((num < 0) & tensor_alive)
+        if len(rest):
+            u = tunit[rest]
+            num[rest] = counters[u + 1] + _cumcount(u)
+            np.add.at(counters, u + 1, 1)
+        self._num = num
+        self._order_keys = order
+
+    def unit_of(self, k: int) -> Unit | None:
+        if k == _GLOBAL_KEY:
+            return None
+        d, r = divmod(int(k), self.stride)
+        return (d, None if r == 0 else r - 1)
+
+    # -- every table's columns at once (table.loaded_table)
+
+    def _refs(self, reader_key: np.ndarray, xs: np.ndarray) -> np.ndarray:
+        """(n, 4) references (table.reference) of tensors `xs` from units `reader_key`."""
+        stride, tunit, num = self.stride, self._tunit, self._num
+        rows = np.empty((len(xs), 4), dtype=np.int64)
+        null = xs < 0
+        x = np.maximum(xs, 0)
+        tk = tunit[x]
+        glob = tk == _GLOBAL_KEY
+        d, m_r = reader_key // stride, reader_key % stride
+        d2, m2r = tk // stride, tk % stride
+        dd = np.where(d2 == d, 0, OTHER + d2)
+        mm = np.where(m2r == 0, NO_MB,
+                      np.where((m_r != 0) & (dd == 0) & (m2r == m_r), SAME, m2r - 1))
+        rows[:, 0] = num[x]
+        rows[:, 1] = np.where(glob, 0, dd)
+        rows[:, 2] = np.where(glob, 0, mm)
+        rows[:, 3] = np.where(glob, GLOBAL, UNIT)
+        rows[null] = NULL
+        return rows
+
+    def _tables(self, plan, cols, fnodes, f_key, f_rank, f_mb, f_in_ptr, f_in, f_out_ptr,
+                f_out, tensor_alive):
+        intern = self.intern
+        nk = len(fnodes)
+        self._in = (f_in_ptr, self._refs(np.repeat(f_key, np.diff(f_in_ptr)), f_in))
+        self._out = (f_out_ptr, self._refs(np.repeat(f_key, np.diff(f_out_ptr)), f_out))
+        opc, names = self._opc, self._op_names
+        self._op = np.array([intern(op) for op in names], dtype=np.int64)[opc]
+        self._pass = _interned(intern, list(map(_PASS, fnodes)))
+        self._rank, self._mb = f_rank, f_mb
+        self._attrs, self._attr_ptr, self._attr_ranks = _attr_columns(fnodes, opc, names,
+                                                                      intern)
+        infos = cols.infos
+        self._infos = infos
+        # each unit's tensors by local number
+        tk = self._tunit
+        alive = np.flatnonzero(tensor_alive)
+        firsts, dense = np.unique(cols.t_shape, return_inverse=True)
+        self._t_shape = np.array([intern(infos[i].shape) for i in firsts.tolist()],
+                                 dtype=np.int64)[dense.reshape(-1)]
+        by = alive[np.lexsort((self._num[alive], tk[alive]))]
+        keys = tk[by]
+        cuts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1], [True]]))
+        self._tensors = {int(keys[a]): by[a:b] for a, b in zip(cuts[:-1].tolist(),
+                                                              cuts[1:].tolist())}
+        # lineage parts: owned by the unit of all their tensors, else global
+        parts = self._parts
+        s_len, s_num = self._p_sum_num
+        s_ptr = _ptr(s_len)
+        owner = np.full(len(parts), _GLOBAL_KEY, dtype=np.int64)
+        if len(parts):
+            offs = s_ptr[:-1]
+            pk = tk[s_num]
+            lo, hi = np.minimum.reduceat(pk, offs), np.maximum.reduceat(pk, offs)
+            owner = np.where(lo == hi, lo, _GLOBAL_KEY)
+        self._p_owner = owner
+        self._p_sum = (s_ptr, self._refs(np.repeat(owner, s_len), s_num), s_num)
+        per_lin = np.fromiter(map(len, map(_PARTS, plan.lineages)), np.int64,
+                              len(plan.lineages))
+        self._p_lin = np.repeat(np.fromiter((lin.index for lin in plan.lineages), np.int64,
+                                            len(plan.lineages)), per_lin)
+        self._p_pos = np.arange(len(parts)) - np.repeat(_ptr(per_lin)[:-1], per_lin)
+        self._p_scale = _interned_objects(intern, list(map(_SCALE, parts)))
+        self._p_slice = _slices(cols.slices)[cols.slice_index]
+        pidx = np.argsort(owner, kind="stable")
+        ok = owner[pidx]
+        cuts = np.flatnonzero(np.concatenate([[True], ok[1:] != ok[:-1], [True]]))
+        self._unit_parts = {int(ok[a]): pidx[a:b] for a, b in zip(cuts[:-1].tolist(),
+                                                                 cuts[1:].tolist())}
+        # a unit is anything owning a node, a tensor or a part (as source.split_units)
+        empty = np.zeros(0, dtype=np.int64)
+        keys = (set(self._order_keys) | set(self._tensors) | set(self._unit_parts))
+        keys.discard(_GLOBAL_KEY)
+        self._order = {self.unit_of(k): self._order_keys.get(k, empty) for k in keys}
+
+    # -- the unit source
+
+    def _key(self, unit: Unit) -> int:
+        d, m = unit
+        return d * self.stride + (0 if m is None else m + 1)
+
+    def global_records(self) -> UnitRecords:
+        recs = UnitRecords()
+        t = self._tensors.get(_GLOBAL_KEY)
+        if t is not None:
+            recs.tensors = list(map(self._infos.__getitem__, t.tolist()))
+        pidx = self._unit_parts.get(_GLOBAL_KEY, np.zeros(0, dtype=np.int64)).tolist()
+        recs.parts = self._part_records(pidx)
+        s_ptr, _, s_num = self._p_sum
+        tk, num = self._tunit.tolist(), self._num.tolist()
+        recs.part_refs = [[(self.unit_of(tk[x]), num[x])
+                           for x in s_num[s_ptr[i]:s_ptr[i + 1]].tolist()] for i in pidx]
+        return recs
+
+    def units(self) -> list[Unit]:
+        return unit_order(self._order)
+
+    def table(self, unit: Unit) -> UnitTable:
+        key = self._key(unit)
+        rows = self._order[unit]
+        t = self._tensors.get(key, np.zeros(0, dtype=np.int64))
+        pidx = self._unit_parts.get(key, np.zeros(0, dtype=np.int64))
+        in_ptr, in_refs = self._in
+        out_ptr, out_refs = self._out
+        il, ins = _gather(in_ptr, in_refs, rows)
+        ol, outs = _gather(out_ptr, out_refs, rows)
+        al, ar = _gather(self._attr_ptr, self._attr_ranks, rows)
+        s_ptr, s_refs, _ = self._p_sum
+        sl, sums = _gather(s_ptr, s_refs, pidx)
+        return UnitTable(
+            t_shape=self._t_shape[t], n_op=self._op[rows], n_pass=self._pass[rows],
+            n_rank=self._rank[rows], n_mb=self._mb[rows], n_attrs=self._attrs[rows],
+            n_attr_ptr=_ptr(al), n_attr_ranks=ar, n_in_ptr=_ptr(il), n_in=ins.reshape(-1, 4),
+            n_out_ptr=_ptr(ol), n_out=outs.reshape(-1, 4), n_pos=rows.copy(),
+            p_lin=self._p_lin[pidx], p_pos=self._p_pos[pidx], p_scale=self._p_scale[pidx],
+            p_slice=self._p_slice[pidx], p_sum_ptr=_ptr(sl), p_sum=sums.reshape(-1, 4))
+
+    def records(self, unit: Unit) -> UnitRecords:
+        key = self._key(unit)
+        rows = self._order[unit].tolist()
+        t = self._tensors.get(key, np.zeros(0, dtype=np.int64)).tolist()
+        pidx = self._unit_parts.get(key, np.zeros(0, dtype=np.int64)).tolist()
+        return UnitRecords(list(map(self._infos.__getitem__, t)),
+                           list(zip(rows, map(self._nodes.__getitem__, rows))),
+                           self._part_records(pidx))
+
+    def _part_records(self, pidx: list) -> list[tuple]:
+        """(lineage, position in it, part) of these parts."""
+        return list(zip(self._p_lin[pidx].tolist(), self._p_pos[pidx].tolist(),
+                        map(self._parts.__getitem__, pidx)))
+
+    def worker_view(self):
+        return None
+
+
+def _attr_columns(fnodes: list, opc: np.ndarray, op_names: list, intern: Interner
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every node's semantic attributes (table.semantic_attrs): interned text, and the rank
+    numbers taken out of it (CSR), computed once per distinct (op, attribute JSON text)."""
+    n = len(fnodes)
+    try:
+        lines = _ENCODE_LINES(list(map(_ATTRS, fnodes))).split(b"\n")  # JSON has no raw \n
+    except (TypeError, ValueError, OverflowError):
+        attrs = _semantic_column(fnodes)
+        ranks = [rs for _, rs in attrs]
+        return (_interned(intern, [a for a, _ in attrs]),
+                _ptr(np.fromiter(map(len, ranks), np.int64, n)),
+                np.array(list(chain.from_iterable(ranks)), dtype=np.int64))
+    text: dict = {}
+    tc = np.fromiter(map(text.setdefault, lines[:n], range(n)), np.int64, n)
+    _, first, inv = np.unique(opc * (n + 1) + tc, return_index=True, return_inverse=True)
+    sem = []
+    for i in first.tolist():
+        key = (op_names[opc[i]], lines[i])
+        hit = _ATTRS_SEEN.get(key)
+        if hit is None:
+            if len(_ATTRS_SEEN) > 100_000:
+                _ATTRS_SEEN.clear()
+            hit = _ATTRS_SEEN[key] = _semantic_attrs(fnodes[i])
+        sem.append(hit)
+    codes = np.array([intern(a) for a, _ in sem], dtype=np.int64)
+    lens = np.array([len(r) for _, r in sem], dtype=np.int64)
+    values = np.array(list(chain.from_iterable(r for _, r in sem)), dtype=np.int64)
+    inv = inv.reshape(-1)
+    al, ar = _gather(_ptr(lens), values, inv)
+    return codes[inv], _ptr(al), ar
+
+
+_ATTRS = attrgetter("attrs")
+_ENCODE_LINES = msgspec.json.Encoder().encode_lines
+
+
+def _slices(distinct: list) -> np.ndarray:
+    """Distinct lineage slices as rows of (start, end) pairs, -1 padded (table.part_columns)."""
+    if distinct and max(map(len, distinct)) > MAX_DIMS:
+        raise ValueError(f"a lineage slice with more than {MAX_DIMS} dimensions")
+    rows = np.full((len(distinct), 2 * MAX_DIMS), -1, dtype=np.int64)
+    for i, x in enumerate(distinct):
+        for k, (a, b) in enumerate(x):
+            rows[i, 2 * k], rows[i, 2 * k + 1] = a, b
+    return rows
