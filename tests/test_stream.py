@@ -4,6 +4,7 @@ tracer produces, and folding it verifies like folding the traced plan."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import Counter
 
@@ -253,6 +254,108 @@ def test_malformed_unit_files_are_one_line_errors_on_the_streaming_path(unit_fil
     _expect_one_line(s, lines[:sections[5]] + o[:sections[6]] + lines[sections[6]:], tmp_path,
                      "second header", "another plan")
     _expect_one_line(s, lines[:-1] + o[-1:], tmp_path, "trailer belongs to plan")
+
+
+def _malformed_variants(p: str, tmp_path) -> dict[str, list[str]]:
+    """Unit files broken in ways the checks catch; several of them fold without a hitch
+    when nothing checks them (the edited role, the id used twice, the unread tensor)."""
+    lines = _lines(p)
+    recs = [json.loads(x) for x in lines]
+    sections = [k for k, r in enumerate(recs) if r["r"] == "section"]
+    nodes = [k for k, r in enumerate(recs) if r["r"] == "node"]
+    k = next(i for i in range(sections[2], len(recs)) if recs[i]["r"] == "node")
+    other = str(tmp_path / "other.jsonl")
+    _rewrite(p, other, lambda section, n: n)
+    o = _lines(other)
+    edited = next(i for i in range(sections[9], len(recs))
+                  if recs[i]["r"] == "tensor" and recs[i]["role"] == "input")
+    dup = dict(recs[nodes[-1]], id=recs[nodes[3]]["id"])  # an id of another unit's node
+    dangling = dict(recs[k], inputs=["nowhere", *recs[k]["inputs"][1:]])
+    role = lines[edited].replace('"input"', '"activation"')
+    assert role != lines[edited]
+    return {
+        "truncated": lines[:-1],
+        "half": lines[: len(lines) // 2],
+        "unit missing": lines[:sections[3]] + lines[sections[4]:],
+        "out of order": lines[:k] + lines[k + 1:-1] + [lines[k], lines[-1]],
+        "another plan's unit": lines[:sections[5]] + o[:sections[6]] + lines[sections[6]:],
+        "another plan's trailer": lines[:-1] + o[-1:],
+        "edited record": lines[:edited] + [role] + lines[edited + 1:],
+        "node id used twice": lines[:nodes[-1]] + [json.dumps(dup) + "\n"] + lines[nodes[-1] + 1:],
+        "dangling reference": lines[:k] + [json.dumps(dangling) + "\n"] + lines[k + 1:],
+    }
+
+
+def test_the_checks_in_a_second_process_give_the_inline_checks_errors(unit_file, tmp_path):
+    """FilePlan reads the file unchecked while a forked process checks it
+    (stream.read_checked): every malformed file fails with the one-line error the inline
+    checks give, also where the unchecked reading alone would fold it."""
+    from tvsmt.errors import PlanError
+    from tvsmt.fold.filesource import FilePlan
+    from tvsmt.plan import load_plan
+    from tvsmt.plan import stream
+
+    s, p = unit_file
+    single = load_plan(s)
+    assert stream.PARALLEL and (os.cpu_count() or 1) >= 2  # the forked path is the one run
+    for name, lines in _malformed_variants(p, tmp_path).items():
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text("".join(lines), encoding="utf-8")
+        with pytest.raises(PlanError) as inline:
+            stream.check_stream(str(bad))
+        with pytest.raises(PlanError) as forked:
+            FilePlan(single, str(bad))
+        assert str(forked.value) == str(inline.value), name
+        assert len(str(forked.value).splitlines()) == 1 and "bad.jsonl" in str(forked.value)
+
+
+def test_unchecked_reading_yields_the_checked_objects(unit_file, tmp_path):
+    """`iter_unchecked` builds what `iter_records` yields (the fold sees the same records),
+    and reads the checked file's plan id and checksum."""
+    from tvsmt.plan import stream
+    from handmade import parallel_mlp
+    from tvsmt.frontends.builder import write_plan
+
+    _, p = unit_file
+    mlp = write_plan(tmp_path / "mlp.jsonl", parallel_mlp())  # scales, one stream
+    for path in (p, mlp):
+        summary: dict = {}
+        assert list(stream.iter_unchecked(path, summary)) == list(stream.iter_records(path))
+        assert (summary["plan_id"], summary["crc"]) == stream.check_stream(path)
+
+
+def test_a_file_changed_between_the_two_readings_is_refused(unit_file, monkeypatch):
+    from tvsmt.errors import PlanError
+    from tvsmt.plan import stream
+
+    _, p = unit_file
+    monkeypatch.setattr(stream.ParallelCheck, "result", lambda self: ("another", 0))
+    with pytest.raises(PlanError, match="changed while it was being read"):
+        stream.read_checked(p, lambda it: sum(1 for _ in it))
+
+
+def test_the_checking_process_ends_with_the_reading(unit_file, monkeypatch):
+    """Ctrl-C while reading: the checking child is killed and reaped at once."""
+    from tvsmt.plan import stream
+
+    _, p = unit_file
+    made = []
+    init = stream.ParallelCheck.__init__
+
+    def spy(self, path):
+        init(self, path)
+        made.append(self.pid)
+    monkeypatch.setattr(stream.ParallelCheck, "__init__", spy)
+
+    def interrupted(it):
+        next(it)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        stream.read_checked(p, interrupted)
+    assert made and made[0] is not None
+    with pytest.raises(ChildProcessError):
+        os.waitpid(made[0], os.WNOHANG)  # already reaped
 
 
 def test_tables_over_columns_are_the_reference_tables(unit_file):

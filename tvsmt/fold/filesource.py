@@ -50,9 +50,10 @@ from tvsmt.fold.table import (
     reference,
 )
 from tvsmt.fold.units import REPRESENTATIVE, Unit, WorldUnits
+from tvsmt.heap import collector_paused
 from tvsmt.plan.mesh import Mesh
 from tvsmt.plan.model import Lineage, LineagePart, Node, Plan, TensorInfo
-from tvsmt.plan.stream import Section, StreamHeader, iter_records
+from tvsmt.plan.stream import Section, StreamHeader, iter_records, read_checked
 
 _SHIFT = 32  # packed location: unit index << _SHIFT | local number
 _LOW = (1 << _SHIFT) - 1
@@ -96,8 +97,21 @@ class FilePlan:
 
     def _scan(self, wanted: set[int] | None = None) -> None:
         """Read the file once. `wanted`: only collect the records of these replicas (a second
-        reading for exceptions); None: the first reading, which builds everything."""
-        it = iter_records(self.path)
+        reading for exceptions); None: the first reading, which builds everything.
+
+        The cyclic collector is paused throughout: the scan allocates millions of acyclic
+        records and keeps many of them (tables, retained units), and every collection of the
+        oldest generation re-scanned them all (over 40% of a 4-layer file's scan)."""
+        with collector_paused():
+            self._scan_paused(wanted)
+
+    def _scan_paused(self, wanted: set[int] | None) -> None:
+        if wanted is None:  # checked in a second process (tvsmt.plan.stream.read_checked)
+            read_checked(self.path, lambda it: self._consume(it, None))
+        else:
+            self._consume(iter_records(self.path), wanted)
+
+    def _consume(self, it, wanted: set[int] | None) -> None:
         header: StreamHeader = next(it)
         first = wanted is None
         if first:
