@@ -318,9 +318,27 @@ def test_unchecked_reading_yields_the_checked_objects(unit_file, tmp_path):
 
     _, p = unit_file
     mlp = write_plan(tmp_path / "mlp.jsonl", parallel_mlp())  # scales, one stream
+    def stretches(objs):  # tensors and nodes between section markers, as `Batch`es
+        out: list = []
+        for o in objs:
+            if type(o) in (stream.Batch, stream.Section) or not out or \
+                    type(out[-1]) is not stream.Batch:
+                if type(o) not in (TensorInfo, Node):
+                    out.append(o)
+                    if type(o) is stream.Batch:
+                        out[-1] = stream.Batch(list(o.tensors), list(o.nodes))
+                    continue
+                out.append(stream.Batch([], []))
+            (out[-1].tensors if type(o) is TensorInfo else out[-1].nodes).append(o)
+        return out
+
+    from tvsmt.plan.model import Node, TensorInfo
+
     for path in (p, mlp):
         summary: dict = {}
-        assert list(stream.iter_unchecked(path, summary)) == list(stream.iter_records(path))
+        checked = stretches(stream.iter_records(path))
+        assert stretches(stream.iter_unchecked(path, summary)) == checked
+        assert sum(type(o) is stream.Batch for o in checked) >= (2 if path == p else 1)
         assert (summary["plan_id"], summary["crc"]) == stream.check_stream(path)
 
 

@@ -53,13 +53,13 @@ from tvsmt.fold.units import REPRESENTATIVE, Unit, WorldUnits
 from tvsmt.heap import collector_paused
 from tvsmt.plan.mesh import Mesh
 from tvsmt.plan.model import Lineage, LineagePart, Node, Plan, TensorInfo
-from tvsmt.plan.stream import Section, StreamHeader, iter_records, read_checked
+from tvsmt.plan.stream import Batch, Section, StreamHeader, iter_records, read_checked
 
 _SHIFT = 32  # packed location: unit index << _SHIFT | local number
 _LOW = (1 << _SHIFT) - 1
 _RANK, _MB, _OP, _INPUTS, _OUTPUTS, _SUM_OF, _SLICE, _SCALE = (attrgetter(k) for k in (
     "rank", "mb", "op", "inputs", "outputs", "sum_of", "slice", "scale"))
-_FIRST = itemgetter(0)
+_FIRST, _ID = itemgetter(0), attrgetter("id")
 
 
 class FilePlan:
@@ -122,7 +122,10 @@ class FilePlan:
         sc = _Scan(self, wanted)
         for obj in it:
             kind = type(obj)
-            if kind is Node:
+            if kind is Batch:  # the unchecked reading's tensors and nodes
+                sc.batch += obj.nodes
+                sc.sec_tensors.update(zip(map(_ID, obj.tensors), obj.tensors))
+            elif kind is Node:
                 sc.node(obj)
             elif kind is TensorInfo:
                 sc.sec_tensors[obj.id] = obj
@@ -310,23 +313,22 @@ class _Scan:
         prod.discard(None)
         own = prod.union(declared)  # the unit's tensors: written by it, or its inputs
         # numbered by first use, inputs then outputs, node by node
-        local = dict.fromkeys(filter(own.__contains__, chain.from_iterable(map(add, ins, outs))))
-        for k, x in enumerate(local):
-            local[x] = k
+        first = dict.fromkeys(filter(own.__contains__, chain.from_iterable(map(add, ins, outs))))
+        local = dict(zip(first, range(len(first))))
         index = self.unit_index.get(u)
         if index is None:
             index = self.unit_index[u] = len(self.units_by_index)
             self.units_by_index.append(u)
         packed = index << _SHIFT
         self.where.update(zip(local, range(packed, packed + len(local))))
-        infos = []
-        for x in local:
-            info = declared.get(x)
-            if info is None:
-                info = self.sec_tensors.get(x) or self.held_decl.get(x)
-            if info is None:
-                raise FoldRefused(f"tensor {x} of unit {u} was not declared in its section")
-            infos.append(info)
+        infos = list(map(declared.get, local))
+        if None in infos:
+            for k, x in enumerate(local):
+                if infos[k] is None:
+                    infos[k] = self.sec_tensors.get(x) or self.held_decl.get(x)
+                    if infos[k] is None:
+                        raise FoldRefused(f"tensor {x} of unit {u} was not declared in its "
+                                          "section")
 
         def locate(x: str) -> tuple[Unit | None, int]:
             k = local.get(x)
@@ -404,13 +406,14 @@ class _Scan:
             infos.append(info)
         self.replica_tensors[d] = infos
 
-        def locate(x: str) -> tuple[Unit | None, int]:
-            k = nums.get(x)
-            if k is not None and (x in mine or self.owner.get(x) == d):
-                return u, k
-            return self._outside(x, d)
-
-        self.src._tables[u] = build_table(u, infos, ordered, [], locate, self.src.intern)
+        # the replica's own tensors by number, every other one through `_outside` (what a
+        # `locate` for build_table would answer, name by name), over columns
+        owner = self.owner
+        own = {x: k for x, k in nums.items() if x in mine or owner.get(x) == d}
+        ns = [n for _, n in ordered]
+        self.src._tables[u] = instance_table(
+            u, infos, ordered, list(map(_INPUTS, ns)), list(map(_OUTPUTS, ns)), own,
+            lambda x: reference(u, *self._outside(x, d)), self.src.intern)
         self.src._records[u] = UnitRecords(infos, ordered, [])  # small: every one is kept
 
     def _held_info(self, x: str) -> TensorInfo:

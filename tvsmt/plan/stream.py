@@ -568,8 +568,9 @@ def read_stream(path: str, f=None) -> Plan:
 
 def iter_unchecked(path: str, summary: dict) -> Iterator[Any]:
     """The objects `iter_records` yields for a well-formed file, decoded only: none of its
-    checks. Only for a file that `check_stream` checks (`ParallelCheck`): `summary` gets the
-    plan id and checksum read here, which must be the checked file's (the same bytes)."""
+    checks; tensors and nodes come in a `Batch` per stretch between section markers. Only for
+    a file that `check_stream` checks (`read_checked`): `summary` gets the plan id and
+    checksum read here, which must be the checked file's (the same bytes)."""
     pool: dict = {}  # one tuple per distinct shape, as the checked reading keeps them
     crc, index = 0, 0
     plan_id = None
@@ -607,27 +608,35 @@ def iter_unchecked(path: str, summary: dict) -> Iterator[Any]:
     summary.update(plan_id=plan_id, crc=crc)
 
 
+@dataclass(frozen=True)
+class Batch:
+    """`iter_unchecked`'s records between two section markers: the tensors and the nodes,
+    each in file order (one object per stretch instead of one per record)."""
+
+    tensors: list[TensorInfo]
+    nodes: list[Node]
+
+
 def _bulk_objects(recs: list, kinds: list, pool: dict) -> list:
-    """The objects of tensor, node and section records, in their order (as `_fast_block`
-    builds them)."""
-    out: list = [None] * len(recs)
-    pos = {TensorRec: [], NodeRec: [], SectionRec: []}
-    for k, kind in enumerate(kinds):
-        pos[kind].append(k)
-    trecs = [recs[k] for k in pos[TensorRec]]
-    nrecs = [recs[k] for k in pos[NodeRec]]
-    shapes = [pool.setdefault(sh, sh) for sh in map(tuple, map(_SHAPE, trecs))]
-    roles = [r if type(r) is str else str(r) for r in map(_ROLE, trecs)]
-    for k, obj in zip(pos[TensorRec], map(TensorInfo, map(_ID, trecs), shapes, roles)):
-        out[k] = obj
-    attrs = [a if a is not None else {} for a in map(_ATTRS, nrecs)]
-    for k, obj in zip(pos[NodeRec], map(Node, map(_ID, nrecs), map(_OP, nrecs),
-                                        map(_PASS, nrecs), map(_RANK, nrecs), map(_MB, nrecs),
-                                        map(_INPUTS, nrecs), map(_OUTPUTS, nrecs), attrs,
-                                        map(_SOURCE, nrecs))):
-        out[k] = obj
-    for k in pos[SectionRec]:
-        out[k] = Section(recs[k].index, recs[k].name)
+    """Tensor, node and section records as `Batch`es and `Section`s, in file order (the
+    objects `_fast_block` builds)."""
+    out: list = []
+    marks = [k for k, kind in enumerate(kinds) if kind is SectionRec]
+    for a, b in zip([-1, *marks], [*marks, len(recs)]):
+        if b > a + 1:
+            seg, segk = recs[a + 1:b], kinds[a + 1:b]
+            trecs = [r for r, kind in zip(seg, segk) if kind is TensorRec]
+            nrecs = [r for r, kind in zip(seg, segk) if kind is NodeRec]
+            shapes = [pool.setdefault(sh, sh) for sh in map(tuple, map(_SHAPE, trecs))]
+            roles = [r if type(r) is str else str(r) for r in map(_ROLE, trecs)]
+            attrs = [a if a is not None else {} for a in map(_ATTRS, nrecs)]
+            out.append(Batch(
+                list(map(TensorInfo, map(_ID, trecs), shapes, roles)),
+                list(map(Node, map(_ID, nrecs), map(_OP, nrecs), map(_PASS, nrecs),
+                         map(_RANK, nrecs), map(_MB, nrecs), map(_INPUTS, nrecs),
+                         map(_OUTPUTS, nrecs), attrs, map(_SOURCE, nrecs)))))
+        if b < len(recs):
+            out.append(Section(recs[b].index, recs[b].name))
     return out
 
 
