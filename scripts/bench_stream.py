@@ -15,7 +15,8 @@ process, so that its peak memory is its own:
   the units stream from the file into the folder (tvsmt/fold/filesource.py), the plan is
   never held whole, and the folded pair is verified (two jobs). The file's checks run in a
   forked second process while this one reads it (`tvsmt.plan.stream.read_checked`);
-  `--inline-check` runs them in the reading process, `--both` verifies both ways in one run.
+  `--inline-check` runs them in the reading process, `--both` verifies both ways in one run
+  (tvsmt itself forks the checks only when a core is idle: `tvsmt.plan.stream.PARALLEL`).
 
 Printed per phase: wall time, CPU time of the process, peak resident memory (for verify, also the
 peak of the process and its workers and solvers together, sampled every 0.2 s, as the sum of
@@ -36,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 PHASE = r"""
-import resource, sys, time
+import os, resource, sys, time
 sys.path.insert(0, {root!r})
 t, c = time.perf_counter(), time.process_time()
 phase, path = {phase!r}, {path!r}
@@ -58,6 +59,7 @@ if phase == "write":
 elif phase == "verify":
     import tvsmt.plan.stream
     tvsmt.plan.stream.PARALLEL = {parallel!r}
+    forked, load0 = tvsmt.plan.stream._forked_check(), os.getloadavg()[0]
     sys.path.insert(0, {root!r} + "/scripts")
     from peak_memory import TreeMemory
     from tvsmt.verify import Options, verify_pair
@@ -67,7 +69,9 @@ elif phase == "verify":
     what = (f"{{rep.verdict}}, folded {{fold.get('kept_units')}} of "
             f"{{fold.get('replicas', 0) * fold.get('micro_batches', 0)}} units, "
             f"{{fold.get('checked', {{}}).get('nodes')}} nodes checked, note {{rep.fold_note}}, "
-            f"checks {{'in a second process' if {parallel!r} else 'inline'}}, "
+            f"checks {{'in a second process' if forked else 'inline'}} "
+            f"({{'by load' if {parallel!r} is None else 'forced'}}: load {{load0:.2f}} at the "
+            f"start, {{os.getloadavg()[0]:.2f}} at the end), "
             f"timings {{rep.timings}}, tree peak {{memory.rss_mb:.0f}} MB rss, "
             f"{{memory.pss_mb:.0f}} MB pss")
 elif phase == "iterate":
@@ -89,7 +93,8 @@ def run(phase: str, path: str, args) -> None:
     single = os.path.join(os.path.dirname(path), "single.json.gz")
     code = PHASE.format(root=str(ROOT), phase=phase, path=path, layers=args.layers, dp=args.dp,
                         tp=args.tp, pp=args.pp, mb=args.mb, single=single,
-                        parallel=not args.inline_check)
+                        parallel=False if args.inline_check else
+                        (True if args.both else None))
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

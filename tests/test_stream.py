@@ -286,7 +286,8 @@ def _malformed_variants(p: str, tmp_path) -> dict[str, list[str]]:
     }
 
 
-def test_the_checks_in_a_second_process_give_the_inline_checks_errors(unit_file, tmp_path):
+def test_the_checks_in_a_second_process_give_the_inline_checks_errors(unit_file, tmp_path,
+                                                                       monkeypatch):
     """FilePlan reads the file unchecked while a forked process checks it
     (stream.read_checked): every malformed file fails with the one-line error the inline
     checks give, also where the unchecked reading alone would fold it."""
@@ -297,7 +298,8 @@ def test_the_checks_in_a_second_process_give_the_inline_checks_errors(unit_file,
 
     s, p = unit_file
     single = load_plan(s)
-    assert stream.PARALLEL and (os.cpu_count() or 1) >= 2  # the forked path is the one run
+    monkeypatch.setattr(stream, "PARALLEL", True)  # forked, whatever the machine's load
+    assert stream._forked_check()
     for name, lines in _malformed_variants(p, tmp_path).items():
         bad = tmp_path / "bad.jsonl"
         bad.write_text("".join(lines), encoding="utf-8")
@@ -307,6 +309,20 @@ def test_the_checks_in_a_second_process_give_the_inline_checks_errors(unit_file,
             FilePlan(single, str(bad))
         assert str(forked.value) == str(inline.value), name
         assert len(str(forked.value).splitlines()) == 1 and "bad.jsonl" in str(forked.value)
+
+
+def test_the_checks_are_forked_only_when_a_core_is_idle(monkeypatch):
+    from tvsmt.plan import stream
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    for load, forced, forked in ((0.9, None, True), (1.7, None, False), (1.7, True, True),
+                                 (0.1, False, False)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
+        monkeypatch.setattr(stream, "PARALLEL", forced)
+        assert stream._forked_check() is forked, (load, forced)
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(stream, "PARALLEL", True)
+    assert stream._forked_check() is False
 
 
 def test_unchecked_reading_yields_the_checked_objects(unit_file, tmp_path):
@@ -347,6 +363,7 @@ def test_a_file_changed_between_the_two_readings_is_refused(unit_file, monkeypat
     from tvsmt.plan import stream
 
     _, p = unit_file
+    monkeypatch.setattr(stream, "PARALLEL", True)
     monkeypatch.setattr(stream.ParallelCheck, "result", lambda self: ("another", 0))
     with pytest.raises(PlanError, match="changed while it was being read"):
         stream.read_checked(p, lambda it: sum(1 for _ in it))
@@ -357,6 +374,7 @@ def test_the_checking_process_ends_with_the_reading(unit_file, monkeypatch):
     from tvsmt.plan import stream
 
     _, p = unit_file
+    monkeypatch.setattr(stream, "PARALLEL", True)
     made = []
     init = stream.ParallelCheck.__init__
 
@@ -371,7 +389,7 @@ def test_the_checking_process_ends_with_the_reading(unit_file, monkeypatch):
 
     with pytest.raises(KeyboardInterrupt):
         stream.read_checked(p, interrupted)
-    assert made and made[0] is not None
+    assert made and made[0] is not None  # it was forked
     with pytest.raises(ChildProcessError):
         os.waitpid(made[0], os.WNOHANG)  # already reaped
 

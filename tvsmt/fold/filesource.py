@@ -274,9 +274,9 @@ class _Scan:
                                   "section ended (the file does not group records by unit)")
             self._build_unit(u, nodes, self.sec_tensors if alone else {})
             self.done_units.add(u)
-        for tid, info in self.sec_tensors.items():
-            if tid not in self.where:
-                self.held_decl[tid] = info
+        sec = self.sec_tensors
+        for tid in sec.keys() - self.where.keys():  # a set difference in C, not a loop
+            self.held_decl[tid] = sec[tid]
         self.sec_tensors = {}
 
     def _replica_number(self, x: str, d: int) -> int:

@@ -655,22 +655,34 @@ def _lineage_unchecked(rec: LineageRec, index: int) -> Lineage:
     return Lineage(index, rec.single, parts, aligned, rec.hypothesis)
 
 
-PARALLEL = True  # False: `ParallelCheck` checks in this process (scripts/bench_stream.py A/B)
+# Where `ParallelCheck` checks: True in a forked process, False in this one, None (the
+# default) in a forked process when a core is idle (1-minute load average below the number
+# of cores minus a half): on a busy machine the second process only adds work (the file is
+# decoded twice), on an idle one it takes the checks off the reading's critical path.
+PARALLEL: bool | None = None
+
+
+def _forked_check() -> bool:
+    if not hasattr(os, "fork") or (os.cpu_count() or 1) < 2:
+        return False
+    if PARALLEL is None:
+        return os.getloadavg()[0] < (os.cpu_count() or 1) - 0.5
+    return PARALLEL
 
 
 class ParallelCheck:
     """`check_stream` of a file in a forked process, while this process reads the same file
     with `iter_unchecked` (the machine's second core does the checks). `result()` waits for
     the verdict: it raises the checks' one-line error, else returns the checked file's
-    (plan id, checksum). Where the platform cannot fork, or the child died without a
-    verdict, the checks run here (the same errors, only slower). The child dies with this
+    (plan id, checksum). Where the platform cannot fork, a core is busy (`PARALLEL`), or
+    the child died without a verdict, the checks run here (the same errors). The child dies with this
     process (parent-death signal) and is killed by `stop()`."""
 
     def __init__(self, path: str):
         self.path = path
         self.pid: int | None = None
-        if (not PARALLEL or not hasattr(os, "fork") or (os.cpu_count() or 1) < 2
-                or not os.path.isfile(path)):
+        self.forked = _forked_check() and os.path.isfile(path)
+        if not self.forked:
             return
         from tvsmt.solving.lifeline import die_with_parent
 
