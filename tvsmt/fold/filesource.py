@@ -32,7 +32,7 @@ replica (the plan id and checksum must be the same).
 from __future__ import annotations
 
 from collections import defaultdict
-from itertools import chain, compress, repeat
+from itertools import chain, compress, filterfalse, repeat
 from operator import add, attrgetter, itemgetter
 import numpy as np
 
@@ -275,7 +275,9 @@ class _Scan:
             self._build_unit(u, nodes, self.sec_tensors if alone else {})
             self.done_units.add(u)
         sec = self.sec_tensors
-        for tid in sec.keys() - self.where.keys():  # a set difference in C, not a loop
+        # filterfalse: the lookups in C (not `sec.keys() - where.keys()`, which walks all of
+        # `where`, every tensor of the file so far, once per section)
+        for tid in filterfalse(self.where.__contains__, sec):
             self.held_decl[tid] = sec[tid]
         self.sec_tensors = {}
 
