@@ -1,7 +1,9 @@
 """A JSON Lines plan file as a unit source: units stream from the file into the folder.
 
-`FilePlan` reads the file once with `tvsmt.plan.stream.iter_records` (every record checked
-there, as for any read) and never holds the parallel plan whole. What it keeps:
+`FilePlan` reads the file once through `tvsmt.plan.stream.read_checked`: every record is
+checked as for any read (`iter_records`' checks, in a forked second process when a core is
+idle, while this one folds the unchecked reading; the checks' verdict comes before anything
+is used), and the parallel plan is never held whole. What it keeps:
 
 * every unit's *table* (integer arrays, tvsmt/fold/table.py), which is what the folder
   compares; a unit's nodes and tensors are dropped as soon as its table is built;
@@ -106,7 +108,7 @@ class FilePlan:
             self._scan_paused(wanted)
 
     def _scan_paused(self, wanted: set[int] | None) -> None:
-        if wanted is None:  # checked in a second process (tvsmt.plan.stream.read_checked)
+        if wanted is None:  # the checks perhaps in a second process (stream.read_checked)
             read_checked(self.path, lambda it: self._consume(it, None))
         else:
             self._consume(iter_records(self.path), wanted)

@@ -741,10 +741,13 @@ class ParallelCheck:
 
 
 def read_checked(path: str, consume) -> Any:
-    """`consume(iter_unchecked(path, summary))` while `ParallelCheck` checks the file: the
-    checks' error comes first, whatever `consume` raised on the unchecked records (it
-    may have met what the checks refuse); the file must be the one that was checked."""
+    """`consume(iter_unchecked(path, summary))` while `ParallelCheck` checks the file in a
+    forked process: the checks' error comes first, whatever `consume` raised on the
+    unchecked records (it may have met what the checks refuse); the file must be the one
+    that was checked. Without the fork, `consume(iter_records(path))`."""
     check = ParallelCheck(path)
+    if not check.forked:  # one checked reading (never an unchecked one, then the checks)
+        return consume(iter_records(path))
     summary: dict = {}
     try:
         out = consume(iter_unchecked(path, summary))
