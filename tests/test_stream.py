@@ -171,12 +171,17 @@ def _rewrite(src: str, dst: str, change) -> None:
                 w.lineage({"single": r.single, "parts": [part_dict(x) for x in r.parts]})
 
 
-def test_a_bug_in_one_unit_read_from_disk_is_caught_and_named(unit_file, tmp_path):
+@pytest.mark.parametrize("forked", [True, False], ids=["checks forked", "checks inline"])
+def test_a_bug_in_one_unit_read_from_disk_is_caught_and_named(unit_file, tmp_path,
+                                                              monkeypatch, forked):
     """One node of replica 3, micro-batch 2 is edited in the file (an add becomes a sub):
     the folder finds that unit is no copy, keeps it (read again from the file), and the
-    verdict is a violation that names a tensor of that unit."""
+    verdict is a violation that names a tensor of that unit; with the file's checks in a
+    second process (the fold on the unchecked reading) or in this one."""
+    from tvsmt.plan import stream
     from tvsmt.verify import verify_pair
 
+    monkeypatch.setattr(stream, "PARALLEL", forked)
     s, p = unit_file
     done = []
 
@@ -395,17 +400,25 @@ def test_the_checking_process_ends_with_the_reading(unit_file, monkeypatch):
 
 
 def test_tables_over_columns_are_the_reference_tables(unit_file):
-    """FilePlan builds instance units' tables and their lineage parts over columns
-    (table.instance_table, _Scan._fast_parts): the same tables as `build_table` and the
-    part-by-part loop give, column for column."""
+    """FilePlan builds units' tables and their lineage parts over columns
+    (table.instance_table, _Scan._fast_parts) from the unchecked reading: the same tables as
+    `build_table` and the part-by-part loop give from the checked reading, column for
+    column."""
     from dataclasses import fields
 
     from tvsmt.fold import filesource, table
     from tvsmt.plan import load_plan
 
+    from tvsmt.plan import stream
+
     s, p = unit_file
     single = load_plan(s)
-    fast = filesource.FilePlan(single, p)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(stream, "PARALLEL", True)  # fast: folded from the unchecked reading
+    try:
+        fast = filesource.FilePlan(single, p)
+    finally:
+        mp.undo()
 
     def by_build_table(u, infos, nodes, ins, outs, local, outside, intern):
         real = table.reference
@@ -421,6 +434,7 @@ def test_tables_over_columns_are_the_reference_tables(unit_file):
             table.reference = real
 
     mp = pytest.MonkeyPatch()
+    mp.setattr(stream, "PARALLEL", False)  # slow: from the checked reading
     mp.setattr(filesource, "instance_table", by_build_table)
     mp.setattr(filesource._Scan, "_fast_parts", lambda self, lin: False)
     try:
