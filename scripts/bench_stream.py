@@ -2,6 +2,7 @@
 
     python scripts/bench_stream.py [--layers 32 --dp 16 --tp 8 --pp 4 --mb 8] [--keep DIR]
                                    [--reuse] [--gz] [--load] [--verify] [--no-iterate]
+                                   [--inline-check | --both]
 
 Issue 12 item 4's configuration is the default (3.6M parallel nodes). Each phase runs in its own
 process, so that its peak memory is its own:
@@ -12,7 +13,10 @@ process, so that its peak memory is its own:
 * load (with --load): `load_plan`, the whole plan as objects;
 * verify (with --verify): `tvsmt.verify.verify_pair` on the files, as `tvsmt verify` does:
   the units stream from the file into the folder (tvsmt/fold/filesource.py), the plan is
-  never held whole, and the folded pair is verified (two jobs).
+  never held whole, and the folded pair is verified (two jobs). The file's checks run in a
+  forked second process while this one reads it (`tvsmt.plan.stream.read_checked`);
+  `--inline-check` runs them in the reading process, `--both` verifies both ways in one run
+  (tvsmt itself forks the checks only when a core is idle: `tvsmt.plan.stream.PARALLEL`).
 
 Printed per phase: wall time, CPU time of the process, peak resident memory (for verify, also the
 peak of the process and its workers and solvers together, sampled every 0.2 s, as the sum of
@@ -33,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 PHASE = r"""
-import resource, sys, time
+import os, resource, sys, time
 sys.path.insert(0, {root!r})
 t, c = time.perf_counter(), time.process_time()
 phase, path = {phase!r}, {path!r}
@@ -53,6 +57,9 @@ if phase == "write":
                 "nodes": [node_dict(n) for n in s.nodes]}})
     what = "written"
 elif phase == "verify":
+    import tvsmt.plan.stream
+    tvsmt.plan.stream.PARALLEL = {parallel!r}
+    forked, load0 = tvsmt.plan.stream._forked_check(), os.getloadavg()[0]
     sys.path.insert(0, {root!r} + "/scripts")
     from peak_memory import TreeMemory
     from tvsmt.verify import Options, verify_pair
@@ -62,6 +69,9 @@ elif phase == "verify":
     what = (f"{{rep.verdict}}, folded {{fold.get('kept_units')}} of "
             f"{{fold.get('replicas', 0) * fold.get('micro_batches', 0)}} units, "
             f"{{fold.get('checked', {{}}).get('nodes')}} nodes checked, note {{rep.fold_note}}, "
+            f"checks {{'in a second process' if forked else 'inline'}} "
+            f"({{'by load' if {parallel!r} is None else 'forced'}}: load {{load0:.2f}} at the "
+            f"start, {{os.getloadavg()[0]:.2f}} at the end), "
             f"timings {{rep.timings}}, tree peak {{memory.rss_mb:.0f}} MB rss, "
             f"{{memory.pss_mb:.0f}} MB pss")
 elif phase == "iterate":
@@ -82,7 +92,9 @@ print(f"{{phase}}: {{what}}; wall {{time.perf_counter() - t:.1f}} s, "
 def run(phase: str, path: str, args) -> None:
     single = os.path.join(os.path.dirname(path), "single.json.gz")
     code = PHASE.format(root=str(ROOT), phase=phase, path=path, layers=args.layers, dp=args.dp,
-                        tp=args.tp, pp=args.pp, mb=args.mb, single=single)
+                        tp=args.tp, pp=args.pp, mb=args.mb, single=single,
+                        parallel=False if args.inline_check else
+                        (True if args.both else None))
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -94,6 +106,10 @@ def main() -> None:
     ap.add_argument("--load", action="store_true", help="also load the whole plan")
     ap.add_argument("--verify", action="store_true", help="also verify the pair from the files")
     ap.add_argument("--no-iterate", action="store_true", help="skip the iterate phase")
+    ap.add_argument("--inline-check", action="store_true",
+                    help="verify: the file's checks in the reading process, not in a second one")
+    ap.add_argument("--both", action="store_true",
+                    help="verify twice: checks in a second process, then inline (an A/B in one run)")
     ap.add_argument("--keep", default=None, help="folder to keep the file in")
     ap.add_argument("--reuse", action="store_true",
                     help="read the file already kept in --keep instead of writing it")
@@ -109,8 +125,10 @@ def main() -> None:
             run("iterate", path, args)
         if args.load:
             run("load", path, args)
-        if args.verify:
+        if args.verify or args.both:
             run("verify", path, args)
+        if args.both:
+            run("verify", path, argparse.Namespace(**{**vars(args), "inline_check": True}))
 
 
 if __name__ == "__main__":

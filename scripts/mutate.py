@@ -331,6 +331,19 @@ MUTATIONS: tuple[Mutation, ...] = (
                "    if True:\n"),),
         ("tests/test_plan_stream.py::test_a_node_id_used_twice_is_found_across_blocks",),
         fast=True),
+    Mutation(
+        "stream-parallel-check-ignored",
+        "a JSON Lines file folded from disk is read unchecked while a forked process checks "
+        "it, and the fold never waits for that process's verdict",
+        "streaming reader (checks in a second process)",
+        (Patch("tvsmt/plan/stream.py",
+               "        check.result()  # raises the checks' error, if there is one\n",
+               "        check.stop()\n"),
+         Patch("tvsmt/plan/stream.py", "    checked = check.result()\n",
+               "    check.stop()\n    checked = summary.get(\"plan_id\"), summary.get(\"crc\")\n")),
+        ("tests/test_stream.py::"
+         "test_the_checks_in_a_second_process_give_the_inline_checks_errors",),
+        fast=True),
 )
 
 

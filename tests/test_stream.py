@@ -4,6 +4,7 @@ tracer produces, and folding it verifies like folding the traced plan."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import Counter
 
@@ -170,12 +171,17 @@ def _rewrite(src: str, dst: str, change) -> None:
                 w.lineage({"single": r.single, "parts": [part_dict(x) for x in r.parts]})
 
 
-def test_a_bug_in_one_unit_read_from_disk_is_caught_and_named(unit_file, tmp_path):
+@pytest.mark.parametrize("forked", [True, False], ids=["checks forked", "checks inline"])
+def test_a_bug_in_one_unit_read_from_disk_is_caught_and_named(unit_file, tmp_path,
+                                                              monkeypatch, forked):
     """One node of replica 3, micro-batch 2 is edited in the file (an add becomes a sub):
     the folder finds that unit is no copy, keeps it (read again from the file), and the
-    verdict is a violation that names a tensor of that unit."""
+    verdict is a violation that names a tensor of that unit; with the file's checks in a
+    second process (the fold on the unchecked reading) or in this one."""
+    from tvsmt.plan import stream
     from tvsmt.verify import verify_pair
 
+    monkeypatch.setattr(stream, "PARALLEL", forked)
     s, p = unit_file
     done = []
 
@@ -255,18 +261,164 @@ def test_malformed_unit_files_are_one_line_errors_on_the_streaming_path(unit_fil
     _expect_one_line(s, lines[:-1] + o[-1:], tmp_path, "trailer belongs to plan")
 
 
+def _malformed_variants(p: str, tmp_path) -> dict[str, list[str]]:
+    """Unit files broken in ways the checks catch; several of them fold without a hitch
+    when nothing checks them (the edited role, the id used twice, the unread tensor)."""
+    lines = _lines(p)
+    recs = [json.loads(x) for x in lines]
+    sections = [k for k, r in enumerate(recs) if r["r"] == "section"]
+    nodes = [k for k, r in enumerate(recs) if r["r"] == "node"]
+    k = next(i for i in range(sections[2], len(recs)) if recs[i]["r"] == "node")
+    other = str(tmp_path / "other.jsonl")
+    _rewrite(p, other, lambda section, n: n)
+    o = _lines(other)
+    edited = next(i for i in range(sections[9], len(recs))
+                  if recs[i]["r"] == "tensor" and recs[i]["role"] == "input")
+    dup = dict(recs[nodes[-1]], id=recs[nodes[3]]["id"])  # an id of another unit's node
+    dangling = dict(recs[k], inputs=["nowhere", *recs[k]["inputs"][1:]])
+    role = lines[edited].replace('"input"', '"activation"')
+    assert role != lines[edited]
+    return {
+        "truncated": lines[:-1],
+        "half": lines[: len(lines) // 2],
+        "unit missing": lines[:sections[3]] + lines[sections[4]:],
+        "out of order": lines[:k] + lines[k + 1:-1] + [lines[k], lines[-1]],
+        "another plan's unit": lines[:sections[5]] + o[:sections[6]] + lines[sections[6]:],
+        "another plan's trailer": lines[:-1] + o[-1:],
+        "edited record": lines[:edited] + [role] + lines[edited + 1:],
+        "node id used twice": lines[:nodes[-1]] + [json.dumps(dup) + "\n"] + lines[nodes[-1] + 1:],
+        "dangling reference": lines[:k] + [json.dumps(dangling) + "\n"] + lines[k + 1:],
+    }
+
+
+def test_the_checks_in_a_second_process_give_the_inline_checks_errors(unit_file, tmp_path,
+                                                                       monkeypatch):
+    """FilePlan reads the file unchecked while a forked process checks it
+    (stream.read_checked): every malformed file fails with the one-line error the inline
+    checks give, also where the unchecked reading alone would fold it."""
+    from tvsmt.errors import PlanError
+    from tvsmt.fold.filesource import FilePlan
+    from tvsmt.plan import load_plan
+    from tvsmt.plan import stream
+
+    s, p = unit_file
+    single = load_plan(s)
+    monkeypatch.setattr(stream, "PARALLEL", True)  # forked, whatever the machine's load
+    assert stream._forked_check()
+    for name, lines in _malformed_variants(p, tmp_path).items():
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text("".join(lines), encoding="utf-8")
+        with pytest.raises(PlanError) as inline:
+            stream.check_stream(str(bad))
+        with pytest.raises(PlanError) as forked:
+            FilePlan(single, str(bad))
+        assert str(forked.value) == str(inline.value), name
+        assert len(str(forked.value).splitlines()) == 1 and "bad.jsonl" in str(forked.value)
+
+
+def test_the_checks_are_forked_only_when_a_core_is_idle(monkeypatch):
+    from tvsmt.plan import stream
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    for load, forced, forked in ((0.9, None, True), (1.7, None, False), (1.7, True, True),
+                                 (0.1, False, False)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
+        monkeypatch.setattr(stream, "PARALLEL", forced)
+        assert stream._forked_check() is forked, (load, forced)
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(stream, "PARALLEL", True)
+    assert stream._forked_check() is False
+
+
+def test_unchecked_reading_yields_the_checked_objects(unit_file, tmp_path):
+    """`iter_unchecked` builds what `iter_records` yields (the fold sees the same records),
+    and reads the checked file's plan id and checksum."""
+    from tvsmt.plan import stream
+    from handmade import parallel_mlp
+    from tvsmt.frontends.builder import write_plan
+
+    _, p = unit_file
+    mlp = write_plan(tmp_path / "mlp.jsonl", parallel_mlp())  # scales, one stream
+    def stretches(objs):  # tensors and nodes between section markers, as `Batch`es
+        out: list = []
+        for o in objs:
+            if type(o) in (stream.Batch, stream.Section) or not out or \
+                    type(out[-1]) is not stream.Batch:
+                if type(o) not in (TensorInfo, Node):
+                    out.append(o)
+                    if type(o) is stream.Batch:
+                        out[-1] = stream.Batch(list(o.tensors), list(o.nodes))
+                    continue
+                out.append(stream.Batch([], []))
+            (out[-1].tensors if type(o) is TensorInfo else out[-1].nodes).append(o)
+        return out
+
+    from tvsmt.plan.model import Node, TensorInfo
+
+    for path in (p, mlp):
+        summary: dict = {}
+        checked = stretches(stream.iter_records(path))
+        assert stretches(stream.iter_unchecked(path, summary)) == checked
+        assert sum(type(o) is stream.Batch for o in checked) >= (2 if path == p else 1)
+        assert (summary["plan_id"], summary["crc"]) == stream.check_stream(path)
+
+
+def test_a_file_changed_between_the_two_readings_is_refused(unit_file, monkeypatch):
+    from tvsmt.errors import PlanError
+    from tvsmt.plan import stream
+
+    _, p = unit_file
+    monkeypatch.setattr(stream, "PARALLEL", True)
+    monkeypatch.setattr(stream.ParallelCheck, "result", lambda self: ("another", 0))
+    with pytest.raises(PlanError, match="changed while it was being read"):
+        stream.read_checked(p, lambda it: sum(1 for _ in it))
+
+
+def test_the_checking_process_ends_with_the_reading(unit_file, monkeypatch):
+    """Ctrl-C while reading: the checking child is killed and reaped at once."""
+    from tvsmt.plan import stream
+
+    _, p = unit_file
+    monkeypatch.setattr(stream, "PARALLEL", True)
+    made = []
+    init = stream.ParallelCheck.__init__
+
+    def spy(self, path):
+        init(self, path)
+        made.append(self.pid)
+    monkeypatch.setattr(stream.ParallelCheck, "__init__", spy)
+
+    def interrupted(it):
+        next(it)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        stream.read_checked(p, interrupted)
+    assert made and made[0] is not None  # it was forked
+    with pytest.raises(ChildProcessError):
+        os.waitpid(made[0], os.WNOHANG)  # already reaped
+
+
 def test_tables_over_columns_are_the_reference_tables(unit_file):
-    """FilePlan builds instance units' tables and their lineage parts over columns
-    (table.instance_table, _Scan._fast_parts): the same tables as `build_table` and the
-    part-by-part loop give, column for column."""
+    """FilePlan builds units' tables and their lineage parts over columns
+    (table.instance_table, _Scan._fast_parts) from the unchecked reading: the same tables as
+    `build_table` and the part-by-part loop give from the checked reading, column for
+    column."""
     from dataclasses import fields
 
     from tvsmt.fold import filesource, table
     from tvsmt.plan import load_plan
 
+    from tvsmt.plan import stream
+
     s, p = unit_file
     single = load_plan(s)
-    fast = filesource.FilePlan(single, p)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(stream, "PARALLEL", True)  # fast: folded from the unchecked reading
+    try:
+        fast = filesource.FilePlan(single, p)
+    finally:
+        mp.undo()
 
     def by_build_table(u, infos, nodes, ins, outs, local, outside, intern):
         real = table.reference
@@ -282,6 +434,7 @@ def test_tables_over_columns_are_the_reference_tables(unit_file):
             table.reference = real
 
     mp = pytest.MonkeyPatch()
+    mp.setattr(stream, "PARALLEL", False)  # slow: from the checked reading
     mp.setattr(filesource, "instance_table", by_build_table)
     mp.setattr(filesource._Scan, "_fast_parts", lambda self, lin: False)
     try:

@@ -1,7 +1,9 @@
 """A JSON Lines plan file as a unit source: units stream from the file into the folder.
 
-`FilePlan` reads the file once with `tvsmt.plan.stream.iter_records` (every record checked
-there, as for any read) and never holds the parallel plan whole. What it keeps:
+`FilePlan` reads the file once through `tvsmt.plan.stream.read_checked`: every record is
+checked as for any read (`iter_records`' checks, in a forked second process when a core is
+idle, while this one folds the unchecked reading; the checks' verdict comes before anything
+is used), and the parallel plan is never held whole. What it keeps:
 
 * every unit's *table* (integer arrays, tvsmt/fold/table.py), which is what the folder
   compares; a unit's nodes and tensors are dropped as soon as its table is built;
@@ -32,7 +34,7 @@ replica (the plan id and checksum must be the same).
 from __future__ import annotations
 
 from collections import defaultdict
-from itertools import chain, compress, repeat
+from itertools import chain, compress, filterfalse, repeat
 from operator import add, attrgetter, itemgetter
 import numpy as np
 
@@ -50,15 +52,16 @@ from tvsmt.fold.table import (
     reference,
 )
 from tvsmt.fold.units import REPRESENTATIVE, Unit, WorldUnits
+from tvsmt.heap import collector_paused
 from tvsmt.plan.mesh import Mesh
 from tvsmt.plan.model import Lineage, LineagePart, Node, Plan, TensorInfo
-from tvsmt.plan.stream import Section, StreamHeader, iter_records
+from tvsmt.plan.stream import Batch, Section, StreamHeader, iter_records, read_checked
 
 _SHIFT = 32  # packed location: unit index << _SHIFT | local number
 _LOW = (1 << _SHIFT) - 1
 _RANK, _MB, _OP, _INPUTS, _OUTPUTS, _SUM_OF, _SLICE, _SCALE = (attrgetter(k) for k in (
     "rank", "mb", "op", "inputs", "outputs", "sum_of", "slice", "scale"))
-_FIRST = itemgetter(0)
+_FIRST, _ID = itemgetter(0), attrgetter("id")
 
 
 class FilePlan:
@@ -96,8 +99,21 @@ class FilePlan:
 
     def _scan(self, wanted: set[int] | None = None) -> None:
         """Read the file once. `wanted`: only collect the records of these replicas (a second
-        reading for exceptions); None: the first reading, which builds everything."""
-        it = iter_records(self.path)
+        reading for exceptions); None: the first reading, which builds everything.
+
+        The cyclic collector is paused throughout: the scan allocates millions of acyclic
+        records and keeps many of them (tables, retained units), and every collection of the
+        oldest generation re-scanned them all (over 40% of a 4-layer file's scan)."""
+        with collector_paused():
+            self._scan_paused(wanted)
+
+    def _scan_paused(self, wanted: set[int] | None) -> None:
+        if wanted is None:  # the checks perhaps in a second process (stream.read_checked)
+            read_checked(self.path, lambda it: self._consume(it, None))
+        else:
+            self._consume(iter_records(self.path), wanted)
+
+    def _consume(self, it, wanted: set[int] | None) -> None:
         header: StreamHeader = next(it)
         first = wanted is None
         if first:
@@ -108,7 +124,10 @@ class FilePlan:
         sc = _Scan(self, wanted)
         for obj in it:
             kind = type(obj)
-            if kind is Node:
+            if kind is Batch:  # the unchecked reading's tensors and nodes
+                sc.batch += obj.nodes
+                sc.sec_tensors.update(zip(map(_ID, obj.tensors), obj.tensors))
+            elif kind is Node:
                 sc.node(obj)
             elif kind is TensorInfo:
                 sc.sec_tensors[obj.id] = obj
@@ -257,9 +276,11 @@ class _Scan:
                                   "section ended (the file does not group records by unit)")
             self._build_unit(u, nodes, self.sec_tensors if alone else {})
             self.done_units.add(u)
-        for tid, info in self.sec_tensors.items():
-            if tid not in self.where:
-                self.held_decl[tid] = info
+        sec = self.sec_tensors
+        # filterfalse: the lookups in C (not `sec.keys() - where.keys()`, which walks all of
+        # `where`, every tensor of the file so far, once per section)
+        for tid in filterfalse(self.where.__contains__, sec):
+            self.held_decl[tid] = sec[tid]
         self.sec_tensors = {}
 
     def _replica_number(self, x: str, d: int) -> int:
@@ -296,23 +317,22 @@ class _Scan:
         prod.discard(None)
         own = prod.union(declared)  # the unit's tensors: written by it, or its inputs
         # numbered by first use, inputs then outputs, node by node
-        local = dict.fromkeys(filter(own.__contains__, chain.from_iterable(map(add, ins, outs))))
-        for k, x in enumerate(local):
-            local[x] = k
+        first = dict.fromkeys(filter(own.__contains__, chain.from_iterable(map(add, ins, outs))))
+        local = dict(zip(first, range(len(first))))
         index = self.unit_index.get(u)
         if index is None:
             index = self.unit_index[u] = len(self.units_by_index)
             self.units_by_index.append(u)
         packed = index << _SHIFT
         self.where.update(zip(local, range(packed, packed + len(local))))
-        infos = []
-        for x in local:
-            info = declared.get(x)
-            if info is None:
-                info = self.sec_tensors.get(x) or self.held_decl.get(x)
-            if info is None:
-                raise FoldRefused(f"tensor {x} of unit {u} was not declared in its section")
-            infos.append(info)
+        infos = list(map(declared.get, local))
+        if None in infos:
+            for k, x in enumerate(local):
+                if infos[k] is None:
+                    infos[k] = self.sec_tensors.get(x) or self.held_decl.get(x)
+                    if infos[k] is None:
+                        raise FoldRefused(f"tensor {x} of unit {u} was not declared in its "
+                                          "section")
 
         def locate(x: str) -> tuple[Unit | None, int]:
             k = local.get(x)
@@ -390,13 +410,14 @@ class _Scan:
             infos.append(info)
         self.replica_tensors[d] = infos
 
-        def locate(x: str) -> tuple[Unit | None, int]:
-            k = nums.get(x)
-            if k is not None and (x in mine or self.owner.get(x) == d):
-                return u, k
-            return self._outside(x, d)
-
-        self.src._tables[u] = build_table(u, infos, ordered, [], locate, self.src.intern)
+        # the replica's own tensors by number, every other one through `_outside` (what a
+        # `locate` for build_table would answer, name by name), over columns
+        owner = self.owner
+        own = {x: k for x, k in nums.items() if x in mine or owner.get(x) == d}
+        ns = [n for _, n in ordered]
+        self.src._tables[u] = instance_table(
+            u, infos, ordered, list(map(_INPUTS, ns)), list(map(_OUTPUTS, ns)), own,
+            lambda x: reference(u, *self._outside(x, d)), self.src.intern)
         self.src._records[u] = UnitRecords(infos, ordered, [])  # small: every one is kept
 
     def _held_info(self, x: str) -> TensorInfo:

@@ -24,21 +24,23 @@ from __future__ import annotations
 import gc
 import gzip
 import os
+import signal
 import uuid
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
 from operator import attrgetter
+from fractions import Fraction
 from typing import Any
 
 import msgspec
 import numpy as np
 
 from tvsmt.atomic import atomic_file
-from tvsmt.errors import PlanError, UnsupportedOperator
+from tvsmt.errors import InternalError, PlanError, UnsupportedOperator
 from tvsmt.plan import reader as R
-from tvsmt.plan.model import Lineage, Node, Plan, TensorInfo
+from tvsmt.plan.model import Lineage, LineagePart, Node, Plan, TensorInfo
 from tvsmt.plan.schema import (
     HeaderRec,
     LineageRec,
@@ -107,6 +109,17 @@ def iter_records(path: str | os.PathLike, f=None) -> Iterator[Any]:
         yield from _records(path, f)
 
 
+def check_stream(path: str | os.PathLike) -> tuple[str, int]:
+    """Every check of `iter_records` on a file, no objects built: (plan id, checksum) of the
+    file that passed them. Raises what `iter_records` raises."""
+    path = os.fspath(path)
+    summary: dict = {}
+    with R.open_binary(path) as f:
+        for _ in _records(path, f, build=False, summary=summary):
+            pass
+    return summary["plan_id"], summary["crc"]
+
+
 def _blocks(path: str, f) -> Iterator[tuple[int, list[bytes], bytes]]:
     """(number of lines before, the lines, their bytes with newlines) per chunk read,
     refusing over-long lines."""
@@ -161,19 +174,22 @@ def _decode_block(path: str, base: int, lines: list[bytes], block: bytes) -> lis
     return out
 
 
-def _records(path: str, f) -> Iterator[Any]:
+def _records(path: str, f, build: bool = True, summary: dict | None = None) -> Iterator[Any]:
     """The collector is paused while a block is checked (millions of new objects, no
-    garbage) and runs as usual while the consumer handles the records."""
+    garbage) and runs as usual while the consumer handles the records. `build=False`: the
+    checks only (the objects of the usual blocks are not built); `summary` gets the plan id
+    and checksum of a stream that passed every check."""
     gc_was = gc.isenabled()
     gc.disable()
     try:
-        yield from _records_unguarded(path, f, gc_was)
+        yield from _records_unguarded(path, f, gc_was, build, summary)
     finally:
         if gc_was:
             gc.enable()
 
 
-def _records_unguarded(path: str, f, gc_was: bool) -> Iterator[Any]:
+def _records_unguarded(path: str, f, gc_was: bool, build: bool = True,
+                       summary: dict | None = None) -> Iterator[Any]:
     from tvsmt.ops import get as get_op
 
     st = _State()
@@ -206,7 +222,7 @@ def _records_unguarded(path: str, f, gc_was: bool) -> Iterator[Any]:
             # first block's header and the last blocks' lineages) is checked over columns
             stop = next((k for k, t in enumerate(map(type, recs[start:end]), start)
                          if t not in _BULK), end)
-            done = _fast_block(recs[start:stop], stop - start, st, section, get_op) \
+            done = _fast_block(recs[start:stop], stop - start, st, section, get_op, build) \
                 if stop > start else None
             if done is not None:
                 objs, section = done
@@ -267,6 +283,8 @@ def _records_unguarded(path: str, f, gc_was: bool) -> Iterator[Any]:
     for t in header.outputs:
         if t not in st.shapes:
             raise PlanError("output is not a declared tensor", file=path, tensor=t)
+    if summary is not None:
+        summary.update(plan_id=header.plan_id, crc=crc)
 
 
 _ID, _OP, _PASS, _RANK, _MB, _INPUTS, _OUTPUTS, _ATTRS, _SOURCE, _SHAPE, _ROLE, _INDEX, _NAME = (
@@ -274,10 +292,11 @@ _ID, _OP, _PASS, _RANK, _MB, _INPUTS, _OUTPUTS, _ATTRS, _SOURCE, _SHAPE, _ROLE, 
                             "source", "shape", "role", "index", "name"))
 
 
-def _fast_block(recs: list, end: int, st: _State, section: int, get_op):
+def _fast_block(recs: list, end: int, st: _State, section: int, get_op, build: bool = True):
     """Check a block of tensor, node and section records over flat columns (as
-    `reader._build` does) and build its objects in file order; None when anything is off or
-    unusual, and nothing is changed then: the record-by-record path will say what."""
+    `reader._build` does) and build its objects in file order (`build=False`: none); None
+    when anything is off or unusual, and nothing is changed then: the record-by-record path
+    will say what."""
     kinds = list(map(type, recs[:end]))
     if not set(kinds) <= _BULK:
         return None
@@ -347,6 +366,8 @@ def _fast_block(recs: list, end: int, st: _State, section: int, get_op):
     c["tensor"] += len(trecs)
     c["node"] += len(nrecs)
     c["section"] += len(srecs)
+    if not build:
+        return [], section + len(srecs)
     out: list = [None] * end
     roles = [r if type(r) is str else str(r) for r in map(_ROLE, trecs)]
     for k, obj in zip(pos[TensorRec], map(TensorInfo, tids, tshapes, roles)):
@@ -540,6 +561,206 @@ def read_stream(path: str, f=None) -> Plan:
     finally:
         if enabled:
             gc.enable()
+
+
+# ------------------------------------------------ reading and checking at the same time
+
+
+def iter_unchecked(path: str, summary: dict) -> Iterator[Any]:
+    """The objects `iter_records` yields for a well-formed file, decoded only: none of its
+    checks; tensors and nodes come in a `Batch` per stretch between section markers. Only for
+    a file that `check_stream` checks (`read_checked`): `summary` gets the plan id and
+    checksum read here, which must be the checked file's (the same bytes)."""
+    pool: dict = {}  # one tuple per distinct shape, as the checked reading keeps them
+    crc, index = 0, 0
+    plan_id = None
+    with R.open_binary(path) as f:
+        for base, lines, block in _blocks(path, f):
+            recs = _decode_block(path, base, lines, block)
+            last = type(recs[-1]) is TrailerRec
+            crc = zlib.crc32(block[:len(block) - len(lines[-1]) - block.endswith(b"\n")]
+                             if last else block, crc)
+            if last:
+                recs.pop()
+            kinds = list(map(type, recs))
+            bulk = list(map(_BULK.__contains__, kinds))
+            k = 0
+            while k < len(recs):
+                if bulk[k]:  # a run of tensors, nodes, sections (a block is usually one)
+                    try:
+                        stop = bulk.index(False, k)
+                    except ValueError:
+                        stop = len(recs)
+                    yield from _bulk_objects(recs[k:stop], kinds[k:stop], pool)
+                    k = stop
+                    continue
+                rec, kind = recs[k], kinds[k]
+                k += 1
+                if kind is LineageRec:
+                    yield _lineage_unchecked(rec, index)
+                    index += 1
+                elif kind is HeaderRec:
+                    header = _header(rec, path)
+                    plan_id = header.plan_id
+                    yield header
+            if last:
+                break
+    summary.update(plan_id=plan_id, crc=crc)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """`iter_unchecked`'s records between two section markers: the tensors and the nodes,
+    each in file order (one object per stretch instead of one per record)."""
+
+    tensors: list[TensorInfo]
+    nodes: list[Node]
+
+
+def _bulk_objects(recs: list, kinds: list, pool: dict) -> list:
+    """Tensor, node and section records as `Batch`es and `Section`s, in file order (the
+    objects `_fast_block` builds)."""
+    out: list = []
+    marks = [k for k, kind in enumerate(kinds) if kind is SectionRec]
+    for a, b in zip([-1, *marks], [*marks, len(recs)]):
+        if b > a + 1:
+            seg, segk = recs[a + 1:b], kinds[a + 1:b]
+            trecs = [r for r, kind in zip(seg, segk) if kind is TensorRec]
+            nrecs = [r for r, kind in zip(seg, segk) if kind is NodeRec]
+            shapes = [pool.setdefault(sh, sh) for sh in map(tuple, map(_SHAPE, trecs))]
+            roles = [r if type(r) is str else str(r) for r in map(_ROLE, trecs)]
+            attrs = [a if a is not None else {} for a in map(_ATTRS, nrecs)]
+            out.append(Batch(
+                list(map(TensorInfo, map(_ID, trecs), shapes, roles)),
+                list(map(Node, map(_ID, nrecs), map(_OP, nrecs), map(_PASS, nrecs),
+                         map(_RANK, nrecs), map(_MB, nrecs), map(_INPUTS, nrecs),
+                         map(_OUTPUTS, nrecs), attrs, map(_SOURCE, nrecs)))))
+        if b < len(recs):
+            out.append(Section(recs[b].index, recs[b].name))
+    return out
+
+
+def _lineage_unchecked(rec: LineageRec, index: int) -> Lineage:
+    """The `Lineage` that `reader._fast_lineage` builds from a record it accepts (the checked
+    reading accepts no other)."""
+    raw = rec.parts
+    keys, sums = list(map(R._SLICE, raw)), list(map(R._SUM_OF, raw))
+    scales = list(map(R._SCALE, raw))
+    if scales.count(None) == len(scales):
+        parts = tuple(map(LineagePart, keys, sums))
+    else:
+        parts = tuple(map(LineagePart, keys, sums, [
+            R._ONE if sc is None else Fraction(sc[0], sc[1]) for sc in scales]))
+    aligned = None if rec.aligned is None else R._aligned(rec.aligned, index)
+    return Lineage(index, rec.single, parts, aligned, rec.hypothesis)
+
+
+# Where `ParallelCheck` checks: True in a forked process, False in this one, None (the
+# default) in a forked process when a core is idle (1-minute load average below the number
+# of cores minus a half): on a busy machine the second process only adds work (the file is
+# decoded twice), on an idle one it takes the checks off the reading's critical path.
+PARALLEL: bool | None = None
+
+
+def _forked_check() -> bool:
+    if not hasattr(os, "fork") or (os.cpu_count() or 1) < 2:
+        return False
+    if PARALLEL is None:
+        return os.getloadavg()[0] < (os.cpu_count() or 1) - 0.5
+    return PARALLEL
+
+
+class ParallelCheck:
+    """`check_stream` of a file in a forked process, while this process reads the same file
+    with `iter_unchecked` (the machine's second core does the checks). `result()` waits for
+    the verdict: it raises the checks' one-line error, else returns the checked file's
+    (plan id, checksum). Where the platform cannot fork, a core is busy (`PARALLEL`), or
+    the child died without a verdict, the checks run here (the same errors). The child dies with this
+    process (parent-death signal) and is killed by `stop()`."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.pid: int | None = None
+        self.forked = _forked_check() and os.path.isfile(path)
+        if not self.forked:
+            return
+        from tvsmt.solving.lifeline import die_with_parent
+
+        parent = os.getpid()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child's coverage is not collected)
+            try:
+                os.close(r)
+                die_with_parent(parent)
+                gc.disable()
+                try:
+                    msg: dict = {"ok": list(check_stream(path))}
+                except PlanError as e:
+                    msg = {"error": type(e).__name__, "detail": e.detail, "file": e.file,
+                           "node": e.node, "tensor": e.tensor}
+                except BaseException as e:  # a bug in the checks: the parent says so
+                    msg = {"internal": f"{type(e).__name__}: {e}"}
+                data = msgspec.json.encode(msg)
+                while data:
+                    data = data[os.write(w, data):]
+            finally:
+                os._exit(0)
+        os.close(w)
+        self.pid, self._fd = pid, r
+
+    def result(self) -> tuple[str, int]:
+        if self.pid is None:
+            return check_stream(self.path)
+        chunks = []
+        while chunk := os.read(self._fd, 1 << 16):
+            chunks.append(chunk)
+        self._reap()
+        if not chunks:  # killed (out of memory?) before it could answer
+            return check_stream(self.path)
+        msg = msgspec.json.decode(b"".join(chunks))
+        if "ok" in msg:
+            return msg["ok"][0], msg["ok"][1]
+        if "error" in msg:
+            cls = UnsupportedOperator if msg["error"] == "UnsupportedOperator" else PlanError
+            raise cls(msg["detail"], file=msg["file"], node=msg["node"], tensor=msg["tensor"])
+        raise InternalError(f"checking {self.path}: {msg['internal']}")
+
+    def stop(self) -> None:
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._reap()
+
+    def _reap(self) -> None:
+        os.close(self._fd)
+        os.waitpid(self.pid, 0)
+        self.pid = None
+
+
+def read_checked(path: str, consume) -> Any:
+    """`consume(iter_unchecked(path, summary))` while `ParallelCheck` checks the file in a
+    forked process: the checks' error comes first, whatever `consume` raised on the
+    unchecked records (it may have met what the checks refuse); the file must be the one
+    that was checked. Without the fork, `consume(iter_records(path))`."""
+    check = ParallelCheck(path)
+    if not check.forked:  # one checked reading (never an unchecked one, then the checks)
+        return consume(iter_records(path))
+    summary: dict = {}
+    try:
+        out = consume(iter_unchecked(path, summary))
+    except (KeyboardInterrupt, SystemExit):
+        check.stop()
+        raise
+    except BaseException:
+        check.result()  # raises the checks' error, if there is one
+        raise
+    checked = check.result()
+    if (summary.get("plan_id"), summary.get("crc")) != checked:
+        raise PlanError("the file changed while it was being read", file=path)
+    return out
 
 
 # ---------------------------------------------------------------------------- writing
