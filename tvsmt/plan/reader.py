@@ -37,6 +37,7 @@ from isal import igzip, isal_zlib
 from msgspec.structs import force_setattr
 
 from tvsmt.errors import PlanError, UnsupportedOperator
+from tvsmt.heap import collector_paused
 from tvsmt.plan.model import (MAX_DIM, Aligned, Lineage, LineagePart, Node, Plan, PlanColumns,
                               TensorInfo)
 from tvsmt.plan.schema import RawPlan, decode_scale
@@ -156,11 +157,8 @@ class _Reject(Exception):
 
 def decode_document(text: bytes, path: str = "<memory>") -> Plan:
     """Decode and validate one JSON document (the fast path, explained on failure)."""
-    import gc
-
-    enabled = gc.isenabled()
-    gc.disable()  # millions of new containers and no garbage: collections only cost time
-    try:
+    # millions of new containers and no garbage: collections would only cost time
+    with collector_paused(freeze_after=True):
         try:
             return _build(_DOC.decode(text), path)
         except (msgspec.ValidationError, _Reject):
@@ -176,14 +174,6 @@ def decode_document(text: bytes, path: str = "<memory>") -> Plan:
         except RecursionError:
             raise PlanError("not valid JSON: nested too deeply", file=path) from None
         return plan_from_dict(data, path)
-    finally:
-        if enabled:
-            # The new plan's containers (a million for 300k nodes) are all young, so the first
-            # allocation after enabling would start a collection that traverses every one of
-            # them (a fifth of the load): they move to the permanent generation instead, as
-            # tvsmt/heap.py `plans_frozen` does, and are unfrozen when it next ends.
-            gc.freeze()
-            gc.enable()
 
 
 def _build(doc: RawPlan, path: str) -> Plan:

@@ -39,6 +39,7 @@ import numpy as np
 
 from tvsmt.atomic import atomic_file
 from tvsmt.errors import InternalError, PlanError, UnsupportedOperator
+from tvsmt.heap import collector_paused, collector_running
 from tvsmt.plan import reader as R
 from tvsmt.plan.model import Lineage, LineagePart, Node, Plan, TensorInfo
 from tvsmt.plan.schema import (
@@ -180,12 +181,8 @@ def _records(path: str, f, build: bool = True, summary: dict | None = None) -> I
     checks only (the objects of the usual blocks are not built); `summary` gets the plan id
     and checksum of a stream that passed every check."""
     gc_was = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         yield from _records_unguarded(path, f, gc_was, build, summary)
-    finally:
-        if gc_was:
-            gc.enable()
 
 
 def _records_unguarded(path: str, f, gc_was: bool, build: bool = True,
@@ -226,9 +223,8 @@ def _records_unguarded(path: str, f, gc_was: bool, build: bool = True,
                 if stop > start else None
             if done is not None:
                 objs, section = done
-                gc.enable() if gc_was else None
-                yield from objs
-                gc.disable() if gc_was else None
+                with collector_running(gc_was):
+                    yield from objs
                 start = stop
         for k in range(start, end):
             rec = recs[k]
@@ -540,9 +536,7 @@ def _check_node_ids(st: _State, path: str) -> None:
 
 def read_stream(path: str, f=None) -> Plan:
     """A whole JSON Lines plan as a `Plan` (the checks of `iter_records`)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         tensors: dict[str, TensorInfo] = {}
         nodes: list[Node] = []
         lineages: list[Lineage] = []
@@ -558,9 +552,6 @@ def read_stream(path: str, f=None) -> Plan:
                 lineages.append(obj)
         return Plan(path, header.name, header.kind, header.world, tensors, nodes,
                     list(header.outputs), lineages)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 # ------------------------------------------------ reading and checking at the same time
