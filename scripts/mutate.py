@@ -344,6 +344,33 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_stream.py::"
          "test_the_checks_in_a_second_process_give_the_inline_checks_errors",),
         fast=True),
+    Mutation(
+        "slice-check-per-slice",
+        "the columnar lineage slice check (reader._slices_fit) checks each distinct slice "
+        "once, against the shape of the last lineage that uses it, instead of each (full "
+        "shape, slice) pair",
+        "columnar slice check",
+        (Patch("tvsmt/plan/reader.py",
+               "    pairs = np.unique(np.repeat(code, n_parts) * n_slices + "
+               "np.asarray(cols.slice_index))\n",
+               "    pairs = np.repeat(code, n_parts) * n_slices + np.asarray(cols.slice_index)\n"
+               "    last = dict(zip((pairs % n_slices).tolist(), pairs.tolist()))\n"
+               "    pairs = np.array(sorted(last.values()), np.int64)\n"),),
+        ("tests/test_plan_reader.py::test_bad_plan_one_line_error_exit_2"
+         "[slice_of_another_lineage]",),
+        fast=True),
+    Mutation(
+        "slice-check-bounds-dropped",
+        "the columnar lineage slice check (reader._slices_fit) compares only the number of "
+        "dimensions, not the bounds",
+        "columnar slice check",
+        (Patch("tvsmt/plan/reader.py",
+               "        if len(key) != len(full) or not all(0 <= s < e <= n for (s, e), n in "
+               "zip(key, full)):\n",
+               "        if len(key) != len(full):\n"),),
+        ("tests/test_plan_reader.py::"
+         "test_the_columnar_slice_check_is_taken_on_a_real_plan_and_finds_a_shifted_slice",),
+        fast=True),
 )
 
 

@@ -65,6 +65,13 @@ def mutate_slice_outside(s, p):
     return "parallel.json.gz", ["w1", "outside the full shape"]
 
 
+def mutate_slice_of_another_lineage(s, p):
+    # w1's part 1 has this very slice, which fits w1 [16, 8]; it is outside x [8, 8]: the
+    # columnar check (reader._slices_fit) checks each (full shape, slice) pair, not each slice
+    p["lineages"][0]["parts"][1]["slice"] = [[8, 16], [0, 8]]
+    return "parallel.json.gz", ["lineage #0", "x", "outside the full shape"]
+
+
 def mutate_part_shape(s, p):
     p["lineages"][1]["parts"][0]["slice"] = [[0, 4], [0, 8]]
     return "parallel.json.gz", ["w1@0", "differs from the slice shape"]
@@ -96,7 +103,8 @@ def mutate_bad_shape(s, p):
 
 
 MUTATIONS = [mutate_unknown_op, mutate_undeclared, mutate_written_twice, mutate_out_of_order,
-             mutate_cycle, mutate_slice_outside, mutate_part_shape,
+             mutate_cycle, mutate_slice_outside, mutate_slice_of_another_lineage,
+             mutate_part_shape,
              mutate_output_without_lineage, mutate_format, mutate_version,
              mutate_lineage_unknown_single, mutate_bad_shape]
 
@@ -448,3 +456,31 @@ def test_reading_leaves_the_collector_on_and_the_new_plan_out_of_its_next_collec
     finally:
         gc.enable()
         gc.unfreeze()
+
+
+def test_the_columnar_slice_check_is_taken_on_a_real_plan_and_finds_a_shifted_slice(
+        tmp_path):
+    """check_pair decides the slices over the reader's columns on a real plan (the loop over
+    each lineage's slices only runs when that says no), and a part's slice moved past the end
+    of its tensor (same size, so the reader's own checks pass) is still found and named."""
+    from conftest import fixture_pair
+
+    from tvsmt.plan.reader import _slices_fit, check_pair
+
+    single_path, parallel_path = fixture_pair("llama3-ly2-dp2pp2tp2mb2")
+    single, parallel = load_plan(single_path), load_plan(parallel_path)
+    assert parallel.columns is not None and _slices_fit(single, parallel)
+    check_pair(single, parallel)
+
+    with gzip.open(parallel_path, "rt") as f:
+        doc = json.load(f)
+    k, lin = next((k, lin) for k, lin in enumerate(doc["lineages"])
+                  if single.shape(lin["single"]) and single.shape(lin["single"])[0] > 1)
+    n = single.shape(lin["single"])[0]
+    part = lin["parts"][-1]
+    part["slice"][0] = [part["slice"][0][0] + n, part["slice"][0][1] + n]
+    bad = load_plan(write(tmp_path / "parallel.json.gz", doc, gz=True))
+    assert bad.columns is not None and not _slices_fit(single, bad)
+    with pytest.raises(PlanError, match=f"lineage #{k} part {len(lin['parts']) - 1}: slice "
+                                        ".* is outside the full shape"):
+        check_pair(single, bad)
