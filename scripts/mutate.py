@@ -344,6 +344,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_stream.py::"
          "test_the_checks_in_a_second_process_give_the_inline_checks_errors",),
         fast=True),
+    Mutation(
+        "stream-unchecked-lines-lose-attrs",
+        "the unchecked reading decodes node records straight into the model's Node; the "
+        "copy it keeps of a retained unit's node loses the node's attrs and source",
+        "streaming reader (records decoded straight into the model's types)",
+        (Patch("tvsmt/plan/stream.py",
+               "        return Node(*msgspec.structs.astuple(obj))\n",
+               "        return Node(*msgspec.structs.astuple(obj)[:-2])\n"),),
+        ("tests/test_stream.py::test_unchecked_reading_yields_the_checked_objects",),
+        fast=True),
 )
 
 

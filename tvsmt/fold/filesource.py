@@ -55,7 +55,8 @@ from tvsmt.fold.units import REPRESENTATIVE, Unit, WorldUnits
 from tvsmt.heap import collector_paused
 from tvsmt.plan.mesh import Mesh
 from tvsmt.plan.model import Lineage, LineagePart, Node, Plan, TensorInfo
-from tvsmt.plan.stream import Batch, Section, StreamHeader, iter_records, read_checked
+from tvsmt.plan.stream import (Batch, Section, StreamHeader, as_model, iter_records,
+                               read_checked)
 
 _SHIFT = 32  # packed location: unit index << _SHIFT | local number
 _LOW = (1 << _SHIFT) - 1
@@ -345,7 +346,8 @@ class _Scan:
                                                  lambda x: reference(u, *locate(x)),
                                                  self.src.intern)
         if self._retained(u):
-            self.src._records[u] = UnitRecords(infos, list(nodes), [])
+            self.src._records[u] = UnitRecords(list(map(as_model, infos)),
+                                               [(pos, as_model(n)) for pos, n in nodes], [])
 
     def _retained(self, u: Unit) -> bool:
         if self.wanted is not None:
@@ -418,7 +420,8 @@ class _Scan:
         self.src._tables[u] = instance_table(
             u, infos, ordered, list(map(_INPUTS, ns)), list(map(_OUTPUTS, ns)), own,
             lambda x: reference(u, *self._outside(x, d)), self.src.intern)
-        self.src._records[u] = UnitRecords(infos, ordered, [])  # small: every one is kept
+        self.src._records[u] = UnitRecords(  # small: every one is kept
+            list(map(as_model, infos)), [(pos, as_model(n)) for pos, n in ordered], [])
 
     def _held_info(self, x: str) -> TensorInfo:
         info = self.held_decl.get(x)
@@ -451,7 +454,7 @@ class _Scan:
                 raise FoldRefused(f"lineage tensor {x} belongs to no unit")
             k = nums[x] = len(nums)
             if self.wanted is None:
-                self.src._global.tensors.append(info)
+                self.src._global.tensors.append(as_model(info))
         return k
 
     def lineage(self, lin: Lineage) -> None:
