@@ -271,16 +271,20 @@ class _Scan:
         """Every instance unit with nodes in the section is complete: build its table."""
         units = self._classify()
         alone = len(units) == 1
+        numbered = []  # the tensors the section's units numbered (now in `where`)
         for u, nodes in units.items():
             if u in self.done_units:
                 raise FoldRefused(f"node {nodes[0][1].id}: unit {u} continues after its "
                                   "section ended (the file does not group records by unit)")
-            self._build_unit(u, nodes, self.sec_tensors if alone else {})
+            numbered.append(self._build_unit(u, nodes, self.sec_tensors if alone else {}))
             self.done_units.add(u)
         sec = self.sec_tensors
-        # filterfalse: the lookups in C (not `sec.keys() - where.keys()`, which walks all of
-        # `where`, every tensor of the file so far, once per section)
-        for tid in filterfalse(self.where.__contains__, sec):
+        # The section's tensors that are in `where` are those its units numbered: a tensor is
+        # declared before any record names it and only once (the checks), so no unit of an
+        # earlier section numbered it. Looked up in the units' own small tables, not in
+        # `where` (every tensor of the file so far: a cache miss per lookup).
+        mine = numbered[0] if len(numbered) == 1 else set().union(*numbered)
+        for tid in filterfalse(mine.__contains__, sec):
             self.held_decl[tid] = sec[tid]
         self.sec_tensors = {}
 
@@ -309,7 +313,9 @@ class _Scan:
         raise FoldRefused(f"tensor {x} belongs to no unit that has been read")
 
     def _build_unit(self, u: Unit, nodes: list[tuple[int, Node]],
-                    declared: dict[str, TensorInfo]) -> None:
+                    declared: dict[str, TensorInfo]) -> dict[str, int]:
+        """Number the unit's tensors (into `where`), build its table, keep its records if
+        it is retained; returns its tensors by local number."""
         d, _ = u
         wanted = self.wanted
         ns = [n for _, n in nodes]  # already in canonical order (_classify)
@@ -348,6 +354,7 @@ class _Scan:
         if self._retained(u):
             self.src._records[u] = UnitRecords(list(map(as_model, infos)),
                                                [(pos, as_model(n)) for pos, n in nodes], [])
+        return local
 
     def _retained(self, u: Unit) -> bool:
         if self.wanted is not None:
