@@ -354,6 +354,16 @@ MUTATIONS: tuple[Mutation, ...] = (
                "        return Node(*msgspec.structs.astuple(obj)[:-2])\n"),),
         ("tests/test_stream.py::test_unchecked_reading_yields_the_checked_objects",),
         fast=True),
+    Mutation(
+        "filesource-outside-ref-one-unit",
+        "a streamed unit's references to other units' tensors reuse the unit part of the "
+        "first one computed, so a replica unit's sum reads every instance unit's gradient as "
+        "the first unit's",
+        "streaming fold (references to other units over a per-unit cache)",
+        (Patch("tvsmt/fold/filesource.py", "            head = heads.get(i)\n",
+               "            head = next(iter(heads.values()), None)\n"),),
+        ("tests/test_stream.py::test_tables_over_columns_are_the_reference_tables",),
+        fast=True),
 )
 
 

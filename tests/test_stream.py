@@ -424,9 +424,9 @@ def test_the_checking_process_ends_with_the_reading(unit_file, monkeypatch):
 
 def test_tables_over_columns_are_the_reference_tables(unit_file):
     """FilePlan builds units' tables and their lineage parts over columns
-    (table.instance_table, _Scan._fast_parts) from the unchecked reading: the same tables as
-    `build_table` and the part-by-part loop give from the checked reading, column for
-    column."""
+    (table.instance_table, _Scan._fast_parts, _Scan._outside_ref) from the unchecked reading:
+    the same tables as `build_table`, the part-by-part loop and references located one by one
+    give from the checked reading, column for column."""
     from dataclasses import fields
 
     from tvsmt.fold import filesource, table
@@ -460,6 +460,9 @@ def test_tables_over_columns_are_the_reference_tables(unit_file):
     mp.setattr(stream, "PARALLEL", False)  # slow: from the checked reading
     mp.setattr(filesource, "instance_table", by_build_table)
     mp.setattr(filesource._Scan, "_fast_parts", lambda self, lin: False)
+    # other units' tensors named one by one (not over `_outside_ref`'s per-unit cache)
+    mp.setattr(filesource._Scan, "_outside_ref", lambda self, u, d: (
+        lambda x: table.reference(u, *self._outside(x, d))))
     try:
         slow = filesource.FilePlan(single, p)
     finally:

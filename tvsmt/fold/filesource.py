@@ -312,6 +312,23 @@ class _Scan:
             return (d, None), self._replica_number(x, d)
         raise FoldRefused(f"tensor {x} belongs to no unit that has been read")
 
+    def _outside_ref(self, u: Unit, d: int):
+        """`x -> reference(u, *self._outside(x, d))` in one function: a tensor of an instance
+        unit (nearly every one) costs one lookup in `where`, and the unit part of its
+        reference is computed once per unit it lives in."""
+        where_get, by_index, heads = self.where.get, self.units_by_index, {}
+
+        def ref(x: str) -> tuple:
+            loc = where_get(x)
+            if loc is None:
+                return reference(u, *self._outside(x, d))
+            i = loc >> _SHIFT
+            head = heads.get(i)
+            if head is None:
+                head = heads[i] = reference(u, by_index[i], 0)[1:]
+            return (loc & _LOW, *head)
+        return ref
+
     def _build_unit(self, u: Unit, nodes: list[tuple[int, Node]],
                     declared: dict[str, TensorInfo]) -> dict[str, int]:
         """Number the unit's tensors (into `where`), build its table, keep its records if
@@ -341,16 +358,9 @@ class _Scan:
                         raise FoldRefused(f"tensor {x} of unit {u} was not declared in its "
                                           "section")
 
-        def locate(x: str) -> tuple[Unit | None, int]:
-            k = local.get(x)
-            if k is not None:
-                return u, k
-            return self._outside(x, d)
-
-        if wanted is None:
+        if wanted is None:  # instance_table asks `outside` only for names not in `local`
             self.src._tables[u] = instance_table(u, infos, nodes, ins, outs, local,
-                                                 lambda x: reference(u, *locate(x)),
-                                                 self.src.intern)
+                                                 self._outside_ref(u, d), self.src.intern)
         if self._retained(u):
             self.src._records[u] = UnitRecords(list(map(as_model, infos)),
                                                [(pos, as_model(n)) for pos, n in nodes], [])
@@ -398,6 +408,9 @@ class _Scan:
             return True
 
         ordered: list[tuple[int, Node]] = []
+        by_level: dict[int, list[tuple[int, Node]]] = defaultdict(list)
+        for e in members:  # members in file order, each level's too
+            by_level[level[e[0]]].append(e)
         for lev in range(max(level.values(), default=-1) + 1):
             def key(e, nums=nums):
                 pos, n = e
@@ -405,7 +418,7 @@ class _Scan:
                               self.where[x] & ((1 << _SHIFT) - 1)
                               for x in n.inputs if x is not None)
                 return (n.rank - base, n.op, read, pos)
-            batch = sorted((e for e in members if level[e[0]] == lev), key=key)
+            batch = sorted(by_level[lev], key=key)
             ordered += batch
             for _, n in batch:
                 for x in (*n.inputs, *n.outputs):
@@ -426,7 +439,7 @@ class _Scan:
         ns = [n for _, n in ordered]
         self.src._tables[u] = instance_table(
             u, infos, ordered, list(map(_INPUTS, ns)), list(map(_OUTPUTS, ns)), own,
-            lambda x: reference(u, *self._outside(x, d)), self.src.intern)
+            self._outside_ref(u, d), self.src.intern)
         self.src._records[u] = UnitRecords(  # small: every one is kept
             list(map(as_model, infos)), [(pos, as_model(n)) for pos, n in ordered], [])
 
