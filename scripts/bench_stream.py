@@ -2,7 +2,7 @@
 
     python scripts/bench_stream.py [--layers 32 --dp 16 --tp 8 --pp 4 --mb 8] [--keep DIR]
                                    [--reuse] [--gz] [--load] [--verify] [--no-iterate]
-                                   [--inline-check | --both]
+                                   [--inline-check | --forked-check | --both]
 
 Issue 12 item 4's configuration is the default (3.6M parallel nodes). Each phase runs in its own
 process, so that its peak memory is its own:
@@ -15,7 +15,8 @@ process, so that its peak memory is its own:
   the units stream from the file into the folder (tvsmt/fold/filesource.py), the plan is
   never held whole, and the folded pair is verified (two jobs). The file's checks run in a
   forked second process while this one reads it (`tvsmt.plan.stream.read_checked`);
-  `--inline-check` runs them in the reading process, `--both` verifies both ways in one run
+  `--inline-check` runs them in the reading process, `--forked-check` always in a second
+  one, `--both` verifies both ways in one run
   (tvsmt itself forks the checks only when a core is idle: `tvsmt.plan.stream.PARALLEL`).
 
 Printed per phase: wall time, CPU time of the process, peak resident memory (for verify, also the
@@ -94,7 +95,7 @@ def run(phase: str, path: str, args) -> None:
     code = PHASE.format(root=str(ROOT), phase=phase, path=path, layers=args.layers, dp=args.dp,
                         tp=args.tp, pp=args.pp, mb=args.mb, single=single,
                         parallel=False if args.inline_check else
-                        (True if args.both else None))
+                        (True if args.both or args.forked_check else None))
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -108,6 +109,8 @@ def main() -> None:
     ap.add_argument("--no-iterate", action="store_true", help="skip the iterate phase")
     ap.add_argument("--inline-check", action="store_true",
                     help="verify: the file's checks in the reading process, not in a second one")
+    ap.add_argument("--forked-check", action="store_true",
+                    help="verify: the file's checks in a second process, whatever the load")
     ap.add_argument("--both", action="store_true",
                     help="verify twice: checks in a second process, then inline (an A/B in one run)")
     ap.add_argument("--keep", default=None, help="folder to keep the file in")
@@ -125,7 +128,7 @@ def main() -> None:
             run("iterate", path, args)
         if args.load:
             run("load", path, args)
-        if args.verify or args.both:
+        if args.verify or args.both or args.forked_check:
             run("verify", path, args)
         if args.both:
             run("verify", path, argparse.Namespace(**{**vars(args), "inline_check": True}))

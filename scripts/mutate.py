@@ -371,6 +371,26 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_plan_reader.py::"
          "test_the_columnar_slice_check_is_taken_on_a_real_plan_and_finds_a_shifted_slice",),
         fast=True),
+    Mutation(
+        "stream-unchecked-lines-lose-attrs",
+        "the unchecked reading decodes node records straight into the model's Node; the "
+        "copy it keeps of a retained unit's node loses the node's attrs and source",
+        "streaming reader (records decoded straight into the model's types)",
+        (Patch("tvsmt/plan/stream.py",
+               "        return Node(*msgspec.structs.astuple(obj))\n",
+               "        return Node(*msgspec.structs.astuple(obj)[:-2])\n"),),
+        ("tests/test_stream.py::test_unchecked_reading_yields_the_checked_objects",),
+        fast=True),
+    Mutation(
+        "filesource-outside-ref-one-unit",
+        "a streamed unit's references to other units' tensors reuse the unit part of the "
+        "first one computed, so a replica unit's sum reads every instance unit's gradient as "
+        "the first unit's",
+        "streaming fold (references to other units over a per-unit cache)",
+        (Patch("tvsmt/fold/filesource.py", "            head = heads.get(i)\n",
+               "            head = next(iter(heads.values()), None)\n"),),
+        ("tests/test_stream.py::test_tables_over_columns_are_the_reference_tables",),
+        fast=True),
 )
 
 

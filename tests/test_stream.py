@@ -9,6 +9,7 @@ import re
 from collections import Counter
 
 import numpy as np
+import msgspec
 import pytest
 
 from tvsmt.fold import LoadedPlan, fold_source
@@ -346,8 +347,11 @@ def test_unchecked_reading_yields_the_checked_objects(unit_file, tmp_path):
                     type(out[-1]) is not stream.Batch:
                 if type(o) not in (TensorInfo, Node):
                     out.append(o)
-                    if type(o) is stream.Batch:
-                        out[-1] = stream.Batch(list(o.tensors), list(o.nodes))
+                    if type(o) is stream.Batch:  # decoded straight into the model's types
+                        assert {type(x) for x in o.tensors} <= {TensorInfo, stream.TensorLine}
+                        assert {type(x) for x in o.nodes} <= {Node, stream.NodeLine}
+                        out[-1] = stream.Batch(list(map(stream.as_model, o.tensors)),
+                                               list(map(stream.as_model, o.nodes)))
                     continue
                 out.append(stream.Batch([], []))
             (out[-1].tensors if type(o) is TensorInfo else out[-1].nodes).append(o)
@@ -355,12 +359,31 @@ def test_unchecked_reading_yields_the_checked_objects(unit_file, tmp_path):
 
     from tvsmt.plan.model import Node, TensorInfo
 
-    for path in (p, mlp):
+    # a record the model's types refuse and the format allows (null attrs, a role that is
+    # not a string): its block is decoded as the checked reading decodes it
+    doc = parallel_mlp()
+    doc["nodes"][1]["attrs"] = None
+    first = next(iter(doc["tensors"]))
+    doc["tensors"][first]["role"] = 7
+    odd = stream.write_stream(tmp_path / "odd.jsonl", doc)
+    def fields(batches):  # every field, attrs and source too (Node's == leaves them out)
+        def flat(x):
+            return msgspec.structs.astuple(x) if isinstance(x, msgspec.Struct) else x
+        return [(tuple(map(flat, b.tensors)), tuple(map(flat, b.nodes)))
+                if type(b) is stream.Batch else b for b in batches]
+
+    for path in (p, mlp, odd):
         summary: dict = {}
         checked = stretches(stream.iter_records(path))
-        assert stretches(stream.iter_unchecked(path, summary)) == checked
+        unchecked = stretches(stream.iter_unchecked(path, summary))
+        assert unchecked == checked and fields(unchecked) == fields(checked)
         assert sum(type(o) is stream.Batch for o in checked) >= (2 if path == p else 1)
         assert (summary["plan_id"], summary["crc"]) == stream.check_stream(path)
+    lines = [o for o in stream.iter_unchecked(p, {}) if type(o) is stream.Batch]
+    assert {type(n) for b in lines for n in b.nodes} == {stream.NodeLine}
+    odd_nodes = [n for o in stream.iter_unchecked(odd, {}) if type(o) is stream.Batch
+                 for n in o.nodes]
+    assert {type(n) for n in odd_nodes} == {Node} and odd_nodes[1].attrs == {}
 
 
 def test_a_file_changed_between_the_two_readings_is_refused(unit_file, monkeypatch):
@@ -401,9 +424,9 @@ def test_the_checking_process_ends_with_the_reading(unit_file, monkeypatch):
 
 def test_tables_over_columns_are_the_reference_tables(unit_file):
     """FilePlan builds units' tables and their lineage parts over columns
-    (table.instance_table, _Scan._fast_parts) from the unchecked reading: the same tables as
-    `build_table` and the part-by-part loop give from the checked reading, column for
-    column."""
+    (table.instance_table, _Scan._fast_parts, _Scan._outside_ref) from the unchecked reading:
+    the same tables as `build_table`, the part-by-part loop and references located one by one
+    give from the checked reading, column for column."""
     from dataclasses import fields
 
     from tvsmt.fold import filesource, table
@@ -437,6 +460,9 @@ def test_tables_over_columns_are_the_reference_tables(unit_file):
     mp.setattr(stream, "PARALLEL", False)  # slow: from the checked reading
     mp.setattr(filesource, "instance_table", by_build_table)
     mp.setattr(filesource._Scan, "_fast_parts", lambda self, lin: False)
+    # other units' tensors named one by one (not over `_outside_ref`'s per-unit cache)
+    mp.setattr(filesource._Scan, "_outside_ref", lambda self, u, d: (
+        lambda x: table.reference(u, *self._outside(x, d))))
     try:
         slow = filesource.FilePlan(single, p)
     finally:

@@ -55,7 +55,8 @@ from tvsmt.fold.units import REPRESENTATIVE, Unit, WorldUnits
 from tvsmt.heap import collector_paused
 from tvsmt.plan.mesh import Mesh
 from tvsmt.plan.model import Lineage, LineagePart, Node, Plan, TensorInfo
-from tvsmt.plan.stream import Batch, Section, StreamHeader, iter_records, read_checked
+from tvsmt.plan.stream import (Batch, Section, StreamHeader, as_model, iter_records,
+                               read_checked)
 
 _SHIFT = 32  # packed location: unit index << _SHIFT | local number
 _LOW = (1 << _SHIFT) - 1
@@ -270,16 +271,20 @@ class _Scan:
         """Every instance unit with nodes in the section is complete: build its table."""
         units = self._classify()
         alone = len(units) == 1
+        numbered = []  # the tensors the section's units numbered (now in `where`)
         for u, nodes in units.items():
             if u in self.done_units:
                 raise FoldRefused(f"node {nodes[0][1].id}: unit {u} continues after its "
                                   "section ended (the file does not group records by unit)")
-            self._build_unit(u, nodes, self.sec_tensors if alone else {})
+            numbered.append(self._build_unit(u, nodes, self.sec_tensors if alone else {}))
             self.done_units.add(u)
         sec = self.sec_tensors
-        # filterfalse: the lookups in C (not `sec.keys() - where.keys()`, which walks all of
-        # `where`, every tensor of the file so far, once per section)
-        for tid in filterfalse(self.where.__contains__, sec):
+        # The section's tensors that are in `where` are those its units numbered: a tensor is
+        # declared before any record names it and only once (the checks), so no unit of an
+        # earlier section numbered it. Looked up in the units' own small tables, not in
+        # `where` (every tensor of the file so far: a cache miss per lookup).
+        mine = numbered[0] if len(numbered) == 1 else set().union(*numbered)
+        for tid in filterfalse(mine.__contains__, sec):
             self.held_decl[tid] = sec[tid]
         self.sec_tensors = {}
 
@@ -307,8 +312,27 @@ class _Scan:
             return (d, None), self._replica_number(x, d)
         raise FoldRefused(f"tensor {x} belongs to no unit that has been read")
 
+    def _outside_ref(self, u: Unit, d: int):
+        """`x -> reference(u, *self._outside(x, d))` in one function: a tensor of an instance
+        unit (nearly every one) costs one lookup in `where`, and the unit part of its
+        reference is computed once per unit it lives in."""
+        where_get, by_index, heads = self.where.get, self.units_by_index, {}
+
+        def ref(x: str) -> tuple:
+            loc = where_get(x)
+            if loc is None:
+                return reference(u, *self._outside(x, d))
+            i = loc >> _SHIFT
+            head = heads.get(i)
+            if head is None:
+                head = heads[i] = reference(u, by_index[i], 0)[1:]
+            return (loc & _LOW, *head)
+        return ref
+
     def _build_unit(self, u: Unit, nodes: list[tuple[int, Node]],
-                    declared: dict[str, TensorInfo]) -> None:
+                    declared: dict[str, TensorInfo]) -> dict[str, int]:
+        """Number the unit's tensors (into `where`), build its table, keep its records if
+        it is retained; returns its tensors by local number."""
         d, _ = u
         wanted = self.wanted
         ns = [n for _, n in nodes]  # already in canonical order (_classify)
@@ -334,18 +358,13 @@ class _Scan:
                         raise FoldRefused(f"tensor {x} of unit {u} was not declared in its "
                                           "section")
 
-        def locate(x: str) -> tuple[Unit | None, int]:
-            k = local.get(x)
-            if k is not None:
-                return u, k
-            return self._outside(x, d)
-
-        if wanted is None:
+        if wanted is None:  # instance_table asks `outside` only for names not in `local`
             self.src._tables[u] = instance_table(u, infos, nodes, ins, outs, local,
-                                                 lambda x: reference(u, *locate(x)),
-                                                 self.src.intern)
+                                                 self._outside_ref(u, d), self.src.intern)
         if self._retained(u):
-            self.src._records[u] = UnitRecords(infos, list(nodes), [])
+            self.src._records[u] = UnitRecords(list(map(as_model, infos)),
+                                               [(pos, as_model(n)) for pos, n in nodes], [])
+        return local
 
     def _retained(self, u: Unit) -> bool:
         if self.wanted is not None:
@@ -389,6 +408,9 @@ class _Scan:
             return True
 
         ordered: list[tuple[int, Node]] = []
+        by_level: dict[int, list[tuple[int, Node]]] = defaultdict(list)
+        for e in members:  # members in file order, each level's too
+            by_level[level[e[0]]].append(e)
         for lev in range(max(level.values(), default=-1) + 1):
             def key(e, nums=nums):
                 pos, n = e
@@ -396,7 +418,7 @@ class _Scan:
                               self.where[x] & ((1 << _SHIFT) - 1)
                               for x in n.inputs if x is not None)
                 return (n.rank - base, n.op, read, pos)
-            batch = sorted((e for e in members if level[e[0]] == lev), key=key)
+            batch = sorted(by_level[lev], key=key)
             ordered += batch
             for _, n in batch:
                 for x in (*n.inputs, *n.outputs):
@@ -417,8 +439,9 @@ class _Scan:
         ns = [n for _, n in ordered]
         self.src._tables[u] = instance_table(
             u, infos, ordered, list(map(_INPUTS, ns)), list(map(_OUTPUTS, ns)), own,
-            lambda x: reference(u, *self._outside(x, d)), self.src.intern)
-        self.src._records[u] = UnitRecords(infos, ordered, [])  # small: every one is kept
+            self._outside_ref(u, d), self.src.intern)
+        self.src._records[u] = UnitRecords(  # small: every one is kept
+            list(map(as_model, infos)), [(pos, as_model(n)) for pos, n in ordered], [])
 
     def _held_info(self, x: str) -> TensorInfo:
         info = self.held_decl.get(x)
@@ -451,7 +474,7 @@ class _Scan:
                 raise FoldRefused(f"lineage tensor {x} belongs to no unit")
             k = nums[x] = len(nums)
             if self.wanted is None:
-                self.src._global.tensors.append(info)
+                self.src._global.tensors.append(as_model(info))
         return k
 
     def lineage(self, lin: Lineage) -> None:

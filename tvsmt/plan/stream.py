@@ -30,7 +30,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
-from operator import attrgetter
+from operator import attrgetter, is_
 from fractions import Fraction
 from typing import Any
 
@@ -559,22 +559,24 @@ def read_stream(path: str, f=None) -> Plan:
 
 def iter_unchecked(path: str, summary: dict) -> Iterator[Any]:
     """The objects `iter_records` yields for a well-formed file, decoded only: none of its
-    checks; tensors and nodes come in a `Batch` per stretch between section markers. Only for
-    a file that `check_stream` checks (`read_checked`): `summary` gets the plan id and
-    checksum read here, which must be the checked file's (the same bytes)."""
+    checks; tensors and nodes come in a `Batch` per stretch between section markers, as
+    `NodeLine` and `TensorLine` objects (the model's `Node` and `TensorInfo`, decoded straight
+    from the lines: `as_model` makes the model's own of one that is kept). Only for a file
+    that `check_stream` checks (`read_checked`): `summary` gets the plan id and checksum read
+    here, which must be the checked file's (the same bytes)."""
     pool: dict = {}  # one tuple per distinct shape, as the checked reading keeps them
     crc, index = 0, 0
     plan_id = None
     with R.open_binary(path) as f:
         for base, lines, block in _blocks(path, f):
-            recs = _decode_block(path, base, lines, block)
+            recs, bulk_kinds = _decode_unchecked(path, base, lines, block)
             last = type(recs[-1]) is TrailerRec
             crc = zlib.crc32(block[:len(block) - len(lines[-1]) - block.endswith(b"\n")]
                              if last else block, crc)
             if last:
                 recs.pop()
             kinds = list(map(type, recs))
-            bulk = list(map(_BULK.__contains__, kinds))
+            bulk = list(map(bulk_kinds.__contains__, kinds))
             k = 0
             while k < len(recs):
                 if bulk[k]:  # a run of tensors, nodes, sections (a block is usually one)
@@ -582,7 +584,10 @@ def iter_unchecked(path: str, summary: dict) -> Iterator[Any]:
                         stop = bulk.index(False, k)
                     except ValueError:
                         stop = len(recs)
-                    yield from _bulk_objects(recs[k:stop], kinds[k:stop], pool)
+                    if bulk_kinds is _BULK_LINES:
+                        yield from _bulk_lines(recs[k:stop], kinds[k:stop])
+                    else:
+                        yield from _bulk_objects(recs[k:stop], kinds[k:stop], pool)
                     k = stop
                     continue
                 rec, kind = recs[k], kinds[k]
@@ -594,9 +599,49 @@ def iter_unchecked(path: str, summary: dict) -> Iterator[Any]:
                     header = _header(rec, path)
                     plan_id = header.plan_id
                     yield header
+            del recs  # the block's records freed here, not while the next one is decoded
             if last:
                 break
     summary.update(plan_id=plan_id, crc=crc)
+
+
+class NodeLine(Node, tag_field="r", tag="node", frozen=True, gc=False):
+    """A node record decoded straight into the model's `Node` (a subclass only for the
+    record's tag): `iter_unchecked` builds no second object per node."""
+
+
+class TensorLine(TensorInfo, tag_field="r", tag="tensor", frozen=True, gc=False):
+    """A tensor record decoded straight into the model's `TensorInfo` (see `NodeLine`)."""
+
+
+_BULK_LINES = {TensorLine, NodeLine, SectionRec}
+_UNCHECKED_LINES = msgspec.json.Decoder(
+    HeaderRec | SectionRec | TensorLine | NodeLine | LineageRec | TrailerRec)
+
+
+def _decode_unchecked(path: str, base: int, lines: list[bytes], block: bytes):
+    """A block's records and the kinds that make up its runs of tensors, nodes and sections:
+    straight into `NodeLine`s and `TensorLine`s when the block decodes so (the model's types
+    are stricter than the records': e.g. `"attrs": null`), else the records as the checked
+    reading decodes them."""
+    try:
+        recs = _UNCHECKED_LINES.decode_lines(block)
+        if len(recs) == len(lines):
+            return recs, _BULK_LINES
+    except (msgspec.DecodeError, RecursionError):
+        pass
+    return _decode_block(path, base, lines, block), _BULK
+
+
+def as_model(obj):
+    """The model's own `Node` or `TensorInfo` of an object `iter_unchecked` yields (others
+    unchanged): what a consumer keeps past the scan is the model's type."""
+    kind = type(obj)
+    if kind is NodeLine:
+        return Node(*msgspec.structs.astuple(obj))
+    if kind is TensorLine:
+        return TensorInfo(*msgspec.structs.astuple(obj))
+    return obj
 
 
 @dataclass(frozen=True)
@@ -606,6 +651,21 @@ class Batch:
 
     tensors: list[TensorInfo]
     nodes: list[Node]
+
+
+def _bulk_lines(recs: list, kinds: list) -> list:
+    """`_bulk_objects` for records decoded as `NodeLine`s and `TensorLine`s."""
+    out: list = []
+    marks = [k for k, kind in enumerate(kinds) if kind is SectionRec]
+    for a, b in zip([-1, *marks], [*marks, len(recs)]):
+        if b > a + 1:
+            seg = recs[a + 1:b] if a >= 0 or b < len(recs) else recs
+            segk = kinds[a + 1:b] if seg is not recs else kinds
+            out.append(Batch(list(compress(seg, map(is_, segk, repeat(TensorLine)))),
+                             list(compress(seg, map(is_, segk, repeat(NodeLine))))))
+        if b < len(recs):
+            out.append(Section(recs[b].index, recs[b].name))
+    return out
 
 
 def _bulk_objects(recs: list, kinds: list, pool: dict) -> list:
