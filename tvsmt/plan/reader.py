@@ -28,7 +28,7 @@ import stat
 import zlib
 from collections import deque
 from fractions import Fraction
-from itertools import chain, compress, repeat
+from itertools import chain, repeat
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -355,15 +355,27 @@ def _fast_lineage(raw, index: int, shapes_of, slices: dict) -> Lineage:
                 raise _Reject
     except AttributeError:
         raise _Reject from None
+    return built_lineage(raw, index, keys, sums)
+
+
+def built_lineage(raw, index: int, keys=None, sums=None) -> Lineage:
+    """The `Lineage` of a typed lineage record whose parts' slices and tensors were checked
+    (here by `_fast_lineage`, or in another process: stream.iter_unchecked); `keys`/`sums`:
+    the parts' slices and tensor lists when the caller has them. `_Reject` on a zero scale
+    denominator or an `aligned` that does not fit."""
+    raw_parts = raw.parts
     if type(raw_parts[0]) is LineagePart:  # a document's parts: decoded as the model's
         parts = tuple(raw_parts)
-    elif (scales := list(map(_SCALE, raw_parts))).count(None) == len(scales):
-        parts = tuple(map(LineagePart, keys, sums))
     else:
-        if any(sc[1] == 0 for sc in scales if sc is not None):
-            raise _Reject
-        parts = tuple(map(LineagePart, keys, sums, [
-            _ONE if sc is None else Fraction(sc[0], sc[1]) for sc in scales]))
+        keys = list(map(_SLICE, raw_parts)) if keys is None else keys
+        sums = list(map(_SUM_OF, raw_parts)) if sums is None else sums
+        if (scales := list(map(_SCALE, raw_parts))).count(None) == len(scales):
+            parts = tuple(map(LineagePart, keys, sums))
+        else:
+            if any(sc[1] == 0 for sc in scales if sc is not None):
+                raise _Reject
+            parts = tuple(map(LineagePart, keys, sums, [
+                _ONE if sc is None else Fraction(sc[0], sc[1]) for sc in scales]))
     aligned = None
     if raw.aligned is not None:
         aligned = _aligned(raw.aligned, index)

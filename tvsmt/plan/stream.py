@@ -31,7 +31,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_
-from fractions import Fraction
 from typing import Any
 
 import msgspec
@@ -41,7 +40,7 @@ from tvsmt.atomic import atomic_file
 from tvsmt.errors import InternalError, PlanError, UnsupportedOperator
 from tvsmt.heap import collector_paused, collector_running
 from tvsmt.plan import reader as R
-from tvsmt.plan.model import Lineage, LineagePart, Node, Plan, TensorInfo
+from tvsmt.plan.model import Lineage, Node, Plan, TensorInfo
 from tvsmt.plan.schema import (
     HeaderRec,
     LineageRec,
@@ -593,7 +592,7 @@ def iter_unchecked(path: str, summary: dict) -> Iterator[Any]:
                 rec, kind = recs[k], kinds[k]
                 k += 1
                 if kind is LineageRec:
-                    yield _lineage_unchecked(rec, index)
+                    yield R.built_lineage(rec, index)
                     index += 1
                 elif kind is HeaderRec:
                     header = _header(rec, path)
@@ -689,21 +688,6 @@ def _bulk_objects(recs: list, kinds: list, pool: dict) -> list:
         if b < len(recs):
             out.append(Section(recs[b].index, recs[b].name))
     return out
-
-
-def _lineage_unchecked(rec: LineageRec, index: int) -> Lineage:
-    """The `Lineage` that `reader._fast_lineage` builds from a record it accepts (the checked
-    reading accepts no other)."""
-    raw = rec.parts
-    keys, sums = list(map(R._SLICE, raw)), list(map(R._SUM_OF, raw))
-    scales = list(map(R._SCALE, raw))
-    if scales.count(None) == len(scales):
-        parts = tuple(map(LineagePart, keys, sums))
-    else:
-        parts = tuple(map(LineagePart, keys, sums, [
-            R._ONE if sc is None else Fraction(sc[0], sc[1]) for sc in scales]))
-    aligned = None if rec.aligned is None else R._aligned(rec.aligned, index)
-    return Lineage(index, rec.single, parts, aligned, rec.hypothesis)
 
 
 # Where `ParallelCheck` checks: True in a forked process, False in this one, None (the
