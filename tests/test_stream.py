@@ -422,6 +422,28 @@ def test_the_checking_process_ends_with_the_reading(unit_file, monkeypatch):
         os.waitpid(made[0], os.WNOHANG)  # already reaped
 
 
+@pytest.mark.parametrize("answer", [b"", b'{"ok": ["'])
+def test_a_checking_process_cut_short_leaves_the_checks_to_this_one(unit_file, monkeypatch,
+                                                                     answer):
+    """The checking child killed before or while it answers (out of memory): its silence or
+    its half message is never a verdict; the checks run here and give the file's own."""
+    import msgspec
+
+    from tvsmt.plan import stream
+
+    _, p = unit_file
+    monkeypatch.setattr(stream, "PARALLEL", True)
+    monkeypatch.setattr(msgspec.json, "encode", lambda msg: answer)  # what the child writes
+    ran_here = []
+    check = stream.check_stream
+    monkeypatch.setattr(stream, "check_stream",
+                        lambda path: ran_here.append(path) or check(path))
+    pc = stream.ParallelCheck(p)
+    assert pc.forked
+    assert pc.result() == check(p)
+    assert ran_here[0] == p
+
+
 def test_tables_over_columns_are_the_reference_tables(unit_file):
     """FilePlan builds units' tables and their lineage parts over columns
     (table.instance_table, _Scan._fast_parts, _Scan._outside_ref) from the unchecked reading:

@@ -751,9 +751,10 @@ class ParallelCheck:
         while chunk := os.read(self._fd, 1 << 16):
             chunks.append(chunk)
         self._reap()
-        if not chunks:  # killed (out of memory?) before it could answer
+        try:
+            msg = msgspec.json.decode(b"".join(chunks))
+        except msgspec.DecodeError:  # killed (out of memory?) before or while it answered
             return check_stream(self.path)
-        msg = msgspec.json.decode(b"".join(chunks))
         if "ok" in msg:
             return msg["ok"][0], msg["ok"][1]
         if "error" in msg:
