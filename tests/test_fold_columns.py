@@ -12,6 +12,7 @@ from dataclasses import fields
 import numpy as np
 import pytest
 from conftest import fixture_pair
+from test_fold_tables import DIMS, GENERATED
 
 from tvsmt.fold.columns import ColumnPlan, columns_of
 from tvsmt.fold.folder import FoldRefused
@@ -20,8 +21,6 @@ from tvsmt.frontends import generate_pair
 from tvsmt.plan import load_plan, plan_from_dict
 from tvsmt.plan.model import replace
 
-DIMS = dict(hidden=16, heads=4, ffn=32, vocab=16, seq=4)
-MOE = dict(hidden=16, heads=4, ffn=16, vocab=16, seq=4)
 INTERNED = ("t_shape", "n_op", "n_pass", "n_attrs", "p_scale")
 
 
@@ -58,11 +57,7 @@ def test_column_split_equals_the_node_by_node_split_on_real_plans(name):
     assert _same_split(s, p) >= 6
 
 
-@pytest.mark.parametrize("model,world,dims", [
-    ("llama3", dict(layers=2, dp=3, tp=2, pp=2, mb=3), DIMS),
-    ("llama3", dict(layers=1, dp=4, tp=1, pp=1, mb=1), DIMS),
-    ("moe", dict(layers=2, dp=2, tp=2, pp=2, mb=3), MOE),
-])
+@pytest.mark.parametrize("model,world,dims", GENERATED)
 def test_column_split_equals_the_node_by_node_split_on_generated_plans(model, world, dims):
     single, parallel = generate_pair(model, **world, **dims)
     s, p = plan_from_dict(single, "s"), plan_from_dict(parallel, "p")

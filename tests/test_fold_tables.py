@@ -19,6 +19,12 @@ from tvsmt.plan import plan_from_dict
 
 DIMS = dict(hidden=16, heads=4, ffn=32, vocab=16, seq=4)
 MOE = dict(hidden=16, heads=4, ffn=16, vocab=16, seq=4)
+# generated pairs whose loaded fold is compared with a reference (here and test_fold_columns)
+GENERATED = [
+    ("llama3", dict(layers=2, dp=3, tp=2, pp=2, mb=3), DIMS),
+    ("llama3", dict(layers=1, dp=4, tp=1, pp=1, mb=1), DIMS),
+    ("moe", dict(layers=2, dp=2, tp=2, pp=2, mb=3), MOE),
+]
 
 
 def _same_tables(loaded: LoadedPlan) -> int:
@@ -45,11 +51,7 @@ def test_loaded_tables_equal_build_table_on_real_plans(name):
     assert _same_tables(loaded) >= 6  # 2 x 2 instance units and 2 replica units
 
 
-@pytest.mark.parametrize("model,world,dims", [
-    ("llama3", dict(layers=2, dp=3, tp=2, pp=2, mb=3), DIMS),
-    ("llama3", dict(layers=1, dp=4, tp=1, pp=1, mb=1), DIMS),
-    ("moe", dict(layers=2, dp=2, tp=2, pp=2, mb=3), MOE),
-])
+@pytest.mark.parametrize("model,world,dims", GENERATED)
 def test_loaded_tables_equal_build_table_on_generated_plans(model, world, dims):
     single, parallel = generate_pair(model, **world, **dims)
     loaded = LoadedPlan(plan_from_dict(single, "s"), plan_from_dict(parallel, "p"))
