@@ -135,17 +135,47 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the stage-template signature ignores node attributes",
         "stage templates",
         (Patch("tvsmt/stages/signature.py",
-               "parts.append((side, n.op, n.pass_, json.dumps(attrs, sort_keys=True, "
-               "default=str),",
-               'parts.append((side, n.op, n.pass_, "",'),),
+               "                          attrs_key(n.attrs if reads is None else reads(n.attrs)),",
+               '                          "",'),),
         ("tests/test_shortcuts.py",), fast=True),
+    Mutation(
+        "attrs-key-names-only",
+        "the attributes key holds the attributes' names, not their values (stage templates "
+        "and the shape-rule checks merge nodes that differ in an attribute)",
+        "stage templates",
+        (Patch("tvsmt/ops/registry.py", '    return ("repr", repr(attrs))',
+               '    return ("repr", repr(sorted(attrs) if type(attrs) is dict else attrs))'),),
+        ("tests/test_shortcuts.py", "tests/test_signature.py"), fast=True),
+    Mutation(
+        "shape-checks-key-forgets-outputs",
+        "the shape-rule checks judge a node by an identical earlier one without comparing "
+        "output shapes",
+        "shape-rule checks (one evaluation per distinct node)",
+        (Patch("tvsmt/lineage/checks.py",
+               "        key = (node.op, node.pass_, in_shapes, out_shapes, attrs_key(node.attrs))",
+               "        key = (node.op, node.pass_, in_shapes, attrs_key(node.attrs))"),),
+        ("tests/test_signature.py::test_a_bad_node_beside_identical_good_ones_is_flagged",),
+        fast=True),
+    Mutation(
+        "signature-form-without-disjointness",
+        "a stage signature puts every lineage in its own form, also when some of its tensors "
+        "were already numbered in the stage",
+        "stage templates",
+        (Patch("tvsmt/stages/signature.py",
+               "        if p_seen.keys().isdisjoint(tensors):",
+               "        if True:"),),
+        ("tests/test_signature.py::"
+         "test_signatures_split_stages_as_the_tensor_by_tensor_numbering_does",), fast=True),
     Mutation(
         "signature-ignores-slices",
         "the stage-template signature ignores lineage slices",
         "stage templates",
         (Patch("tvsmt/stages/signature.py",
-               "            (p.slice, tuple(tid(\"p\", t) for t in p.sum_of), str(p.scale))",
-               "            (tuple(tid(\"p\", t) for t in p.sum_of), str(p.scale))"),),
+               "            form = tuple((p.slice, tuple(",
+               "            form = tuple(((), tuple("),
+         Patch("tvsmt/stages/signature.py",
+               "                (p.slice, tuple([tid(1, t) for t in p.sum_of]), _ratio(p.scale))",
+               "                ((), tuple([tid(1, t) for t in p.sum_of]), _ratio(p.scale))")),
         ("tests/test_shortcut_guards.py::"
          "test_swapped_slices_in_one_of_two_identical_layers_are_a_violation",), fast=True),
     Mutation(

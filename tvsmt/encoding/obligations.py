@@ -28,7 +28,7 @@ from tvsmt.shapes import reduce_stage
 from tvsmt.shapes.reduce import ReducedShapeTooLarge
 from tvsmt.solving.types import Obligation, SolverResult
 from tvsmt.stages import Stage
-from tvsmt.stages.signature import stage_signature
+from tvsmt.stages.signature import stage_signatures
 from tvsmt.timing import Timer
 
 # Stage templates worth encoding in worker processes (below this, starting workers costs
@@ -167,10 +167,9 @@ def build_obligations(single: Plan, parallel: Plan, stages: list[Stage], timer: 
     signature share the representative's obligation (and its evaluation). With several
     templates and jobs > 1, the templates are encoded in parallel worker processes."""
     with timer.phase("templates"):
-        sigs = [stage_signature(st, single, parallel) for st in stages]
-    first: dict[str, int] = {}
-    for i, sig in enumerate(sigs):
-        first.setdefault(sig, i)
+        sigs = stage_signatures(stages, single, parallel)
+    first: dict = {}  # signature -> its first stage (tuples: each hashed once, here)
+    rep_of = [first.setdefault(sig, i) for i, sig in enumerate(sigs)]
     reps = sorted(first.values())
     jobs = (os.cpu_count() or 1) if jobs is None else jobs
     done: dict[int, StageOutcome] = {}
@@ -182,8 +181,7 @@ def build_obligations(single: Plan, parallel: Plan, stages: list[Stage], timer: 
             serial_reason = "this platform cannot fork: templates encoded serially"
     be = SymbolicBackend.fresh()
     outcomes = []
-    for k, (stage, sig) in enumerate(zip(stages, sigs)):
-        i = first[sig]
+    for k, (stage, i) in enumerate(zip(stages, rep_of)):
         if i == k and k not in done:
             done[k] = encode_one(stage, single, parallel, be, timer)
         rep = done[i]

@@ -16,6 +16,7 @@ original sizes from the plan. Rules use `c.eq(a, b)` and `c.add(constraint)`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -154,6 +155,36 @@ def register(spec: OpSpec) -> OpSpec:
 def get(name: str) -> OpSpec | None:
     _load_all()
     return REGISTRY.get(name)
+
+
+# Leaf types whose repr is exact: equal reprs only for equal values of the same type (1, 1.0,
+# True and "1" all differ). Dicts (with string keys), lists and tuples of them keep that.
+_EXACT_LEAVES = frozenset((str, int, float, bool, type(None), Fraction))
+_STR_KEYS = frozenset((str,))
+
+
+def attrs_key(attrs) -> tuple:
+    """Node attributes as a key that is equal only for attributes equal in value and type:
+    their repr when every value is of a type whose repr is exact (anything read from a plan
+    file, or captured from PyTorch), else a key equal to no other (nothing is merged on
+    attributes that cannot be compared exactly). Used wherever nodes are deduplicated by
+    their attributes: stage signatures, the shape-rule checks."""
+    todo = [attrs]
+    while todo:  # a walk, not recursion; the type tests run in C (sets of types)
+        v = todo.pop()
+        if type(v) is dict:
+            if v and not _STR_KEYS.issuperset(map(type, v)):
+                return ("unique", object())
+            v = v.values()
+        if _EXACT_LEAVES.issuperset(map(type, v)):
+            continue
+        for x in v:
+            t = type(x)
+            if t is dict or t is list or t is tuple:
+                todo.append(x)
+            elif t not in _EXACT_LEAVES:
+                return ("unique", object())
+    return ("repr", repr(attrs))
 
 
 def derived_bw_shape(spec: OpSpec) -> ShapeRule:
