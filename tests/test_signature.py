@@ -99,7 +99,7 @@ def test_signatures_split_stages_as_the_tensor_by_tensor_numbering_does():
     slow_path_seen = False
     for name, (single, parallel) in pairs:
         stages = cut_stages(single, parallel, Graph(single), Graph(parallel)).stages
-        fast = stage_signatures(stages, single, parallel)
+        fast = list(stage_signatures(stages, single, parallel))
         ref = [_reference_signature(st, single, parallel) for st in stages]
         assert _partition(fast) == _partition(ref), name
         assert len(set(fast)) < len(stages), name  # stages do share templates

@@ -167,9 +167,9 @@ def build_obligations(single: Plan, parallel: Plan, stages: list[Stage], timer: 
     signature share the representative's obligation (and its evaluation). With several
     templates and jobs > 1, the templates are encoded in parallel worker processes."""
     with timer.phase("templates"):
-        sigs = stage_signatures(stages, single, parallel)
-    first: dict = {}  # signature -> its first stage (tuples: each hashed once, here)
-    rep_of = [first.setdefault(sig, i) for i, sig in enumerate(sigs)]
+        first: dict = {}  # signature -> its first stage (each tuple hashed once, here)
+        rep_of = [first.setdefault(sig, i)
+                  for i, sig in enumerate(stage_signatures(stages, single, parallel))]
     reps = sorted(first.values())
     jobs = (os.cpu_count() or 1) if jobs is None else jobs
     done: dict[int, StageOutcome] = {}

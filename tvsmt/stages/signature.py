@@ -17,6 +17,8 @@ stands between two stages and the claim that they are the same computation.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from tvsmt.ops import attrs_key
 from tvsmt.ops import get as get_op
 from tvsmt.plan.model import Plan
@@ -25,10 +27,13 @@ from tvsmt.stages.cutter import Stage
 Signature = tuple
 
 
-def stage_signatures(stages: list[Stage], single: Plan, parallel: Plan) -> list[Signature]:
-    """Every stage's signature; each lineage's parts are put in form once for all stages."""
+def stage_signatures(stages: list[Stage], single: Plan, parallel: Plan
+                     ) -> Iterator[Signature]:
+    """Every stage's signature, one at a time (a caller keeps only the distinct ones: a
+    405B plan has 18k stages and a hundred templates); each lineage's parts are put in form
+    once for all stages."""
     forms = _LineageForms(parallel)
-    return [_signature(st, single, parallel, forms) for st in stages]
+    return (_signature(st, single, parallel, forms) for st in stages)
 
 
 def stage_signature(stage: Stage, single: Plan, parallel: Plan) -> Signature:
