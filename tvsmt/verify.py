@@ -97,7 +97,7 @@ def prepare(single: Plan, parallel: Plan, opts: Options, timer: Timer) -> Prepar
         cut = cut_stages(single, parallel, sgraph, pgraph)
         for v in cut.violations:
             failures.append(Failure("structural", str(v), tensor=v.tensor, lineage=v.lineage))
-        sinks = unclaimed_sinks(parallel)
+        sinks = unclaimed_sinks(parallel, pgraph)
     report.unclaimed = len(sinks)
     report.unclaimed_tensors = sinks[:50]
     if sinks and opts.strict:

@@ -170,7 +170,8 @@ def build_obligations(single: Plan, parallel: Plan, stages: list[Stage], timer: 
         first: dict = {}  # signature -> its first stage (each tuple hashed once, here)
         rep_of = [first.setdefault(sig, i)
                   for i, sig in enumerate(stage_signatures(stages, single, parallel))]
-    reps = sorted(first.values())
+        del first  # the signatures are big tuples: none stays for the collector to scan
+    reps = sorted(set(rep_of))
     jobs = (os.cpu_count() or 1) if jobs is None else jobs
     done: dict[int, StageOutcome] = {}
     serial_reason = ""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 
 from tvsmt.errors import PlanError, StructuralViolation
+from tvsmt.graph import Graph
 from tvsmt.encoding.interpreter import _brief, internal_error
 from tvsmt.ops import AttrError, ShapeConstraints, ShapeRuleError, TShape, attrs_key
 from tvsmt.ops import get as get_op
@@ -63,17 +64,16 @@ def check_output_coverage(single: Plan, parallel: Plan) -> list[StructuralViolat
     return out
 
 
-def unclaimed_sinks(parallel: Plan) -> list[str]:
+def unclaimed_sinks(parallel: Plan, graph: Graph | None = None) -> list[str]:
     """Parallel tensors that some node writes, no node reads and no lineage names: results
     (a final gradient on some rank, a loss) that nothing relates to the single plan, so
-    nothing about them is proven. Listed in the report; `--strict` makes them a failure."""
-    read: set[str] = set()
-    written: list[str] = []
-    for n in parallel.nodes:
-        read.update(t for t in n.inputs if t is not None)
-        written.extend(t for t in n.outputs if t is not None)
+    nothing about them is proven. Listed in the report; `--strict` makes them a failure.
+    `graph`: the plan's dataflow graph when the caller has it (its producer and consumer
+    indexes are what this needs), in the order the nodes write."""
+    graph = graph or Graph(parallel)
     named = {t for lin in parallel.lineages for p in lin.parts for t in p.sum_of}
-    return [t for t in written if t not in read and t not in named]
+    consumers = graph.consumers
+    return [t for t in graph.producer if t not in consumers and t not in named]
 
 
 def check_plan_shapes(plan: Plan) -> list[StructuralViolation]:
