@@ -377,9 +377,32 @@ MUTATIONS: tuple[Mutation, ...] = (
         "copy it keeps of a retained unit's node loses the node's attrs and source",
         "streaming reader (records decoded straight into the model's types)",
         (Patch("tvsmt/plan/stream.py",
-               "        return Node(*msgspec.structs.astuple(obj))\n",
-               "        return Node(*msgspec.structs.astuple(obj)[:-2])\n"),),
+               "        return Node(*fields[:_ATTRS_AT], node_attrs(fields[_ATTRS_AT]), "
+               "*fields[_ATTRS_AT + 1:])\n",
+               "        return Node(*fields[:_ATTRS_AT])\n"),),
         ("tests/test_stream.py::test_unchecked_reading_yields_the_checked_objects",),
+        fast=True),
+    Mutation(
+        "stream-raw-attrs-never-decoded",
+        "the unchecked reading keeps a node's attributes as their JSON text (stream.NodeLine) "
+        "and the fold builds them only for its memo's misses; the mutation never builds them "
+        "(every streamed node reads as having no attributes), so a unit whose only "
+        "difference is an attribute would fold as a copy",
+        "streaming reader (attributes kept as text, the fold's memo keyed on it)",
+        (Patch("tvsmt/plan/stream.py",
+               "        return _ATTRS_JSON.decode(attrs) or {}\n",
+               "        return {}\n"),),
+        ("tests/test_stream.py::test_a_bug_in_one_unit_read_from_disk_is_caught_and_named",),
+        fast=True),
+    Mutation(
+        "stream-check-attr-texts-unchecked",
+        "the checks alone (check_stream) keep node attributes as text and check each distinct "
+        "text once; the mutation checks none, so a node whose attributes are no object passes",
+        "streaming reader (the checks keep attributes as text)",
+        (Patch("tvsmt/plan/stream.py",
+               "    new = texts - st.attr_texts\n",
+               "    new = set()\n"),),
+        ("tests/test_stream.py::test_the_checks_in_a_second_process_give_the_inline_checks_errors",),
         fast=True),
     Mutation(
         "filesource-outside-ref-one-unit",

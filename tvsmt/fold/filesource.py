@@ -249,7 +249,7 @@ class _Scan:
             held = np.array(held_l, dtype=bool)
         held_prod = self.held_prod
         for i in compress(range(n_nodes), held_l):
-            n = batch[i]
+            n = as_model(batch[i])  # kept to the end: not a view of the block read
             d = reps_l[i]
             self.held_nodes[d].append((pos0 + i, n))
             held_prod.update(zip(n.outputs, repeat(d)))

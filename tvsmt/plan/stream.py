@@ -52,6 +52,19 @@ from tvsmt.plan.schema import (
 )
 
 _LINES = msgspec.json.Decoder(Record)
+
+
+class NodeText(NodeRec, tag_field="r", tag="node", gc=False):
+    """A node record as the checks alone read it (`check_stream`): its attributes stay their
+    JSON text (building them was half of decoding a node, and the checks never look inside);
+    `_decode_checks` still refuses a block whose attributes are neither an object nor null,
+    by decoding each distinct text once."""
+
+    attrs: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_CHECK_LINES = msgspec.json.Decoder(
+    HeaderRec | SectionRec | TensorRec | NodeText | LineageRec | TrailerRec)
 _TRAILER = b'{"r":"trailer"'
 
 
@@ -86,6 +99,7 @@ class _State:
     block_ids: set[str] = field(default_factory=set)  # the record-by-record path's block
     ops: set[str] = field(default_factory=set)
     slices: dict = field(default_factory=dict)  # slice -> shape, each distinct slice once
+    attr_texts: set = field(default_factory=set)  # node attribute texts that passed
     shape_pool: dict = field(default_factory=dict)  # one tuple per distinct shape
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("tensor", "node", "lineage", "section"), 0))
@@ -174,6 +188,30 @@ def _decode_block(path: str, base: int, lines: list[bytes], block: bytes) -> lis
     return out
 
 
+def _decode_checks(path: str, base: int, lines: list[bytes], block: bytes, st) -> list:
+    """`_decode_block` for the checks alone: nodes as `NodeText`s when every attribute text
+    of the block is what the record type allows (an object or null: each distinct text
+    decoded once, then remembered), else the records `_decode_block` gives (its errors)."""
+    try:
+        recs = _CHECK_LINES.decode_lines(block)
+    except (msgspec.DecodeError, RecursionError):
+        return _decode_block(path, base, lines, block)
+    if len(recs) != len(lines):
+        return _decode_block(path, base, lines, block)
+    texts = set(map(bytes, map(_ATTRS, compress(recs, map(is_, map(type, recs),
+                                                          repeat(NodeText))))))
+    new = texts - st.attr_texts
+    try:
+        for text in new:
+            _ATTRS_JSON.decode(text)
+    except (msgspec.DecodeError, RecursionError):
+        return _decode_block(path, base, lines, block)
+    if len(st.attr_texts) + len(new) > 100_000:
+        st.attr_texts.clear()
+    st.attr_texts |= new
+    return recs
+
+
 def _records(path: str, f, build: bool = True, summary: dict | None = None) -> Iterator[Any]:
     """The collector is paused while a block is checked (millions of new objects, no
     garbage) and runs as usual while the consumer handles the records. `build=False`: the
@@ -198,7 +236,8 @@ def _records_unguarded(path: str, f, gc_was: bool, build: bool = True,
     for base, lines, block in _blocks(path, f):
         if trailer is not None:
             raise PlanError(f"line {base + 1}: a record after the trailer", file=path)
-        recs = _decode_block(path, base, lines, block)
+        recs = (_decode_block(path, base, lines, block) if build else
+                _decode_checks(path, base, lines, block, st))
         st.block_ids.clear()
         end = len(recs)
         if type(recs[-1]) is TrailerRec:
@@ -228,7 +267,7 @@ def _records_unguarded(path: str, f, gc_was: bool, build: bool = True,
         for k in range(start, end):
             rec = recs[k]
             kind = type(rec)
-            if kind is NodeRec:
+            if kind is NodeRec or kind is NodeText:
                 if phase:
                     raise PlanError(f"line {base + k + 1}: a node after the lineages (records "
                                     "out of order)", file=path, node=rec.id)
@@ -295,9 +334,11 @@ def _fast_block(recs: list, end: int, st: _State, section: int, get_op, build: b
     kinds = list(map(type, recs[:end]))
     if not set(kinds) <= _BULK:
         return None
-    pos = {TensorRec: [], NodeRec: [], SectionRec: []}
+    pos = {TensorRec: [], NodeRec: [], NodeText: [], SectionRec: []}
     for k, kind in enumerate(kinds):
         pos[kind].append(k)
+    if pos[NodeText]:  # a block's nodes are all of one kind (one decoder decoded them)
+        pos[NodeRec] = pos.pop(NodeText)
     trecs = [recs[k] for k in pos[TensorRec]]
     nrecs = [recs[k] for k in pos[NodeRec]]
     srecs = [recs[k] for k in pos[SectionRec]]
@@ -348,15 +389,23 @@ def _fast_block(recs: list, end: int, st: _State, section: int, get_op, build: b
     unwritten = set(compress(flat_in, (written_at < 0).tolist())) - st.written
     unwritten.discard(None)
     st.pending |= unwritten
-    st.written.update(writer)
     st.node_hashes.append(np.fromiter(map(hash, nids), np.int64, len(nids)))
     st.ops |= ops
     pool = st.shape_pool
     tshapes = [pool.setdefault(sh, sh) for sh in tshapes]
     shapes.update(zip(tids, tshapes))
-    # a written tensor's shape is kept under the writing node's copy of its id (the string
-    # the written set and the consumers keep too): the tensor record's copy is freed
-    shapes.update(zip(writer, list(map(shapes.pop, writer))))
+    if build:
+        # a written tensor's shape is kept under the writing node's copy of its id (the
+        # string the written set and the consumers keep too): the tensor record's copy is
+        # freed
+        st.written.update(writer)
+        shapes.update(zip(writer, list(map(shapes.pop, writer))))
+    else:
+        # only the checks keep ids: the written set keeps the tensor record's copy (the
+        # shapes' key) of an id declared in this block, found in the block's small dict,
+        # instead of moving every shape to the node's copy (two lookups in the large dict)
+        record_id = dict(zip(tids, tids))
+        st.written.update(map(record_id.get, writer, writer))
     c = st.counts
     c["tensor"] += len(trecs)
     c["node"] += len(nrecs)
@@ -377,7 +426,7 @@ def _fast_block(recs: list, end: int, st: _State, section: int, get_op, build: b
     return out, section + len(srecs)
 
 
-_BULK = {TensorRec, NodeRec, SectionRec}
+_BULK = {TensorRec, NodeRec, NodeText, SectionRec}
 _PASS_SET = set(R.PASSES)
 
 
@@ -605,8 +654,26 @@ def iter_unchecked(path: str, summary: dict) -> Iterator[Any]:
 
 
 class NodeLine(Node, tag_field="r", tag="node", frozen=True, gc=False):
-    """A node record decoded straight into the model's `Node` (a subclass only for the
-    record's tag): `iter_unchecked` builds no second object per node."""
+    """A node record decoded straight into the model's `Node` (a subclass for the record's
+    tag): `iter_unchecked` builds no second object per node. Its `attrs` stay the record's
+    JSON text (`msgspec.Raw`, a view of the block read): the fold keys its attribute memo on
+    that text (tvsmt/fold/table.py), so nearly no node's attributes are ever built (decoding
+    them was half of decoding a node); `node_attrs` builds them, `as_model` too."""
+
+    attrs: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+_ATTRS_JSON = msgspec.json.Decoder(dict[str, Any] | None)
+_ATTRS_AT = Node.__struct_fields__.index("attrs")
+assert NodeLine.__struct_fields__ == Node.__struct_fields__
+
+
+def node_attrs(attrs) -> dict:
+    """A node's attributes as the model holds them: a `NodeLine`'s JSON text decoded
+    (`null` is no attributes, as the checked reading has it), anything else unchanged."""
+    if type(attrs) is msgspec.Raw:
+        return _ATTRS_JSON.decode(attrs) or {}
+    return attrs
 
 
 class TensorLine(TensorInfo, tag_field="r", tag="tensor", frozen=True, gc=False):
@@ -637,7 +704,8 @@ def as_model(obj):
     unchanged): what a consumer keeps past the scan is the model's type."""
     kind = type(obj)
     if kind is NodeLine:
-        return Node(*msgspec.structs.astuple(obj))
+        fields = msgspec.structs.astuple(obj)
+        return Node(*fields[:_ATTRS_AT], node_attrs(fields[_ATTRS_AT]), *fields[_ATTRS_AT + 1:])
     if kind is TensorLine:
         return TensorInfo(*msgspec.structs.astuple(obj))
     return obj
