@@ -515,12 +515,15 @@ class _Scan:
         keep = self.retained_idx[uidx]
         rest = np.flatnonzero(~keep)
         rest_parts = [parts[i] for i in rest.tolist()]
-        try:  # every slice of one lineage has its single tensor's rank
-            slc = np.array(list(map(_SLICE, rest_parts)), dtype=np.int64).reshape(len(rest), -1)
-        except ValueError:
+        raw = list(map(_SLICE, rest_parts))  # (start, stop) pairs (the records' type)
+        ranks = set(map(len, raw))
+        if len(ranks) > 1:  # every slice of one lineage has its single tensor's rank
             return False
-        if slc.shape[1] > 2 * MAX_DIMS:
+        rank = ranks.pop() if ranks else 1
+        if not rank or rank > MAX_DIMS:
             return False
+        slc = np.fromiter(chain.from_iterable(chain.from_iterable(raw)), np.int64,
+                          2 * rank * len(raw)).reshape(len(raw), 2 * rank)
         for pos in np.flatnonzero(keep).tolist():
             p = parts[pos]
             u = self.units_by_index[int(uidx[pos])]
