@@ -405,6 +405,17 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_stream.py::test_the_checks_in_a_second_process_give_the_inline_checks_errors",),
         fast=True),
     Mutation(
+        "filesource-replica-refs-shared",
+        "the references of replica-unit tensors (weights, accumulated gradients) are "
+        "remembered per replica; the mutation remembers them for the whole file, so a weight "
+        "of replica 0 read by replica 1 is taken for replica 1's own and never refused",
+        "streaming folder (references of replica-unit tensors remembered per replica)",
+        (Patch("tvsmt/fold/filesource.py",
+               "        replica_refs = self.replica_refs[d]\n",
+               "        replica_refs = self.replica_refs[0]\n"),),
+        ("tests/test_stream.py::test_a_weight_read_by_two_replicas_makes_the_streamed_fold_refuse",),
+        fast=True),
+    Mutation(
         "filesource-outside-ref-one-unit",
         "a streamed unit's references to other units' tensors reuse the unit part of the "
         "first one computed, so a replica unit's sum reads every instance unit's gradient as "

@@ -219,6 +219,49 @@ def test_a_bug_in_one_unit_read_from_disk_is_caught_and_named(unit_file, tmp_pat
         [f.message for f in report.failures]
 
 
+def test_a_weight_read_by_two_replicas_makes_the_streamed_fold_refuse(unit_file, tmp_path):
+    """A node of replica 1 reads a weight of replica 0 (same shape) in the file: a graph input
+    of no instance unit read by two replicas cannot be streamed, so the fold refuses and the
+    pair is verified whole, although replica 0's units already looked that weight up (the
+    references of replica-unit tensors are remembered per replica, filesource._outside_ref)."""
+    from tvsmt.fold.filesource import FilePlan
+    from tvsmt.fold.folder import FoldRefused
+    from tvsmt.plan import load_plan
+    from tvsmt.plan.model import Node, TensorInfo
+    from tvsmt.plan.stream import Section, iter_records
+    from tvsmt.verify import verify_pair
+
+    s, p = unit_file
+    info, read0, section = {}, {}, ""
+    for r in iter_records(p):
+        if type(r) is Section:
+            section = r.name
+        elif type(r) is TensorInfo:
+            info[r.id] = r
+        elif type(r) is Node and section == "unit replica 0 micro-batch 0":
+            for x in r.inputs:
+                if x in info and info[x].role == "param":
+                    read0.setdefault(info[x].shape, x)
+    done = []
+
+    def change(section, n):
+        if not done and section == "unit replica 1 micro-batch 0":
+            for k, x in enumerate(n["inputs"]):
+                if (x in info and info[x].role == "param" and x not in read0.values()
+                        and info[x].shape in read0):
+                    n["inputs"][k] = read0[info[x].shape]
+                    done.append(x)
+                    break
+        return n
+
+    bad = str(tmp_path / "shared.jsonl")
+    _rewrite(p, bad, change)
+    assert done
+    with pytest.raises(FoldRefused, match="read by replicas 0 and 1"):
+        FilePlan(load_plan(s), bad)
+    assert verify_pair(s, bad, _opts()).fold_note  # verified whole (folded as loaded)
+
+
 def test_a_file_not_grouped_by_unit_is_verified_whole(unit_file, tmp_path):
     """Without one section per unit the fold cannot be decided while streaming: the file is
     then read whole (and still folded), never passed on a guess."""

@@ -185,6 +185,8 @@ class _Scan:
         self.held_prod: dict[str, int] = {}  # tensor -> replica whose held node writes it
         self.owner: dict[str, int] = {}  # held graph input -> the replica that reads it
         self.rep_num: dict[int, dict[str, int]] = defaultdict(dict)  # replica tensors
+        # replica d -> references of tensors outside every instance unit (_outside_ref)
+        self.replica_refs: dict[int, dict[str, tuple]] = defaultdict(dict)
         self.held_nodes: dict[int, list[tuple[int, Node]]] = defaultdict(list)
         self.parts: dict[Unit, list] = defaultdict(list)  # (lin, pos, part) per unit
         self.part_refs: dict[Unit, list] = defaultdict(list)  # their tensors' references
@@ -315,13 +317,25 @@ class _Scan:
     def _outside_ref(self, u: Unit, d: int):
         """`x -> reference(u, *self._outside(x, d))` in one function: a tensor of an instance
         unit (nearly every one) costs one lookup in `where`, and the unit part of its
-        reference is computed once per unit it lives in."""
+        reference is computed once per unit it lives in. A tensor of a replica unit (a
+        weight, an accumulated gradient) is looked up once per replica, not once per unit
+        reading it: its reference from any unit of replica d is the same (a replica unit
+        has no micro-batch), and it stays where it is (a tensor is declared once, written
+        once, and never written after it is read: the checks). Not one declared in the
+        section being read, which a unit built after the reading one may yet number."""
         where_get, by_index, heads = self.where.get, self.units_by_index, {}
+        replica_refs = self.replica_refs[d]
+        cached, sec = replica_refs.get, self.sec_tensors
 
         def ref(x: str) -> tuple:
             loc = where_get(x)
             if loc is None:
-                return reference(u, *self._outside(x, d))
+                r = cached(x)
+                if r is None:
+                    r = reference(u, *self._outside(x, d))
+                    if x not in sec:
+                        replica_refs[x] = r
+                return r
             i = loc >> _SHIFT
             head = heads.get(i)
             if head is None:
