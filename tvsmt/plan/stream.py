@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_
-from typing import Any
+from typing import Any, Optional
 
 import msgspec
 import numpy as np
@@ -54,13 +54,16 @@ from tvsmt.plan.schema import (
 _LINES = msgspec.json.Decoder(Record)
 
 
-class NodeText(NodeRec, tag_field="r", tag="node", gc=False):
-    """A node record as the checks alone read it (`check_stream`): its attributes stay their
-    JSON text (building them was half of decoding a node, and the checks never look inside);
-    `_decode_checks` still refuses a block whose attributes are neither an object nor null,
-    by decoding each distinct text once."""
+class _AnyObject(msgspec.Struct, frozen=True, gc=False):
+    """Any JSON object, its contents skipped (a struct without fields ignores every key)."""
 
-    attrs: msgspec.Raw = msgspec.Raw(b"null")
+
+class NodeText(NodeRec, tag_field="r", tag="node", gc=False):
+    """A node record as the checks alone read it (`check_stream`): its attributes are checked
+    to be an object or null, as `NodeRec` checks them, and not built (building them was half
+    of decoding a node, and the checks never look inside)."""
+
+    attrs: Optional[_AnyObject] = None
 
 
 _CHECK_LINES = msgspec.json.Decoder(
@@ -99,7 +102,6 @@ class _State:
     block_ids: set[str] = field(default_factory=set)  # the record-by-record path's block
     ops: set[str] = field(default_factory=set)
     slices: dict = field(default_factory=dict)  # slice -> shape, each distinct slice once
-    attr_texts: set = field(default_factory=set)  # node attribute texts that passed
     shape_pool: dict = field(default_factory=dict)  # one tuple per distinct shape
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("tensor", "node", "lineage", "section"), 0))
@@ -223,28 +225,16 @@ def _decode_block(path: str, base: int, lines: list[bytes], block: bytes) -> lis
     return out
 
 
-def _decode_checks(path: str, base: int, lines: list[bytes], block: bytes, st) -> list:
-    """`_decode_block` for the checks alone: nodes as `NodeText`s when every attribute text
-    of the block is what the record type allows (an object or null: each distinct text
-    decoded once, then remembered), else the records `_decode_block` gives (its errors)."""
+def _decode_checks(path: str, base: int, lines, block: bytes) -> list:
+    """`_decode_block` for the checks alone: nodes as `NodeText`s, or, when the block does
+    not decode so, the records `_decode_block` gives (and its errors)."""
     try:
         recs = _CHECK_LINES.decode_lines(block)
+        if len(recs) == len(lines):
+            return recs
     except (msgspec.DecodeError, RecursionError):
-        return _decode_block(path, base, lines, block)
-    if len(recs) != len(lines):
-        return _decode_block(path, base, lines, block)
-    texts = set(map(bytes, map(_ATTRS, compress(recs, map(is_, map(type, recs),
-                                                          repeat(NodeText))))))
-    new = texts - st.attr_texts
-    try:
-        for text in new:
-            _ATTRS_JSON.decode(text)
-    except (msgspec.DecodeError, RecursionError):
-        return _decode_block(path, base, lines, block)
-    if len(st.attr_texts) + len(new) > 100_000:
-        st.attr_texts.clear()
-    st.attr_texts |= new
-    return recs
+        pass
+    return _decode_block(path, base, lines, block)
 
 
 def _records(path: str, f, build: bool = True, summary: dict | None = None) -> Iterator[Any]:
@@ -272,7 +262,7 @@ def _records_unguarded(path: str, f, gc_was: bool, build: bool = True,
         if trailer is not None:
             raise PlanError(f"line {base + 1}: a record after the trailer", file=path)
         recs = (_decode_block(path, base, lines, block) if build else
-                _decode_checks(path, base, lines, block, st))
+                _decode_checks(path, base, lines, block))
         st.block_ids.clear()
         end = len(recs)
         if type(recs[-1]) is TrailerRec:
