@@ -530,7 +530,7 @@ def test_tables_over_columns_are_the_reference_tables(unit_file):
     finally:
         mp.undo()
 
-    def by_build_table(u, infos, nodes, ins, outs, local, outside, intern):
+    def by_build_table(u, infos, nodes, ins, outs, local, outside, intern, codes=None):
         real = table.reference
 
         def fake(unit, target, k):  # an outside tensor keeps the reference FilePlan gives

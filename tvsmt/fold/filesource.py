@@ -34,7 +34,7 @@ replica (the plan id and checksum must be the same).
 from __future__ import annotations
 
 from collections import defaultdict
-from itertools import chain, compress, filterfalse, repeat
+from itertools import chain, compress, count, filterfalse, repeat
 from operator import add, attrgetter, itemgetter
 import numpy as np
 
@@ -354,9 +354,15 @@ class _Scan:
         prod = set(chain.from_iterable(outs))
         prod.discard(None)
         own = prod.union(declared)  # the unit's tensors: written by it, or its inputs
-        # numbered by first use, inputs then outputs, node by node
-        first = dict.fromkeys(filter(own.__contains__, chain.from_iterable(map(add, ins, outs))))
-        local = dict(zip(first, range(len(first))))
+        # numbered by first use, inputs then outputs, node by node: every name's first use
+        # (one lookup a name), the unit's own among them (one a distinct name), then every
+        # name's number (one a name; the table's columns take them, not a lookup again)
+        named = list(chain.from_iterable(map(add, ins, outs)))
+        local = dict(zip(filter(own.__contains__, dict.fromkeys(named)), count()))
+        codes = np.fromiter(map(local.get, named, repeat(-1)), np.int64, len(named))
+        is_input = np.repeat(np.tile(np.array([True, False]), len(ns)), np.stack(
+            [np.fromiter(map(len, ins), np.int64, len(ns)),
+             np.fromiter(map(len, outs), np.int64, len(ns))], axis=1).ravel())
         index = self.unit_index.get(u)
         if index is None:
             index = self.unit_index[u] = len(self.units_by_index)
@@ -374,7 +380,8 @@ class _Scan:
 
         if wanted is None:  # instance_table asks `outside` only for names not in `local`
             self.src._tables[u] = instance_table(u, infos, nodes, ins, outs, local,
-                                                 self._outside_ref(u, d), self.src.intern)
+                                                 self._outside_ref(u, d), self.src.intern,
+                                                 (codes[is_input], codes[~is_input]))
         if self._retained(u):
             self.src._records[u] = UnitRecords(list(map(as_model, infos)),
                                                [(pos, as_model(n)) for pos, n in nodes], [])
