@@ -540,8 +540,8 @@ class _Scan:
         ranks = set(map(len, raw))
         if len(ranks) > 1:  # every slice of one lineage has its single tensor's rank
             return False
-        rank = ranks.pop() if ranks else 1
-        if not rank or rank > MAX_DIMS:
+        rank = ranks.pop() if ranks else 0
+        if rank > MAX_DIMS:
             return False
         slc = np.fromiter(chain.from_iterable(chain.from_iterable(raw)), np.int64,
                           2 * rank * len(raw)).reshape(len(raw), 2 * rank)
