@@ -407,9 +407,46 @@ MUTATIONS: tuple[Mutation, ...] = (
         "copy it keeps of a retained unit's node loses the node's attrs and source",
         "streaming reader (records decoded straight into the model's types)",
         (Patch("tvsmt/plan/stream.py",
-               "        return Node(*msgspec.structs.astuple(obj))\n",
-               "        return Node(*msgspec.structs.astuple(obj)[:-2])\n"),),
+               "        return Node(*fields[:_ATTRS_AT], node_attrs(fields[_ATTRS_AT]), "
+               "*fields[_ATTRS_AT + 1:])\n",
+               "        return Node(*fields[:_ATTRS_AT])\n"),),
         ("tests/test_stream.py::test_unchecked_reading_yields_the_checked_objects",),
+        fast=True),
+    Mutation(
+        "stream-raw-attrs-never-decoded",
+        "the unchecked reading keeps a node's attributes as their JSON text (stream.NodeLine) "
+        "and the fold builds them only for its memo's misses; the mutation never builds them "
+        "(every streamed node reads as having no attributes), so a unit whose only "
+        "difference is an attribute would fold as a copy",
+        "streaming reader (attributes kept as text, the fold's memo keyed on it)",
+        (Patch("tvsmt/plan/stream.py",
+               "        return _ATTRS_JSON.decode(attrs) or {}\n",
+               "        return {}\n"),),
+        ("tests/test_stream.py::test_a_bug_in_one_unit_read_from_disk_is_caught_and_named",),
+        fast=True),
+    Mutation(
+        "stream-check-attrs-any",
+        "the checks alone (check_stream) check node attributes to be an object or null "
+        "without building them; the mutation takes any value, so a node whose attributes "
+        "are no object passes",
+        "streaming reader (the checks skip the attributes' contents)",
+        (Patch("tvsmt/plan/stream.py",
+               "    attrs: Optional[_AnyObject] = None\n",
+               "    attrs: Any = None\n"),),
+        ("tests/test_stream.py::"
+         "test_the_checks_in_a_second_process_give_the_inline_checks_errors",),
+        fast=True),
+    Mutation(
+        "filesource-replica-refs-shared",
+        "the references of replica-unit tensors (weights, accumulated gradients) are "
+        "remembered per replica; the mutation remembers them for the whole file, so a weight "
+        "of replica 0 read by replica 1 is taken for replica 1's own and never refused",
+        "streaming folder (references of replica-unit tensors remembered per replica)",
+        (Patch("tvsmt/fold/filesource.py",
+               "        replica_refs = self.replica_refs[d]\n",
+               "        replica_refs = self.replica_refs[0]\n"),),
+        ("tests/test_stream.py::"
+         "test_a_weight_read_by_two_replicas_makes_the_streamed_fold_refuse",),
         fast=True),
     Mutation(
         "filesource-outside-ref-one-unit",

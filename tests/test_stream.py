@@ -172,13 +172,30 @@ def _rewrite(src: str, dst: str, change) -> None:
                 w.lineage({"single": r.single, "parts": [part_dict(x) for x in r.parts]})
 
 
+def _sub_for_add(n) -> bool:
+    if n["op"] == "add" and n["pass"] == "fw":
+        n["op"] = "sub"
+        return True
+    return False
+
+
+def _cube_for_square(n) -> bool:
+    if n["op"] == "pow" and n["pass"] == "fw" and n["attrs"].get("consts") == [2]:
+        n["attrs"] = {**n["attrs"], "consts": [3]}
+        return True
+    return False
+
+
+@pytest.mark.parametrize("edit", [_sub_for_add, _cube_for_square], ids=["op", "attrs"])
 @pytest.mark.parametrize("forked", [True, False], ids=["checks forked", "checks inline"])
 def test_a_bug_in_one_unit_read_from_disk_is_caught_and_named(unit_file, tmp_path,
-                                                              monkeypatch, forked):
-    """One node of replica 3, micro-batch 2 is edited in the file (an add becomes a sub):
-    the folder finds that unit is no copy, keeps it (read again from the file), and the
-    verdict is a violation that names a tensor of that unit; with the file's checks in a
-    second process (the fold on the unchecked reading) or in this one."""
+                                                              monkeypatch, forked, edit):
+    """One node of replica 3, micro-batch 2 is edited in the file (an add becomes a sub, or
+    a square a cube: only the attributes' text differs, which the fold reads as text, not
+    decoded, stream.NodeLine): the folder finds that unit is no copy, keeps it (read again
+    from the file), and the verdict is a violation that names a tensor of that unit; with
+    the file's checks in a second process (the fold on the unchecked reading) or in this
+    one."""
     from tvsmt.plan import stream
     from tvsmt.verify import verify_pair
 
@@ -187,10 +204,8 @@ def test_a_bug_in_one_unit_read_from_disk_is_caught_and_named(unit_file, tmp_pat
     done = []
 
     def change(section, n):
-        if (not done and section == "unit replica 3 micro-batch 2" and n["op"] == "add"
-                and n["pass"] == "fw"):
+        if not done and section == "unit replica 3 micro-batch 2" and edit(n):
             done.append(n["id"])
-            n["op"] = "sub"
         return n
 
     bad = str(tmp_path / "bug.jsonl")
@@ -202,6 +217,49 @@ def test_a_bug_in_one_unit_read_from_disk_is_caught_and_named(unit_file, tmp_pat
     in_unit = re.compile(r"@r1[2-5]m2$")  # replica 3 = ranks 12..15, micro-batch 2
     assert any(in_unit.search(t) for f in report.failures for t in f.parallel_tensors), \
         [f.message for f in report.failures]
+
+
+def test_a_weight_read_by_two_replicas_makes_the_streamed_fold_refuse(unit_file, tmp_path):
+    """A node of replica 1 reads a weight of replica 0 (same shape) in the file: a graph input
+    of no instance unit read by two replicas cannot be streamed, so the fold refuses and the
+    pair is verified whole, although replica 0's units already looked that weight up (the
+    references of replica-unit tensors are remembered per replica, filesource._outside_ref)."""
+    from tvsmt.fold.filesource import FilePlan
+    from tvsmt.fold.folder import FoldRefused
+    from tvsmt.plan import load_plan
+    from tvsmt.plan.model import Node, TensorInfo
+    from tvsmt.plan.stream import Section, iter_records
+    from tvsmt.verify import verify_pair
+
+    s, p = unit_file
+    info, read0, section = {}, {}, ""
+    for r in iter_records(p):
+        if type(r) is Section:
+            section = r.name
+        elif type(r) is TensorInfo:
+            info[r.id] = r
+        elif type(r) is Node and section == "unit replica 0 micro-batch 0":
+            for x in r.inputs:
+                if x in info and info[x].role == "param":
+                    read0.setdefault(info[x].shape, x)
+    done = []
+
+    def change(section, n):
+        if not done and section == "unit replica 1 micro-batch 0":
+            for k, x in enumerate(n["inputs"]):
+                if (x in info and info[x].role == "param" and x not in read0.values()
+                        and info[x].shape in read0):
+                    n["inputs"][k] = read0[info[x].shape]
+                    done.append(x)
+                    break
+        return n
+
+    bad = str(tmp_path / "shared.jsonl")
+    _rewrite(p, bad, change)
+    assert done
+    with pytest.raises(FoldRefused, match="read by replicas 0 and 1"):
+        FilePlan(load_plan(s), bad)
+    assert verify_pair(s, bad, _opts()).fold_note  # verified whole (folded as loaded)
 
 
 def test_a_file_not_grouped_by_unit_is_verified_whole(unit_file, tmp_path):
@@ -277,6 +335,7 @@ def _malformed_variants(p: str, tmp_path) -> dict[str, list[str]]:
                   if recs[i]["r"] == "tensor" and recs[i]["role"] == "input")
     dup = dict(recs[nodes[-1]], id=recs[nodes[3]]["id"])  # an id of another unit's node
     dangling = dict(recs[k], inputs=["nowhere", *recs[k]["inputs"][1:]])
+    listed = dict(recs[k], attrs=[1])  # attributes that are no object (the checks keep text)
     role = lines[edited].replace('"input"', '"activation"')
     assert role != lines[edited]
     return {
@@ -289,6 +348,7 @@ def _malformed_variants(p: str, tmp_path) -> dict[str, list[str]]:
         "edited record": lines[:edited] + [role] + lines[edited + 1:],
         "node id used twice": lines[:nodes[-1]] + [json.dumps(dup) + "\n"] + lines[nodes[-1] + 1:],
         "dangling reference": lines[:k] + [json.dumps(dangling) + "\n"] + lines[k + 1:],
+        "attributes no object": lines[:k] + [json.dumps(listed) + "\n"] + lines[k + 1:],
     }
 
 
@@ -296,7 +356,9 @@ def test_the_checks_in_a_second_process_give_the_inline_checks_errors(unit_file,
                                                                        monkeypatch):
     """FilePlan reads the file unchecked while a forked process checks it
     (stream.read_checked): every malformed file fails with the one-line error the inline
-    checks give, also where the unchecked reading alone would fold it."""
+    checks give, also where the unchecked reading alone would fold it; the checks alone
+    (check_stream, which keeps node attributes as text) give the error of the reading that
+    builds every record (read_stream)."""
     from tvsmt.errors import PlanError
     from tvsmt.fold.filesource import FilePlan
     from tvsmt.plan import load_plan
@@ -311,6 +373,9 @@ def test_the_checks_in_a_second_process_give_the_inline_checks_errors(unit_file,
         bad.write_text("".join(lines), encoding="utf-8")
         with pytest.raises(PlanError) as inline:
             stream.check_stream(str(bad))
+        with pytest.raises(PlanError) as built:
+            stream.read_stream(str(bad))
+        assert str(built.value) == str(inline.value), name
         with pytest.raises(PlanError) as forked:
             FilePlan(single, str(bad))
         assert str(forked.value) == str(inline.value), name
@@ -465,7 +530,7 @@ def test_tables_over_columns_are_the_reference_tables(unit_file):
     finally:
         mp.undo()
 
-    def by_build_table(u, infos, nodes, ins, outs, local, outside, intern):
+    def by_build_table(u, infos, nodes, ins, outs, local, outside, intern, codes=None):
         real = table.reference
 
         def fake(unit, target, k):  # an outside tensor keeps the reference FilePlan gives

@@ -34,7 +34,7 @@ replica (the plan id and checksum must be the same).
 from __future__ import annotations
 
 from collections import defaultdict
-from itertools import chain, compress, filterfalse, repeat
+from itertools import chain, compress, count, filterfalse, repeat
 from operator import add, attrgetter, itemgetter
 import numpy as np
 
@@ -185,6 +185,8 @@ class _Scan:
         self.held_prod: dict[str, int] = {}  # tensor -> replica whose held node writes it
         self.owner: dict[str, int] = {}  # held graph input -> the replica that reads it
         self.rep_num: dict[int, dict[str, int]] = defaultdict(dict)  # replica tensors
+        # replica d -> references of tensors outside every instance unit (_outside_ref)
+        self.replica_refs: dict[int, dict[str, tuple]] = defaultdict(dict)
         self.held_nodes: dict[int, list[tuple[int, Node]]] = defaultdict(list)
         self.parts: dict[Unit, list] = defaultdict(list)  # (lin, pos, part) per unit
         self.part_refs: dict[Unit, list] = defaultdict(list)  # their tensors' references
@@ -249,7 +251,7 @@ class _Scan:
             held = np.array(held_l, dtype=bool)
         held_prod = self.held_prod
         for i in compress(range(n_nodes), held_l):
-            n = batch[i]
+            n = as_model(batch[i])  # kept to the end: not a view of the block read
             d = reps_l[i]
             self.held_nodes[d].append((pos0 + i, n))
             held_prod.update(zip(n.outputs, repeat(d)))
@@ -315,13 +317,25 @@ class _Scan:
     def _outside_ref(self, u: Unit, d: int):
         """`x -> reference(u, *self._outside(x, d))` in one function: a tensor of an instance
         unit (nearly every one) costs one lookup in `where`, and the unit part of its
-        reference is computed once per unit it lives in."""
+        reference is computed once per unit it lives in. A tensor of a replica unit (a
+        weight, an accumulated gradient) is looked up once per replica, not once per unit
+        reading it: its reference from any unit of replica d is the same (a replica unit
+        has no micro-batch), and it stays where it is (a tensor is declared once, written
+        once, and never written after it is read: the checks). Not one declared in the
+        section being read, which a unit built after the reading one may yet number."""
         where_get, by_index, heads = self.where.get, self.units_by_index, {}
+        replica_refs = self.replica_refs[d]
+        cached, sec = replica_refs.get, self.sec_tensors
 
         def ref(x: str) -> tuple:
             loc = where_get(x)
             if loc is None:
-                return reference(u, *self._outside(x, d))
+                r = cached(x)
+                if r is None:
+                    r = reference(u, *self._outside(x, d))
+                    if x not in sec:
+                        replica_refs[x] = r
+                return r
             i = loc >> _SHIFT
             head = heads.get(i)
             if head is None:
@@ -340,9 +354,15 @@ class _Scan:
         prod = set(chain.from_iterable(outs))
         prod.discard(None)
         own = prod.union(declared)  # the unit's tensors: written by it, or its inputs
-        # numbered by first use, inputs then outputs, node by node
-        first = dict.fromkeys(filter(own.__contains__, chain.from_iterable(map(add, ins, outs))))
-        local = dict(zip(first, range(len(first))))
+        # numbered by first use, inputs then outputs, node by node: every name's first use
+        # (one lookup a name), the unit's own among them (one a distinct name), then every
+        # name's number (one a name; the table's columns take them, not a lookup again)
+        named = list(chain.from_iterable(map(add, ins, outs)))
+        local = dict(zip(filter(own.__contains__, dict.fromkeys(named)), count()))
+        codes = np.fromiter(map(local.get, named, repeat(-1)), np.int64, len(named))
+        is_input = np.repeat(np.tile(np.array([True, False]), len(ns)), np.stack(
+            [np.fromiter(map(len, ins), np.int64, len(ns)),
+             np.fromiter(map(len, outs), np.int64, len(ns))], axis=1).ravel())
         index = self.unit_index.get(u)
         if index is None:
             index = self.unit_index[u] = len(self.units_by_index)
@@ -360,7 +380,8 @@ class _Scan:
 
         if wanted is None:  # instance_table asks `outside` only for names not in `local`
             self.src._tables[u] = instance_table(u, infos, nodes, ins, outs, local,
-                                                 self._outside_ref(u, d), self.src.intern)
+                                                 self._outside_ref(u, d), self.src.intern,
+                                                 (codes[is_input], codes[~is_input]))
         if self._retained(u):
             self.src._records[u] = UnitRecords(list(map(as_model, infos)),
                                                [(pos, as_model(n)) for pos, n in nodes], [])
@@ -515,12 +536,15 @@ class _Scan:
         keep = self.retained_idx[uidx]
         rest = np.flatnonzero(~keep)
         rest_parts = [parts[i] for i in rest.tolist()]
-        try:  # every slice of one lineage has its single tensor's rank
-            slc = np.array(list(map(_SLICE, rest_parts)), dtype=np.int64).reshape(len(rest), -1)
-        except ValueError:
+        raw = list(map(_SLICE, rest_parts))  # (start, stop) pairs (the records' type)
+        ranks = set(map(len, raw))
+        if len(ranks) > 1:  # every slice of one lineage has its single tensor's rank
             return False
-        if slc.shape[1] > 2 * MAX_DIMS:
+        rank = ranks.pop() if ranks else 0
+        if rank > MAX_DIMS:
             return False
+        slc = np.fromiter(chain.from_iterable(chain.from_iterable(raw)), np.int64,
+                          2 * rank * len(raw)).reshape(len(raw), 2 * rank)
         for pos in np.flatnonzero(keep).tolist():
             p = parts[pos]
             u = self.units_by_index[int(uidx[pos])]

@@ -34,6 +34,7 @@ import numpy as np
 from tvsmt.fold.units import Unit, WorldUnits
 from tvsmt.ops import get as get_op
 from tvsmt.plan.model import LineagePart, Node, TensorInfo
+from tvsmt.plan.stream import node_attrs
 
 NULL = -3  # an absent slot (None)
 SAME = -2  # micro-batch column: the table's own micro-batch
@@ -112,8 +113,11 @@ def semantic_attrs(node: Node) -> tuple[str, list[int]]:
 
 
 def _semantic_attrs(node: Node) -> tuple[str, list[int]]:
+    # a streamed file's node holds its attributes' JSON text (stream.NodeLine): the memo's
+    # key is that text (the encoder writes it unchanged), built into a dict only here
     reads = get_op(node.op).semantic_attrs
-    attrs = node.attrs if reads is None else reads(node.attrs)
+    attrs = node_attrs(node.attrs)
+    attrs = attrs if reads is None else reads(attrs)
     if not attrs:
         return "", []
     ranks: list[int] = []
@@ -189,13 +193,17 @@ def build_table(unit: Unit, tensors: list[TensorInfo], nodes: list[tuple[int, No
 
 def instance_table(unit: Unit, tensors: list[TensorInfo], nodes: list[tuple[int, Node]],
                    ins: list[tuple], outs: list[tuple], local: dict[str, int],
-                   outside: Callable[[str], tuple], intern: Interner) -> UnitTable:
+                   outside: Callable[[str], tuple], intern: Interner,
+                   codes: tuple[np.ndarray, np.ndarray] | None = None) -> UnitTable:
     """`build_table` over columns, for a unit of many nodes (a streamed file's units,
     tvsmt/fold/filesource.py): the same table (tests/test_stream.py compares them), built
     with one dict lookup per name and numpy instead of a Python loop per node. `local`: the
-    unit's tensors by local number; `outside(x)`: the reference of any other tensor."""
+    unit's tensors by local number; `outside(x)`: the reference of any other tensor;
+    `codes`: the local numbers of the inputs and of the outputs (-1: not the unit's), when
+    the caller has them."""
     ns = [n for _, n in nodes]
-    refs = {name: reference_rows(unit, col, local, outside)
+    codes_of = dict(zip(("in", "out"), codes or (None, None)))
+    refs = {name: reference_rows(unit, col, local, outside, codes_of[name])
             for name, col in (("in", ins), ("out", outs))}
     attrs = _semantic_column(ns)
     ranks = [rs for _, rs in attrs]
@@ -216,13 +224,16 @@ def instance_table(unit: Unit, tensors: list[TensorInfo], nodes: list[tuple[int,
 
 
 def reference_rows(unit: Unit, col: list, local: dict[str, int],
-                   outside: Callable[[str], tuple]) -> tuple[np.ndarray, np.ndarray]:
+                   outside: Callable[[str], tuple], codes: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """The references of lists of tensor ids (CSR: pointers, (n, 4) rows): the unit's own
-    tensors (`local`) in numpy, each other name once through `outside`."""
+    tensors (`local`, or their numbers already looked up: `codes`, -1 for another's) in
+    numpy, each other name once through `outside`."""
     own = np.array(reference(unit, unit, 0), dtype=np.int64)
     lens = np.fromiter(map(len, col), np.int64, len(col))
     flat = list(chain.from_iterable(col))
-    codes = np.fromiter(map(local.get, flat, repeat(-1)), np.int64, len(flat))
+    if codes is None:
+        codes = np.fromiter(map(local.get, flat, repeat(-1)), np.int64, len(flat))
     rows = np.empty((len(flat), 4), dtype=np.int64)
     mine = codes >= 0
     rows[mine] = own

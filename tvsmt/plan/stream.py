@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_
-from typing import Any
+from typing import Any, Optional
 
 import msgspec
 import numpy as np
@@ -52,6 +52,22 @@ from tvsmt.plan.schema import (
 )
 
 _LINES = msgspec.json.Decoder(Record)
+
+
+class _AnyObject(msgspec.Struct, frozen=True, gc=False):
+    """Any JSON object, its contents skipped (a struct without fields ignores every key)."""
+
+
+class NodeText(NodeRec, tag_field="r", tag="node", gc=False):
+    """A node record as the checks alone read it (`check_stream`): its attributes are checked
+    to be an object or null, as `NodeRec` checks them, and not built (building them was half
+    of decoding a node, and the checks never look inside)."""
+
+    attrs: Optional[_AnyObject] = None
+
+
+_CHECK_LINES = msgspec.json.Decoder(
+    HeaderRec | SectionRec | TensorRec | NodeText | LineageRec | TrailerRec)
 _TRAILER = b'{"r":"trailer"'
 
 
@@ -120,9 +136,40 @@ def check_stream(path: str | os.PathLike) -> tuple[str, int]:
     return summary["plan_id"], summary["crc"]
 
 
-def _blocks(path: str, f) -> Iterator[tuple[int, list[bytes], bytes]]:
+class _Lines:
+    """A block's lines, split only when asked: a block that decodes whole (nearly every one)
+    needs only their number and the last one (splitting a 16 MB block copied every line:
+    2 s a side on a 1.5 GB file)."""
+
+    __slots__ = ("block", "count", "_split")
+
+    def __init__(self, block: bytes, count: int):
+        self.block, self.count, self._split = block, count, None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def _lines(self) -> list[bytes]:
+        if self._split is None:
+            self._split = self.block.split(b"\n")
+            if self.block.endswith(b"\n"):
+                self._split.pop()
+        return self._split
+
+    def __iter__(self):
+        return iter(self._lines())
+
+    def __getitem__(self, k: int) -> bytes:
+        if k == -1:  # the last line (the trailer's), found from the end
+            block = self.block
+            end = len(block) - block.endswith(b"\n")
+            return block[block.rfind(b"\n", 0, end) + 1:end]
+        return self._lines()[k]
+
+
+def _blocks(path: str, f) -> Iterator[tuple[int, _Lines, bytes]]:
     """(number of lines before, the lines, their bytes with newlines) per chunk read,
-    refusing over-long lines."""
+    refusing over-long lines (their lengths from the newlines' offsets, in numpy)."""
     limit = R.byte_limit(R.RECORD_LIMIT_ENV, R.DEFAULT_RECORD_LIMIT)
     carry, lineno = b"", 0
     while True:
@@ -134,20 +181,24 @@ def _blocks(path: str, f) -> Iterator[tuple[int, list[bytes], bytes]]:
         if not chunk:
             break
         data = carry + chunk if carry else chunk
-        lines = data.split(b"\n")
-        carry = lines.pop()
-        if lines and max(map(len, lines)) > limit:
-            k = next(k for k, line in enumerate(lines) if len(line) > limit)
-            raise PlanError(f"line {lineno + k + 1}: record longer than the limit of {limit} "
-                            f"bytes (set {R.RECORD_LIMIT_ENV} to raise it)", file=path)
-        if lines:
-            yield lineno, lines, data[:len(data) - len(carry)]
-            lineno += len(lines)
+        cut = data.rfind(b"\n") + 1
+        carry = data[cut:]
+        if cut:
+            body = data[:cut] if carry else data
+            ends = np.flatnonzero(np.frombuffer(body, np.uint8) == 10)
+            lengths = np.diff(ends, prepend=-1) - 1
+            if int(lengths.max()) > limit:
+                k = int(np.flatnonzero(lengths > limit)[0])
+                raise PlanError(f"line {lineno + k + 1}: record longer than the limit of "
+                                f"{limit} bytes (set {R.RECORD_LIMIT_ENV} to raise it)",
+                                file=path)
+            yield lineno, _Lines(body, len(ends)), body
+            lineno += len(ends)
         if len(carry) > limit:
             raise PlanError(f"line {lineno + 1}: record longer than the limit of {limit} bytes "
                             f"(set {R.RECORD_LIMIT_ENV} to raise it)", file=path)
     if carry:
-        yield lineno, [carry], carry
+        yield lineno, _Lines(carry, 1), carry
 
 
 def _decode_block(path: str, base: int, lines: list[bytes], block: bytes) -> list:
@@ -174,6 +225,18 @@ def _decode_block(path: str, base: int, lines: list[bytes], block: bytes) -> lis
     return out
 
 
+def _decode_checks(path: str, base: int, lines, block: bytes) -> list:
+    """`_decode_block` for the checks alone: nodes as `NodeText`s, or, when the block does
+    not decode so, the records `_decode_block` gives (and its errors)."""
+    try:
+        recs = _CHECK_LINES.decode_lines(block)
+        if len(recs) == len(lines):
+            return recs
+    except (msgspec.DecodeError, RecursionError):
+        pass
+    return _decode_block(path, base, lines, block)
+
+
 def _records(path: str, f, build: bool = True, summary: dict | None = None) -> Iterator[Any]:
     """The collector is paused while a block is checked (millions of new objects, no
     garbage) and runs as usual while the consumer handles the records. `build=False`: the
@@ -198,7 +261,8 @@ def _records_unguarded(path: str, f, gc_was: bool, build: bool = True,
     for base, lines, block in _blocks(path, f):
         if trailer is not None:
             raise PlanError(f"line {base + 1}: a record after the trailer", file=path)
-        recs = _decode_block(path, base, lines, block)
+        recs = (_decode_block(path, base, lines, block) if build else
+                _decode_checks(path, base, lines, block))
         st.block_ids.clear()
         end = len(recs)
         if type(recs[-1]) is TrailerRec:
@@ -228,7 +292,7 @@ def _records_unguarded(path: str, f, gc_was: bool, build: bool = True,
         for k in range(start, end):
             rec = recs[k]
             kind = type(rec)
-            if kind is NodeRec:
+            if kind is NodeRec or kind is NodeText:
                 if phase:
                     raise PlanError(f"line {base + k + 1}: a node after the lineages (records "
                                     "out of order)", file=path, node=rec.id)
@@ -295,9 +359,11 @@ def _fast_block(recs: list, end: int, st: _State, section: int, get_op, build: b
     kinds = list(map(type, recs[:end]))
     if not set(kinds) <= _BULK:
         return None
-    pos = {TensorRec: [], NodeRec: [], SectionRec: []}
+    pos = {TensorRec: [], NodeRec: [], NodeText: [], SectionRec: []}
     for k, kind in enumerate(kinds):
         pos[kind].append(k)
+    if pos[NodeText]:  # a block's nodes are all of one kind (one decoder decoded them)
+        pos[NodeRec] = pos.pop(NodeText)
     trecs = [recs[k] for k in pos[TensorRec]]
     nrecs = [recs[k] for k in pos[NodeRec]]
     srecs = [recs[k] for k in pos[SectionRec]]
@@ -348,15 +414,23 @@ def _fast_block(recs: list, end: int, st: _State, section: int, get_op, build: b
     unwritten = set(compress(flat_in, (written_at < 0).tolist())) - st.written
     unwritten.discard(None)
     st.pending |= unwritten
-    st.written.update(writer)
     st.node_hashes.append(np.fromiter(map(hash, nids), np.int64, len(nids)))
     st.ops |= ops
     pool = st.shape_pool
     tshapes = [pool.setdefault(sh, sh) for sh in tshapes]
     shapes.update(zip(tids, tshapes))
-    # a written tensor's shape is kept under the writing node's copy of its id (the string
-    # the written set and the consumers keep too): the tensor record's copy is freed
-    shapes.update(zip(writer, list(map(shapes.pop, writer))))
+    if build:
+        # a written tensor's shape is kept under the writing node's copy of its id (the
+        # string the written set and the consumers keep too): the tensor record's copy is
+        # freed
+        st.written.update(writer)
+        shapes.update(zip(writer, list(map(shapes.pop, writer))))
+    else:
+        # only the checks keep ids: the written set keeps the tensor record's copy (the
+        # shapes' key) of an id declared in this block, found in the block's small dict,
+        # instead of moving every shape to the node's copy (two lookups in the large dict)
+        record_id = dict(zip(tids, tids))
+        st.written.update(map(record_id.get, writer, writer))
     c = st.counts
     c["tensor"] += len(trecs)
     c["node"] += len(nrecs)
@@ -377,7 +451,7 @@ def _fast_block(recs: list, end: int, st: _State, section: int, get_op, build: b
     return out, section + len(srecs)
 
 
-_BULK = {TensorRec, NodeRec, SectionRec}
+_BULK = {TensorRec, NodeRec, NodeText, SectionRec}
 _PASS_SET = set(R.PASSES)
 
 
@@ -605,8 +679,26 @@ def iter_unchecked(path: str, summary: dict) -> Iterator[Any]:
 
 
 class NodeLine(Node, tag_field="r", tag="node", frozen=True, gc=False):
-    """A node record decoded straight into the model's `Node` (a subclass only for the
-    record's tag): `iter_unchecked` builds no second object per node."""
+    """A node record decoded straight into the model's `Node` (a subclass for the record's
+    tag): `iter_unchecked` builds no second object per node. Its `attrs` stay the record's
+    JSON text (`msgspec.Raw`, a view of the block read): the fold keys its attribute memo on
+    that text (tvsmt/fold/table.py), so nearly no node's attributes are ever built (decoding
+    them was half of decoding a node); `node_attrs` builds them, `as_model` too."""
+
+    attrs: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+_ATTRS_JSON = msgspec.json.Decoder(dict[str, Any] | None)
+_ATTRS_AT = Node.__struct_fields__.index("attrs")
+assert NodeLine.__struct_fields__ == Node.__struct_fields__
+
+
+def node_attrs(attrs) -> dict:
+    """A node's attributes as the model holds them: a `NodeLine`'s JSON text decoded
+    (`null` is no attributes, as the checked reading has it), anything else unchanged."""
+    if type(attrs) is msgspec.Raw:
+        return _ATTRS_JSON.decode(attrs) or {}
+    return attrs
 
 
 class TensorLine(TensorInfo, tag_field="r", tag="tensor", frozen=True, gc=False):
@@ -637,7 +729,8 @@ def as_model(obj):
     unchanged): what a consumer keeps past the scan is the model's type."""
     kind = type(obj)
     if kind is NodeLine:
-        return Node(*msgspec.structs.astuple(obj))
+        fields = msgspec.structs.astuple(obj)
+        return Node(*fields[:_ATTRS_AT], node_attrs(fields[_ATTRS_AT]), *fields[_ATTRS_AT + 1:])
     if kind is TensorLine:
         return TensorInfo(*msgspec.structs.astuple(obj))
     return obj
