@@ -391,6 +391,17 @@ MUTATIONS: tuple[Mutation, ...] = (
                "            head = next(iter(heads.values()), None)\n"),),
         ("tests/test_stream.py::test_tables_over_columns_are_the_reference_tables",),
         fast=True),
+    Mutation(
+        "arrow-numbering-undeclared-absent",
+        "Arrow's tensor numbering gives a name the table does not hold the number of an "
+        "absent slot, so a node reading or writing an undeclared tensor reads as one with a "
+        "missing input",
+        "tensor numbering by Arrow (tvsmt/plan/numbering.py)",
+        (Patch("tvsmt/plan/numbering.py", "pc.fill_null(found, UNDECLARED)",
+               "pc.fill_null(found, ABSENT)"),),
+        ("tests/test_plan_numbering.py::test_lookalikes_are_undeclared_and_declared_names_found",
+         "tests/test_plan_reader.py::test_bad_plan_one_line_error_exit_2"),
+        fast=True),
 )
 
 

@@ -45,6 +45,7 @@ from tvsmt.fold.table import (
 from tvsmt.fold.units import REPRESENTATIVE, NoUnits, Unit, WorldUnits
 from tvsmt.plan.mesh import Mesh
 from tvsmt.plan.model import Node, Plan, PlanColumns
+from tvsmt.plan.numbering import UNDECLARED, Numbering
 
 _INPUTS, _OUTPUTS, _RANK, _MB, _OP = (attrgetter(k) for k in
                                       ("inputs", "outputs", "rank", "mb", "op"))
@@ -62,25 +63,20 @@ def build_columns(plan: Plan) -> PlanColumns:
     """What the reader keeps (PlanColumns), computed from the plan's records."""
     nodes = plan.nodes
     tids = list(plan.tensors)
-    number = dict(zip(chain(tids, (None,)), chain(range(len(tids)), (-1,))))
+    number = Numbering(tids)
     ins, outs = list(map(_INPUTS, nodes)), list(map(_OUTPUTS, nodes))
     infos = list(plan.tensors.values())
     parts = list(chain.from_iterable(map(_PARTS, plan.lineages)))
     sums = list(map(_SUM_OF, parts))
     try:
-        in_len = np.fromiter(map(len, ins), np.int64, len(nodes))
-        out_len = np.fromiter(map(len, outs), np.int64, len(nodes))
-        in_num = np.fromiter(map(number.__getitem__, chain.from_iterable(ins)), np.int64,
-                             int(in_len.sum()))
-        out_num = np.fromiter(map(number.__getitem__, chain.from_iterable(outs)), np.int64,
-                              int(out_len.sum()))
+        (in_len, in_num), (out_len, out_num), (s_len, s_num) = number.of_lists(ins, outs,
+                                                                               sums)
         rank = np.fromiter(map(_RANK, nodes), np.int64, len(nodes))
         mb = np.fromiter(map(_MB, nodes), np.int64, len(nodes))
-        s_len = np.fromiter(map(len, sums), np.int64, len(sums))
-        s_num = np.fromiter(map(number.__getitem__, chain.from_iterable(sums)), np.int64,
-                            int(s_len.sum()))
     except (KeyError, TypeError, ValueError, OverflowError):
         raise NoColumns from None
+    if any(len(x) and x.min() == UNDECLARED for x in (in_num, out_num, s_num)):
+        raise NoColumns
     op_first: dict = {}
     op_at = np.fromiter(map(op_first.setdefault, map(_OP, nodes), range(len(nodes))), np.int64,
                         len(nodes))
@@ -219,8 +215,10 @@ class ColumnPlan:
         spanning = is_sum & (key % stride == 0)
         readers = np.bincount(in_num[in_num >= 0], minlength=n_t)
         named = np.zeros(n_t, dtype=bool)
-        lookup = cols.number.__getitem__
-        named[list(map(lookup, plan.outputs))] = True
+        out_nums = cols.number.of_names(list(plan.outputs))
+        if len(out_nums) and out_nums.min() < 0:  # not a declared tensor
+            raise NoColumns
+        named[out_nums] = True
         named[cols.s_num] = True
         self._parts = list(chain.from_iterable(map(_PARTS, plan.lineages)))
         self._p_sum_num = (cols.s_len, cols.s_num)
@@ -290,7 +288,6 @@ class ColumnPlan:
                                      nd.outputs, nd.attrs, nd.source)
         self._nodes = fnodes
         self._opc, self._op_names = opc[keep], list(op_code)
-        self._number_of = cols.number.__getitem__
         self._tensor_unit(n_t, tensor_alive, f_key, f_in_len, f_in, f_out, f_out_len)
         self._number(fnodes, per, f_key, f_rank, f_in_ptr, f_in, f_out_ptr, f_out,
                      tensor_alive)
@@ -375,15 +372,21 @@ class ColumnPlan:
         # replica units by dataflow (few nodes: the sums over units and what follows them)
         members = {u: np.flatnonzero(f_key == u).tolist() for u in replicas}
         tlist = tunit.tolist()
-        col_number = self._number_of
+        # each member's input and output numbers (f_in/f_out: its inputs' and outputs' ids)
+        m_rows = np.array(sorted(chain.from_iterable(members.values())), dtype=np.int64)
+        m_il, m_ins = _gather(f_in_ptr, f_in, m_rows)
+        m_ol, m_outs = _gather(f_out_ptr, f_out, m_rows)
+        m_ins, m_outs = m_ins.tolist(), m_outs.tolist()
+        m_ip, m_op = _ptr(m_il).tolist(), _ptr(m_ol).tolist()
+        ins_of = {i: m_ins[m_ip[k]:m_ip[k + 1]] for k, i in enumerate(m_rows.tolist())}
+        outs_of = {i: m_outs[m_op[k]:m_op[k + 1]] for k, i in enumerate(m_rows.tolist())}
         level: dict[int, int] = {}
         producer: dict[int, int] = {}
         for u in replicas:
             for i in members[u]:
-                nd = fnodes[i]
-                level[i] = 1 + max((level[producer[x]] for x in map(col_number, nd.inputs)
+                level[i] = 1 + max((level[producer[x]] for x in ins_of[i]
                                     if x >= 0 and x in producer), default=-1)
-                for x in map(col_number, nd.outputs):
+                for x in outs_of[i]:
                     if x >= 0:
                         producer[x] = i
         top = max(level.values(), default=-1)
@@ -392,13 +395,13 @@ class ColumnPlan:
             for u in replicas:
                 def sort_key(i: int, u=u):
                     nd = fnodes[i]
-                    read = sorted(int(num[x]) for x in map(col_number, nd.inputs) if x >= 0)
+                    read = sorted(int(num[x]) for x in ins_of[i] if x >= 0)
                     return (nd.rank - (u // stride) * per, nd.op, read, i)
                 got = sorted((i for i in members[u] if level[i] == lev), key=sort_key)
                 r_order[u] += got
                 new = [x for x in dict.fromkeys(chain.from_iterable(
-                    chain(map(col_number, fnodes[i].inputs), map(col_number, fnodes[i].outputs))
-                    for i in got)) if x >= 0 and num[x] < 0 and tlist[x] == u]
+                    chain(ins_of[i], outs_of[i]) for i in got))
+                    if x >= 0 and num[x] < 0 and tlist[x] == u]
                 if new:
                     k = int(counters[u + 1])
                     num[new] = np.arange(k, k + len(new))

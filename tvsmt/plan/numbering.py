@@ -1,0 +1,126 @@
+"""Tensor ids as numbers: each name's position in the plan's tensor table, for a million
+names at once.
+
+A plan names its tensors by opaque strings: 400k declared and 1.07M references in the
+128-rank MoE plan. Looking every reference up in a Python dict costs about 0.4 us each
+(memory-bound: the dict, its key strings and its int values are spread over 50 MB), plus
+0.15 s to build the dict. For large plans the names go instead into Apache Arrow string
+arrays (contiguous UTF-8 bytes) and Arrow's `index_in` kernel numbers them with its own hash
+table, which compares the bytes exactly after a hash match: a hash collision can never make
+an undeclared name a declared one. The result is the same function as the dict's
+(tests/test_plan_numbering.py compares both, undeclared and absent names included);
+without pyarrow, for small plans, or for names Arrow cannot hold (a lone surrogate has no
+UTF-8), the dict computes it.
+"""
+
+from __future__ import annotations
+
+import os
+from itertools import chain, repeat
+
+import numpy as np
+
+ABSENT, UNDECLARED = -1, -2  # the number of a None slot; of a name not in the table
+# below this many names the dict is as fast as Arrow's import (about 50 ms)
+ARROW_MIN_NAMES = 100_000
+_ARROW_ENV = "TVSMT_NUMBERING"  # "dict": never Arrow (tests compare the two)
+
+
+def _arrow():
+    if os.environ.get(_ARROW_ENV) == "dict":
+        return None
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+    except ImportError:  # pragma: no cover (a dependency; the dict path still works)
+        return None
+    return pa, pc
+
+
+class Numbering:
+    """The numbers of the tensor ids `tids` (distinct: a dict's keys), computed for many
+    names at once; `number[tid]` for a few (a dict, built on first use)."""
+
+    def __init__(self, tids: list[str]):
+        self.tids = tids
+        self._dict: dict | None = None
+        self._table = None  # the Arrow array of tids, when Arrow numbered something
+
+    # -- a few names
+
+    def __getitem__(self, tid) -> int:
+        return self.as_dict()[tid]
+
+    def get(self, tid, default=None):
+        return self.as_dict().get(tid, default)
+
+    def as_dict(self) -> dict:
+        """tensor id -> number (None -> ABSENT)."""
+        if self._dict is None:
+            tids = self.tids
+            self._dict = dict(zip(chain(tids, (None,)), chain(range(len(tids)), (ABSENT,))))
+        return self._dict
+
+    # -- many names
+
+    def of_names(self, names: list) -> np.ndarray:
+        """Each name's number (ABSENT for None, UNDECLARED for a name not in the table)."""
+        if self._table is not None and self._dict is None and len(names) < ARROW_MIN_NAMES:
+            got = self._few_by_arrow(names)
+            if got is not None:
+                return got
+        return self.of_lists([names])[0][1]
+
+    def of_lists(self, *columns: list) -> list[tuple[np.ndarray, np.ndarray]]:
+        """For each column of name sequences (e.g. one per node): each sequence's length,
+        and the numbers of all its names concatenated. TypeError when an entry has no
+        length. All columns are numbered by one Arrow call (it hashes the table once)."""
+        lens = [np.fromiter(map(len, column), np.int64, len(column)) for column in columns]
+        totals = [int(x.sum()) for x in lens]
+        if sum(totals) >= ARROW_MIN_NAMES:
+            got = self._arrow_numbers(columns)
+            if got is not None:
+                cuts = np.cumsum(totals)[:-1].tolist()
+                return list(zip(lens, np.split(got, cuts)))
+        get = self.as_dict().get
+        return [(n, np.fromiter(map(get, chain.from_iterable(column), repeat(UNDECLARED)),
+                                np.int64, total))
+                for n, column, total in zip(lens, columns, totals)]
+
+    def _arrow_numbers(self, columns) -> np.ndarray | None:
+        """The numbers of all names of the columns, concatenated, computed by Arrow; None
+        when it cannot (then the dict does)."""
+        mods = _arrow()
+        if mods is None:
+            return None
+        pa, pc = mods
+        try:
+            if self._table is None:
+                self._table = pa.array(self.tids, pa.large_string())
+            arr = pa.concat_arrays([pa.array(column, pa.large_list(pa.large_string())).flatten()
+                                    for column in columns])
+        except (pa.ArrowException, UnicodeError, TypeError, ValueError, OverflowError):
+            return None
+        found = pc.index_in(arr, value_set=self._table)
+        nums = pc.fill_null(found, UNDECLARED).to_numpy(zero_copy_only=False).astype(np.int64)
+        if len(nums) != len(arr):  # pragma: no cover (Arrow's contract)
+            return None
+        if arr.null_count:
+            nums[arr.is_null().to_numpy(zero_copy_only=False)] = ABSENT
+        return nums
+
+    def _few_by_arrow(self, names: list) -> np.ndarray | None:
+        """A few names' numbers without a dict of the whole table: which table entry is
+        which name (Arrow hashes the few names, then reads the table once)."""
+        pa, pc = _arrow()
+        distinct = list(dict.fromkeys(x for x in names if x is not None))
+        try:
+            which = pc.index_in(self._table, value_set=pa.array(distinct, pa.large_string()))
+        except (pa.ArrowException, UnicodeError, TypeError, ValueError, OverflowError):
+            return None
+        at = np.flatnonzero(which.is_valid().to_numpy(zero_copy_only=False))
+        code = dict(zip(map(distinct.__getitem__,
+                            which.take(pa.array(at)).to_numpy(zero_copy_only=False).tolist()),
+                        at.tolist()))
+        code[None] = ABSENT
+        return np.fromiter((code.get(x, UNDECLARED) for x in names), np.int64, len(names))
