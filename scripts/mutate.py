@@ -402,6 +402,17 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_plan_numbering.py::test_lookalikes_are_undeclared_and_declared_names_found",
          "tests/test_plan_reader.py::test_bad_plan_one_line_error_exit_2"),
         fast=True),
+    Mutation(
+        "forked-numbering-answer-unchecked",
+        "the reader takes the forked child's tensor numbers without checking that they are "
+        "for the names this process decoded (the same columns, lengths and count)",
+        "tensor numbering in a forked process (tvsmt/plan/numbering.py ForkedNumbering)",
+        (Patch("tvsmt/plan/numbering.py",
+               "            return None  # other names than this process decoded, or cut short\n",
+               "            pass\n"),),
+        ("tests/test_plan_numbering.py::"
+         "test_a_child_that_does_not_answer_for_these_names_leaves_the_numbering_here",),
+        fast=True),
 )
 
 

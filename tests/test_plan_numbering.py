@@ -113,3 +113,89 @@ def test_the_reader_on_a_real_plan_numbers_as_the_dict(monkeypatch):
     for key in ("in_len", "in_num", "out_len", "out_num", "s_len", "s_num"):
         assert np.array_equal(getattr(fast, key), getattr(slow, key)), key
     assert fast.number._table is not None and slow.number._table is None
+
+
+# ------------------------------------------------------------------ the forked numbering
+
+
+@pytest.fixture
+def forked(monkeypatch):
+    """Every document numbered in a forked child (whatever its size and the load); the
+    answers the parent took are recorded."""
+    if not hasattr(__import__("os"), "fork"):
+        pytest.skip("no fork on this platform")
+    from tvsmt.plan import stream
+
+    monkeypatch.setattr(stream, "PARALLEL", True)
+    monkeypatch.setattr(numbering, "FORK_MIN_BYTES", 0)
+    taken = []
+    result = numbering.ForkedNumbering.result
+
+    def spy(self, lens):
+        got = result(self, lens)
+        taken.append(got is not None)
+        return got
+
+    monkeypatch.setattr(numbering.ForkedNumbering, "result", spy)
+    return taken
+
+
+def _columns(path):
+    from tvsmt.plan import load_plan
+
+    cols = load_plan(path).columns
+    return [getattr(cols, k) for k in ("in_len", "in_num", "out_len", "out_num", "s_len",
+                                       "s_num")]
+
+
+def _real_parallel():
+    from conftest import fixture_pair
+
+    return fixture_pair("llama3-ly2-dp2pp2tp2mb2")[1]
+
+
+def test_the_forked_numbers_are_the_ones_computed_here(forked, monkeypatch):
+    path = _real_parallel()
+    got = _columns(path)
+    assert forked == [True]  # the child answered and its numbers were taken
+    monkeypatch.setattr(numbering, "FORK_MIN_BYTES", 1 << 62)
+    monkeypatch.setenv("TVSMT_NUMBERING", "dict")
+    assert all(map(np.array_equal, got, _columns(path)))
+
+
+def _other_document_message(text):
+    """A child's answer for another plan's names (the fixture's single plan)."""
+    from conftest import fixture_pair
+    from tvsmt.plan.reader import open_binary, read_document
+
+    single = fixture_pair("llama3-ly2-dp2pp2tp2mb2")[0]
+    with open_binary(single) as f:
+        return real_message(read_document(single, f, 1 << 30))
+
+
+real_message = numbering._numbers_message
+
+
+@pytest.mark.parametrize("answer", ["fails", "dies", "cut short", "other names"])
+def test_a_child_that_does_not_answer_for_these_names_leaves_the_numbering_here(
+        forked, monkeypatch, answer):
+    import os
+
+    def fails(text):
+        raise MemoryError
+
+    def dies(text):
+        os._exit(3)
+
+    def cut_short(text):
+        return real_message(text)[:-4]
+
+    bad = {"fails": fails, "dies": dies, "cut short": cut_short,
+           "other names": _other_document_message}[answer]
+    monkeypatch.setattr(numbering, "_numbers_message", bad)
+    path = _real_parallel()
+    got = _columns(path)
+    assert forked == [False]  # asked, not taken
+    monkeypatch.setattr(numbering, "FORK_MIN_BYTES", 1 << 62)
+    monkeypatch.setenv("TVSMT_NUMBERING", "dict")
+    assert all(map(np.array_equal, got, _columns(path)))

@@ -206,17 +206,25 @@ def _outcome(fn):
             p.outputs, p.lineages)
 
 
-@pytest.fixture(params=["dict", "arrow"])
+@pytest.fixture(params=["dict", "arrow", "forked"])
 def numbering(request, monkeypatch):
-    """The reader's tensor numbering through the dict, or through Arrow at any size
-    (tvsmt/plan/numbering.py)."""
+    """The reader's tensor numbering through the dict, through Arrow at any size, or in a
+    forked child for any document (tvsmt/plan/numbering.py)."""
+    import os
+
     from tvsmt.plan import numbering as module
+    from tvsmt.plan import stream
 
     if request.param == "dict":
         monkeypatch.setenv("TVSMT_NUMBERING", "dict")
-    else:
+    elif request.param == "arrow":
         pytest.importorskip("pyarrow")
         monkeypatch.setattr(module, "ARROW_MIN_NAMES", 0)
+    else:
+        if not hasattr(os, "fork"):
+            pytest.skip("no fork on this platform")
+        monkeypatch.setattr(stream, "PARALLEL", True)
+        monkeypatch.setattr(module, "FORK_MIN_BYTES", 0)
     return request.param
 
 

@@ -65,17 +65,22 @@ class Numbering:
 
     def of_names(self, names: list) -> np.ndarray:
         """Each name's number (ABSENT for None, UNDECLARED for a name not in the table)."""
-        if self._table is not None and self._dict is None and len(names) < ARROW_MIN_NAMES:
+        if (self._dict is None and len(names) < ARROW_MIN_NAMES <= len(self.tids)
+                and self._arrow_table() is not None):  # a dict of a large table costs more
             got = self._few_by_arrow(names)
             if got is not None:
                 return got
         return self.of_lists([names])[0][1]
 
-    def of_lists(self, *columns: list) -> list[tuple[np.ndarray, np.ndarray]]:
-        """For each column of name sequences (e.g. one per node): each sequence's length,
-        and the numbers of all its names concatenated. TypeError when an entry has no
-        length. All columns are numbered by one Arrow call (it hashes the table once)."""
-        lens = [np.fromiter(map(len, column), np.int64, len(column)) for column in columns]
+    def of_lists(self, *columns: list, lens: list | None = None
+                 ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """For each column of name sequences (e.g. one per node): each sequence's length
+        (`lens`, when the caller has them), and the numbers of all its names concatenated.
+        TypeError when an entry has no length. All columns are numbered by one Arrow call
+        (it hashes the table once)."""
+        if lens is None:
+            lens = [np.fromiter(map(len, column), np.int64, len(column))
+                    for column in columns]
         totals = [int(x.sum()) for x in lens]
         if sum(totals) >= ARROW_MIN_NAMES:
             got = self._arrow_numbers(columns)
@@ -90,13 +95,10 @@ class Numbering:
     def _arrow_numbers(self, columns) -> np.ndarray | None:
         """The numbers of all names of the columns, concatenated, computed by Arrow; None
         when it cannot (then the dict does)."""
-        mods = _arrow()
-        if mods is None:
+        if self._arrow_table() is None:
             return None
-        pa, pc = mods
+        pa, pc = _arrow()
         try:
-            if self._table is None:
-                self._table = pa.array(self.tids, pa.large_string())
             arr = pa.concat_arrays([pa.array(column, pa.large_list(pa.large_string())).flatten()
                                     for column in columns])
         except (pa.ArrowException, UnicodeError, TypeError, ValueError, OverflowError):
@@ -108,6 +110,19 @@ class Numbering:
         if arr.null_count:
             nums[arr.is_null().to_numpy(zero_copy_only=False)] = ABSENT
         return nums
+
+    def _arrow_table(self):
+        """The tensor ids as an Arrow array (None: no Arrow, or ids it cannot hold)."""
+        if self._table is None:
+            mods = _arrow()
+            if mods is None:
+                return None
+            pa = mods[0]
+            try:
+                self._table = pa.array(self.tids, pa.large_string())
+            except (pa.ArrowException, UnicodeError, TypeError, ValueError, OverflowError):
+                return None
+        return self._table
 
     def _few_by_arrow(self, names: list) -> np.ndarray | None:
         """A few names' numbers without a dict of the whole table: which table entry is
@@ -124,3 +139,107 @@ class Numbering:
                         at.tolist()))
         code[None] = ABSENT
         return np.fromiter((code.get(x, UNDECLARED) for x in names), np.int64, len(names))
+
+
+# Documents at least this large (decompressed) are numbered in a forked process when a core
+# is idle (the 128-rank MoE plan's text is ~100 MB; the 8-rank fixture's 0.5 MB).
+FORK_MIN_BYTES = 16 << 20
+
+
+class ForkedNumbering:
+    """The numbers of a JSON document's tensor names (outputs, inputs, lineage tensors:
+    `Numbering.of_lists` of the three columns), computed in a forked process from the same
+    bytes while this process decodes the whole document: the second core takes the
+    numbering off the load's critical path.
+
+    The child decodes only the names (schema.NamesPlan: the fields the reader numbers,
+    under the same types, by the same decoder) and sends the numbers back; `result(lens)`
+    waits for them and returns them only when their lengths are those this process decoded
+    (`lens`), else None. None too where the platform cannot fork, no core is idle (as
+    stream.ParallelCheck decides), the child failed, died or was cut short: the caller then
+    numbers here. The child dies with this process (parent-death signal); `stop()` kills
+    it."""
+
+    def __init__(self, text: bytes):
+        self.pid: int | None = None
+        from tvsmt.plan.stream import _forked_check
+
+        if len(text) < FORK_MIN_BYTES or not _forked_check():
+            return
+        import gc
+
+        from tvsmt.solving.lifeline import die_with_parent
+
+        parent = os.getpid()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child's coverage is not collected)
+            try:
+                os.close(r)
+                die_with_parent(parent)
+                gc.disable()
+                data = b"!"
+                try:
+                    data = _numbers_message(text)
+                except BaseException:  # anything: the parent numbers the names itself
+                    pass
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(w, view):]
+            finally:
+                os._exit(0)
+        os.close(w)
+        self.pid, self._fd = pid, r
+
+    def result(self, lens: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        if self.pid is None:
+            return None
+        chunks = []
+        while chunk := os.read(self._fd, 1 << 20):
+            chunks.append(chunk)
+        self._reap()
+        data = b"".join(chunks)
+        k = len(lens)
+        if len(data) < 16 * k or data[:1] == b"!":
+            return None  # failed, or died before it answered
+        head = np.frombuffer(data, np.int64, 2 * k)
+        entries, totals = head[:k].tolist(), head[k:].tolist()
+        if (entries != [len(x) for x in lens] or totals != [int(x.sum()) for x in lens]
+                or len(data) != 16 * k + 4 * (sum(entries) + sum(totals))):
+            return None  # other names than this process decoded, or cut short
+        body = np.frombuffer(data, np.int32, offset=16 * k).astype(np.int64)
+        got_lens = np.split(body[:sum(entries)], np.cumsum(entries)[:-1].tolist())
+        if not all(map(np.array_equal, got_lens, lens)):
+            return None
+        nums = np.split(body[sum(entries):], np.cumsum(totals)[:-1].tolist())
+        return list(zip(lens, nums))
+
+    def stop(self) -> None:
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, 9)
+            except ProcessLookupError:  # pragma: no cover
+                pass
+            self._reap()
+
+    def _reap(self) -> None:
+        os.close(self._fd)
+        os.waitpid(self.pid, 0)
+        self.pid = None
+
+
+def _numbers_message(text: bytes) -> bytes:
+    """In the child: per column its number of entries and of names, then every entry's
+    length, then the names' numbers (int32)."""
+    import msgspec
+
+    from tvsmt.plan.schema import NamesPlan
+
+    doc = msgspec.json.decode(text, type=NamesPlan)
+    nodes = doc.nodes
+    parts = chain.from_iterable(lin.parts for lin in doc.lineages or ())
+    columns = Numbering(list(doc.tensors)).of_lists(
+        [n.outputs for n in nodes], [n.inputs for n in nodes], [p.sum_of for p in parts])
+    head = np.array([len(n) for n, _ in columns] + [len(x) for _, x in columns], np.int64)
+    body = np.concatenate([n for n, _ in columns] + [x for _, x in columns]).astype(np.int32)
+    return head.tobytes() + body.tobytes()
