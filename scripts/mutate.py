@@ -413,6 +413,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_plan_numbering.py::"
          "test_a_child_that_does_not_answer_for_these_names_leaves_the_numbering_here",),
         fast=True),
+    Mutation(
+        "attr-text-codes-ignore-text",
+        "the forked reader codes every node's attributes alike (not by their text), so the "
+        "fold gives every node of an op the first one's semantic attributes",
+        "attribute-text codes from the forked reader (numbering.py, fold/columns.py)",
+        (Patch("tvsmt/plan/numbering.py", "(bytes(n.attrs) for n in nodes)",
+               "(b'' for n in nodes)"),),
+        ("tests/test_fold_columns.py::"
+         "test_a_changed_attribute_in_a_folded_away_unit_is_seen_through_the_text_codes",),
+        fast=True),
 )
 
 

@@ -286,7 +286,7 @@ class ColumnPlan:
             fnodes[pos_of[i]] = Node(nd.id, nd.op, nd.pass_, nd.rank, nd.mb,
                                      tuple(tids[x] if x >= 0 else None for x in v),
                                      nd.outputs, nd.attrs, nd.source)
-        self._nodes = fnodes
+        self._nodes, self._keep = fnodes, keep
         self._opc, self._op_names = opc[keep], list(op_code)
         self._tensor_unit(n_t, tensor_alive, f_key, f_in_len, f_in, f_out, f_out_len)
         self._number(fnodes, per, f_key, f_rank, f_in_ptr, f_in, f_out_ptr, f_out,
@@ -459,8 +459,9 @@ class ColumnPlan:
         self._op = np.array([intern(op) for op in names], dtype=np.int64)[opc]
         self._pass = _interned(intern, list(map(_PASS, fnodes)))
         self._rank, self._mb = f_rank, f_mb
-        self._attrs, self._attr_ptr, self._attr_ranks = _attr_columns(fnodes, opc, names,
-                                                                      intern)
+        text = getattr(cols, "attr_text", None)  # the reader's codes of attribute texts
+        self._attrs, self._attr_ptr, self._attr_ranks = _attr_columns(
+            fnodes, opc, names, intern, None if text is None else text[self._keep])
         infos = cols.infos
         self._infos = infos
         # each unit's tensors by local number
@@ -564,24 +565,34 @@ class ColumnPlan:
         return None
 
 
-def _attr_columns(fnodes: list, opc: np.ndarray, op_names: list, intern: Interner
+def _attr_columns(fnodes: list, opc: np.ndarray, op_names: list, intern: Interner,
+                  text_code: np.ndarray | None = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every node's semantic attributes (table.semantic_attrs): interned text, and the rank
-    numbers taken out of it (CSR), computed once per distinct (op, attribute JSON text)."""
+    numbers taken out of it (CSR), computed once per distinct (op, attribute JSON text).
+    `text_code`: per node, a code of its attributes' text as the plan file holds it (the
+    reader's `PlanColumns.attr_text`: equal codes, equal texts, so equal attributes), else
+    they are encoded here."""
     n = len(fnodes)
-    try:
-        lines = _ENCODE_LINES(list(map(_ATTRS, fnodes))).split(b"\n")  # JSON has no raw \n
-    except (TypeError, ValueError, OverflowError):
-        attrs = _semantic_column(fnodes)
-        ranks = [rs for _, rs in attrs]
-        return (_interned(intern, [a for a, _ in attrs]),
-                _ptr(np.fromiter(map(len, ranks), np.int64, n)),
-                np.array(list(chain.from_iterable(ranks)), dtype=np.int64))
-    text: dict = {}
-    tc = np.fromiter(map(text.setdefault, lines[:n], range(n)), np.int64, n)
-    _, first, inv = np.unique(opc * (n + 1) + tc, return_index=True, return_inverse=True)
+    lines = None
+    if text_code is None or len(text_code) != n:
+        try:
+            lines = _ENCODE_LINES(list(map(_ATTRS, fnodes))).split(b"\n")  # no raw \n in JSON
+        except (TypeError, ValueError, OverflowError):
+            attrs = _semantic_column(fnodes)
+            ranks = [rs for _, rs in attrs]
+            return (_interned(intern, [a for a, _ in attrs]),
+                    _ptr(np.fromiter(map(len, ranks), np.int64, n)),
+                    np.array(list(chain.from_iterable(ranks)), dtype=np.int64))
+        text: dict = {}
+        text_code = np.fromiter(map(text.setdefault, lines[:n], range(n)), np.int64, n)
+    base = int(text_code.max()) + 1 if n else 1
+    _, first, inv = np.unique(opc * base + text_code, return_index=True, return_inverse=True)
     sem = []
     for i in first.tolist():
+        if lines is None:  # the file's text, not the encoded one: not the shared memo's key
+            sem.append(_semantic_attrs(fnodes[i]))
+            continue
         key = (op_names[opc[i]], lines[i])
         hit = _ATTRS_SEEN.get(key)
         if hit is None:

@@ -167,3 +167,7 @@ class PlanColumns:
     s_num: Any  # their numbers, concatenated
     slice_index: Any  # per part: its slice, as an index into `slices`
     slices: list  # the distinct slices
+    # per node: a code of its attributes' JSON text as the file holds it (equal codes: equal
+    # texts, hence equal attributes), when the reader had it computed (numbering.py); None:
+    # the fold encodes the attributes itself
+    attr_text: Any = None

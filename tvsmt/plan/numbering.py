@@ -153,9 +153,11 @@ class ForkedNumbering:
     numbering off the load's critical path.
 
     The child decodes only the names (schema.NamesPlan: the fields the reader numbers,
-    under the same types, by the same decoder) and sends the numbers back; `result(lens)`
-    waits for them and returns them only when their lengths are those this process decoded
-    (`lens`), else None. None too where the platform cannot fork, no core is idle (as
+    under the same types, by the same decoder, and each node's attributes as text) and sends
+    back the numbers and, per node, a code of its attributes' text (the fold groups nodes by
+    it: equal texts decode to equal attributes); `result(lens, n_nodes)` waits for them and
+    returns them only when their lengths are those this process decoded (`lens`, one code
+    per node), else None. None too where the platform cannot fork, no core is idle (as
     stream.ParallelCheck decides), the child failed, died or was cut short: the caller then
     numbers here. The child dies with this process (parent-death signal); `stop()` kills
     it."""
@@ -191,7 +193,10 @@ class ForkedNumbering:
         os.close(w)
         self.pid, self._fd = pid, r
 
-    def result(self, lens: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    def result(self, lens: list[np.ndarray], n_nodes: int
+               ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray] | None:
+        """(per column: lengths and numbers, per node: its attribute text's code), or
+        None."""
         if self.pid is None:
             return None
         chunks = []
@@ -205,14 +210,14 @@ class ForkedNumbering:
         head = np.frombuffer(data, np.int64, 2 * k)
         entries, totals = head[:k].tolist(), head[k:].tolist()
         if (entries != [len(x) for x in lens] or totals != [int(x.sum()) for x in lens]
-                or len(data) != 16 * k + 4 * (sum(entries) + sum(totals))):
+                or len(data) != 16 * k + 4 * (sum(entries) + sum(totals) + n_nodes)):
             return None  # other names than this process decoded, or cut short
         body = np.frombuffer(data, np.int32, offset=16 * k).astype(np.int64)
         got_lens = np.split(body[:sum(entries)], np.cumsum(entries)[:-1].tolist())
         if not all(map(np.array_equal, got_lens, lens)):
             return None
-        nums = np.split(body[sum(entries):], np.cumsum(totals)[:-1].tolist())
-        return list(zip(lens, nums))
+        nums = np.split(body[sum(entries):len(body) - n_nodes], np.cumsum(totals)[:-1].tolist())
+        return list(zip(lens, nums)), body[len(body) - n_nodes:]
 
     def stop(self) -> None:
         if self.pid is not None:
@@ -230,7 +235,8 @@ class ForkedNumbering:
 
 def _numbers_message(text: bytes) -> bytes:
     """In the child: per column its number of entries and of names, then every entry's
-    length, then the names' numbers (int32)."""
+    length, the names' numbers, and per node the code of its attributes' text (the first
+    node with the same text), all int32."""
     import msgspec
 
     from tvsmt.plan.schema import NamesPlan
@@ -240,6 +246,9 @@ def _numbers_message(text: bytes) -> bytes:
     parts = chain.from_iterable(lin.parts for lin in doc.lineages or ())
     columns = Numbering(list(doc.tensors)).of_lists(
         [n.outputs for n in nodes], [n.inputs for n in nodes], [p.sum_of for p in parts])
+    first: dict = {}
+    codes = np.fromiter(map(first.setdefault, (bytes(n.attrs) for n in nodes), range(len(nodes))),
+                        np.int64, len(nodes))
     head = np.array([len(n) for n, _ in columns] + [len(x) for _, x in columns], np.int64)
-    body = np.concatenate([n for n, _ in columns] + [x for _, x in columns]).astype(np.int32)
-    return head.tobytes() + body.tobytes()
+    body = np.concatenate([n for n, _ in columns] + [x for _, x in columns] + [codes])
+    return head.tobytes() + body.astype(np.int32).tobytes()

@@ -240,13 +240,17 @@ def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None) -> Pl
     t_shape = np.fromiter(map(shape_first.setdefault, map(_SHAPE, infos), range(len(infos))),
                           np.int64, len(infos))
     numbered: list = []
+    attr_text = []
 
     def s_cols_of() -> tuple:
         """The names' numbers, from the forked child when it numbered them meanwhile
         (waited for as late as possible); the lineage tensors' ones returned."""
-        got = forked.result(lens) if forked is not None else None
+        got = forked.result(lens, n_nodes) if forked is not None else None
         if got is None:  # not forked, or the child did not answer for these names
             got = number.of_lists(outs_col, ins_col, sums, lens=lens)
+        else:
+            got, codes = got
+            attr_text.append(codes)
         numbered.append(got)
         return got[2]
 
@@ -271,7 +275,8 @@ def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None) -> Pl
         raise _Reject
     name = os.path.basename(path) if doc.name is msgspec.UNSET else doc.name
     columns = PlanColumns(list(nodes), tids, number, in_lens, in_num, out_lens, out_num,
-                          ranks, mbs, op_at, infos, t_shape, list(lineages), *parts)
+                          ranks, mbs, op_at, infos, t_shape, list(lineages), *parts,
+                          attr_text[0] if attr_text else None)
     return Plan(path, str(name), doc.kind, world, tensors, nodes, list(outputs), lineages,
                 columns)
 
