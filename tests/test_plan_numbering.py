@@ -199,3 +199,9 @@ def test_a_child_that_does_not_answer_for_these_names_leaves_the_numbering_here(
     monkeypatch.setattr(numbering, "FORK_MIN_BYTES", 1 << 62)
     monkeypatch.setenv("TVSMT_NUMBERING", "dict")
     assert all(map(np.array_equal, got, _columns(path)))
+
+
+def test_no_names_build_nothing():
+    number = Numbering([str(i) for i in range(10)])
+    assert number.of_names([]).tolist() == [] and number._dict is None
+    assert number._table is None

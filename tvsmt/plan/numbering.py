@@ -65,6 +65,8 @@ class Numbering:
 
     def of_names(self, names: list) -> np.ndarray:
         """Each name's number (ABSENT for None, UNDECLARED for a name not in the table)."""
+        if not names:
+            return np.zeros(0, dtype=np.int64)
         if (self._dict is None and len(names) < ARROW_MIN_NAMES <= len(self.tids)
                 and self._arrow_table() is not None):  # a dict of a large table costs more
             got = self._few_by_arrow(names)
