@@ -176,7 +176,7 @@ def _other_document_message(text):
 real_message = numbering._numbers_message
 
 
-@pytest.mark.parametrize("answer", ["fails", "dies", "cut short", "other names"])
+@pytest.mark.parametrize("answer", ["fails", "dies", "cut short", "other names", "hangs"])
 def test_a_child_that_does_not_answer_for_these_names_leaves_the_numbering_here(
         forked, monkeypatch, answer):
     import os
@@ -190,8 +190,14 @@ def test_a_child_that_does_not_answer_for_these_names_leaves_the_numbering_here(
     def cut_short(text):
         return real_message(text)[:-4]
 
+    def hangs(text):
+        import time
+
+        time.sleep(600)
+
     bad = {"fails": fails, "dies": dies, "cut short": cut_short,
-           "other names": _other_document_message}[answer]
+           "other names": _other_document_message, "hangs": hangs}[answer]
+    monkeypatch.setattr(numbering, "WAIT_SECONDS", 1.0)
     monkeypatch.setattr(numbering, "_numbers_message", bad)
     path = _real_parallel()
     got = _columns(path)

@@ -146,6 +146,7 @@ class Numbering:
 # Documents at least this large (decompressed) are numbered in a forked process when a core
 # is idle (the 128-rank MoE plan's text is ~100 MB; the 8-rank fixture's 0.5 MB).
 FORK_MIN_BYTES = 16 << 20
+WAIT_SECONDS = 30.0
 
 
 class ForkedNumbering:
@@ -161,11 +162,14 @@ class ForkedNumbering:
     returns them only when their lengths are those this process decoded (`lens`, one code
     per node), else None. None too where the platform cannot fork, no core is idle (as
     stream.ParallelCheck decides), the child failed, died or was cut short: the caller then
-    numbers here. The child dies with this process (parent-death signal); `stop()` kills
-    it."""
+    numbers here; also when it has not answered in far more time than it needs. The child
+    dies with this process (parent-death signal); `stop()` kills it."""
 
     def __init__(self, text: bytes):
         self.pid: int | None = None
+        # how long to wait for the answer: far more than the child needs (about a second
+        # per 100 MB); a child stuck in a lock the fork copied is stopped after it
+        self._patience = WAIT_SECONDS + len(text) / (10 << 20)
         from tvsmt.plan.stream import _forked_check
 
         if len(text) < FORK_MIN_BYTES or not _forked_check():
@@ -201,8 +205,19 @@ class ForkedNumbering:
         None."""
         if self.pid is None:
             return None
+        import select
+        import time
+
         chunks = []
-        while chunk := os.read(self._fd, 1 << 20):
+        deadline = time.monotonic() + self._patience
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._fd], [], [], left)[0]:
+                self.stop()  # hung (or very slow): numbered here instead
+                return None
+            chunk = os.read(self._fd, 1 << 20)
+            if not chunk:
+                break
             chunks.append(chunk)
         self._reap()
         data = b"".join(chunks)
