@@ -170,9 +170,11 @@ class ForkedNumbering:
         # how long to wait for the answer: far more than the child needs (about a second
         # per 100 MB); a child stuck in a lock the fork copied is stopped after it
         self._patience = WAIT_SECONDS + len(text) / (10 << 20)
+        if len(text) < FORK_MIN_BYTES:
+            return
         from tvsmt.plan.stream import _forked_check
 
-        if len(text) < FORK_MIN_BYTES or not _forked_check():
+        if not _forked_check():
             return
         import gc
 
