@@ -185,3 +185,13 @@ def test_a_changed_attribute_in_a_folded_away_unit_is_seen_through_the_text_code
     node = changed.nodes[i]
     assert any(f"replica {node.rank // per} micro-batch {node.mb}" in e
                for e in folded.info.exceptions), folded.info.exceptions
+
+
+def test_first_seen_is_the_distinct_values_in_order_of_first_occurrence():
+    from tvsmt.fold.columns import _first_seen
+
+    rng = np.random.default_rng(3)
+    for n, k in ((0, 1), (1, 1), (7, 2), (1000, 30), (5000, 6000)):
+        v = rng.integers(0, k, n)
+        want = list(dict.fromkeys(v.tolist()))
+        assert _first_seen(v).tolist() == want

@@ -121,11 +121,16 @@ def _gather(ptr: np.ndarray, flat: np.ndarray, rows: np.ndarray
 
 
 def _first_seen(values: np.ndarray) -> np.ndarray:
-    """The distinct values in order of first occurrence."""
-    if not len(values):
+    """The distinct values (numbers >= 0) in order of first occurrence, without sorting:
+    each value's first position (a minimum per value), marked."""
+    n = len(values)
+    if not n:
         return values
-    _, first = np.unique(values, return_index=True)
-    return values[np.sort(first)]
+    first = np.full(int(values.max()) + 1, n, dtype=np.int64)
+    np.minimum.at(first, values, np.arange(n))
+    mark = np.zeros(n, dtype=bool)
+    mark[first[first < n]] = True
+    return values[mark]
 
 
 def _cumcount(groups: np.ndarray) -> np.ndarray:
