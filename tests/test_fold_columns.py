@@ -195,3 +195,18 @@ def test_first_seen_is_the_distinct_values_in_order_of_first_occurrence():
         v = rng.integers(0, k, n)
         want = list(dict.fromkeys(v.tolist()))
         assert _first_seen(v).tolist() == want
+
+
+def test_first_index_codes_and_stable_order_are_numpys():
+    from tvsmt.fold.columns import _first_index_codes, _stable_order
+
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 9, 3000):
+        vals = rng.integers(0, 7, n)
+        first = np.array([list(vals).index(v) for v in vals], dtype=np.int64)
+        for col in (first, vals, first[::-1].copy(), first + 1):  # the form, and not
+            want_f, want_i = np.unique(col, return_inverse=True)
+            got_f, got_i = _first_index_codes(col)
+            assert np.array_equal(got_f, want_f) and np.array_equal(got_i, want_i.reshape(-1))
+        for keys in (vals - 3, rng.integers(-5, 1 << 20, n)):
+            assert np.array_equal(_stable_order(keys), np.argsort(keys, kind="stable"))

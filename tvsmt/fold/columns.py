@@ -133,12 +133,39 @@ def _first_seen(values: np.ndarray) -> np.ndarray:
     return values[mark]
 
 
+def _stable_order(keys: np.ndarray) -> np.ndarray:
+    """np.argsort(keys, kind="stable"), by numpy's radix sort when the keys span fewer than
+    2**15 values (unit keys, ranks within a replica): linear instead of a merge sort."""
+    if len(keys):
+        lo = int(keys.min())
+        if int(keys.max()) - lo < 1 << 15:
+            return np.argsort((keys - lo).astype(np.int16), kind="stable")
+    return np.argsort(keys, kind="stable")
+
+
+def _first_index_codes(first_at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(first_at, return_inverse=True) for a column whose values are the index of
+    the first element with the same value (the reader's op and shape columns): the distinct
+    values are exactly the elements equal to their own index, found in one pass; a column
+    that is not of that form is left to np.unique."""
+    n = len(first_at)
+    if n and 0 <= int(first_at.min()) and int(first_at.max()) < n:
+        firsts = np.flatnonzero(first_at == np.arange(n))
+        code = np.full(n, -1, dtype=np.int64)
+        code[firsts] = np.arange(len(firsts))
+        inv = code[first_at]
+        if not (inv < 0).any():
+            return firsts, inv
+    firsts, inv = np.unique(first_at, return_inverse=True)
+    return firsts, inv.reshape(-1)
+
+
 def _cumcount(groups: np.ndarray) -> np.ndarray:
     """For each element, how many earlier elements have its group (any order of groups)."""
     n = len(groups)
     if not n:
         return groups.copy()
-    order = np.argsort(groups, kind="stable")
+    order = _stable_order(groups)
     g = groups[order]
     idx = np.arange(n)
     start = np.where(np.concatenate([[True], g[1:] != g[:-1]]), idx, 0)
@@ -184,8 +211,7 @@ class ColumnPlan:
         stride = self.stride
         d = rank // per
         key = d * stride + np.where(mb == -1, 0, mb + 1)
-        firsts, opc = np.unique(cols.op, return_inverse=True)
-        opc = opc.reshape(-1)
+        firsts, opc = _first_index_codes(np.asarray(cols.op))
         op_code = {nodes[i].op: k for k, i in enumerate(firsts.tolist())}
         sum_codes = np.array([op_code[o] for o in SUM_OPS if o in op_code], dtype=np.int64)
         is_sum = np.isin(opc, sum_codes)
@@ -333,7 +359,8 @@ class ColumnPlan:
         d = f_key // stride
         inst = f_key % stride != 0
         idx = np.flatnonzero(inst)
-        idx = idx[np.lexsort((idx, f_rank[idx] - d[idx] * per, f_key[idx]))]
+        # by unit, then rank within the replica (0 <= rank - d*per < per), then position
+        idx = idx[_stable_order(f_key[idx] * per + (f_rank[idx] - d[idx] * per))]
         order: dict[int, np.ndarray] = {}
         if len(idx):
             ukeys = f_key[idx]
@@ -471,7 +498,7 @@ class ColumnPlan:
         # each unit's tensors by local number
         tk = self._tunit
         alive = np.flatnonzero(tensor_alive)
-        firsts, dense = np.unique(cols.t_shape, return_inverse=True)
+        firsts, dense = _first_index_codes(np.asarray(cols.t_shape))
         self._t_shape = np.array([intern(infos[i].shape) for i in firsts.tolist()],
                                  dtype=np.int64)[dense.reshape(-1)]
         by = alive[np.lexsort((self._num[alive], tk[alive]))]
@@ -498,7 +525,7 @@ class ColumnPlan:
         self._p_pos = np.arange(len(parts)) - np.repeat(_ptr(per_lin)[:-1], per_lin)
         self._p_scale = _interned_by_identity(intern, list(map(_SCALE, parts)))
         self._p_slice = _slices(cols.slices)[cols.slice_index]
-        pidx = np.argsort(owner, kind="stable")
+        pidx = _stable_order(owner)
         ok = owner[pidx]
         cuts = np.flatnonzero(np.concatenate([[True], ok[1:] != ok[:-1], [True]]))
         self._unit_parts = {int(ok[a]): pidx[a:b] for a, b in zip(cuts[:-1].tolist(),
