@@ -408,7 +408,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "for the names this process decoded (the same columns, lengths and count)",
         "tensor numbering in a forked process (tvsmt/plan/numbering.py ForkedNumbering)",
         (Patch("tvsmt/plan/numbering.py",
-               "            return None  # other names than this process decoded, or cut short\n",
+               "            return None  # other names than this process decoded, or cut "
+               "short\n",
                "            pass\n"),),
         ("tests/test_plan_numbering.py::"
          "test_a_child_that_does_not_answer_for_these_names_leaves_the_numbering_here",),

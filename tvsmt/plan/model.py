@@ -152,7 +152,7 @@ class PlanColumns:
 
     nodes: list  # the node objects described (a copy of the list: compared by identity)
     tids: list[str]
-    number: dict  # tensor id -> number (None -> -1)
+    number: Any  # tensor id -> number (None -> -1): a numbering.Numbering (or a dict)
     in_len: Any
     in_num: Any
     out_len: Any
