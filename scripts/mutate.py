@@ -458,6 +458,39 @@ MUTATIONS: tuple[Mutation, ...] = (
                "            head = next(iter(heads.values()), None)\n"),),
         ("tests/test_stream.py::test_tables_over_columns_are_the_reference_tables",),
         fast=True),
+    Mutation(
+        "arrow-numbering-undeclared-absent",
+        "Arrow's tensor numbering gives a name the table does not hold the number of an "
+        "absent slot, so a node reading or writing an undeclared tensor reads as one with a "
+        "missing input",
+        "tensor numbering by Arrow (tvsmt/plan/numbering.py)",
+        (Patch("tvsmt/plan/numbering.py", "pc.fill_null(found, UNDECLARED)",
+               "pc.fill_null(found, ABSENT)"),),
+        ("tests/test_plan_numbering.py::test_lookalikes_are_undeclared_and_declared_names_found",
+         "tests/test_plan_reader.py::test_bad_plan_one_line_error_exit_2"),
+        fast=True),
+    Mutation(
+        "forked-numbering-answer-unchecked",
+        "the reader takes the forked child's tensor numbers without checking that they are "
+        "for the names this process decoded (the same columns, lengths and count)",
+        "tensor numbering in a forked process (tvsmt/plan/numbering.py ForkedNumbering)",
+        (Patch("tvsmt/plan/numbering.py",
+               "            return None  # other names than this process decoded, or cut "
+               "short\n",
+               "            pass\n"),),
+        ("tests/test_plan_numbering.py::"
+         "test_a_child_that_does_not_answer_for_these_names_leaves_the_numbering_here",),
+        fast=True),
+    Mutation(
+        "attr-text-codes-ignore-text",
+        "the forked reader codes every node's attributes alike (not by their text), so the "
+        "fold gives every node of an op the first one's semantic attributes",
+        "attribute-text codes from the forked reader (numbering.py, fold/columns.py)",
+        (Patch("tvsmt/plan/numbering.py", "(bytes(n.attrs) for n in nodes)",
+               "(b'' for n in nodes)"),),
+        ("tests/test_fold_columns.py::"
+         "test_a_changed_attribute_in_a_folded_away_unit_is_seen_through_the_text_codes",),
+        fast=True),
 )
 
 

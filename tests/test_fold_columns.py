@@ -130,3 +130,83 @@ def test_a_bug_put_into_a_loaded_real_plan_in_place_is_caught(bug, op, pass_):
     report = verify_plans(s, p, Options(jobs=1))
     assert report.verdict == "violation"
     assert f"replica {node.rank // per} micro-batch {node.mb}" in report.fold["exceptions"]
+
+
+@pytest.fixture
+def forked_reader(monkeypatch):
+    """Plans read with their names numbered (and attribute texts coded) in a forked child,
+    whatever their size and the load (tvsmt/plan/numbering.py ForkedNumbering)."""
+    import os
+
+    from tvsmt.plan import numbering, stream
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    monkeypatch.setattr(stream, "PARALLEL", True)
+    monkeypatch.setattr(numbering, "FORK_MIN_BYTES", 0)
+
+
+@pytest.mark.parametrize("name", ["llama3-ly2-dp2pp2tp2mb2", "moe-ly4-dp2pp2tp2mb2",
+                                  "llama3-ly2-dp16pp4tp1mb8"])
+def test_the_split_over_the_forked_readers_columns_is_the_node_by_node_split(
+        forked_reader, name):
+    """With the attribute-text codes of the file (the fold groups nodes by them instead of
+    encoding the attributes)."""
+    s, p = (load_plan(x) for x in fixture_pair(name))
+    assert p.columns.attr_text is not None and len(p.columns.attr_text) == len(p.nodes)
+    assert _same_split(s, p) >= 6
+
+
+def test_a_changed_attribute_in_a_folded_away_unit_is_seen_through_the_text_codes(
+        forked_reader, tmp_path):
+    """One node's semantic attribute changed in the file, in a unit the fold drops: its
+    text code differs, so its table holds the changed attribute (as the node-by-node split
+    says) and the fold keeps the unit as an exception."""
+    from tvsmt.fold.source import fold_plans
+    from tvsmt.fold.table import semantic_attrs
+
+    single_path, parallel_path = fixture_pair("llama3-ly2-dp16pp4tp1mb8")
+    raw = json.load(gzip.open(parallel_path))
+    s, p = load_plan(single_path), load_plan(parallel_path)
+    per = p.world["pp"] * p.world["tp"]
+    i = max(k for k, n in enumerate(p.nodes) if n.rank // per >= 2 and n.mb >= 2
+            and any(type(v) is int and type(v) is not bool and k2 in semantic_attrs(n)[0]
+                    for k2, v in n.attrs.items()))
+    key = next(k2 for k2, v in p.nodes[i].attrs.items()
+               if type(v) is int and k2 in semantic_attrs(p.nodes[i])[0])
+    raw["nodes"][i]["attrs"][key] += 1
+    path = tmp_path / "parallel.json"
+    path.write_text(json.dumps(raw))
+    changed = load_plan(path)
+    assert changed.columns.attr_text is not None
+    assert changed.columns.attr_text[i] not in set(p.columns.attr_text.tolist())
+    _same_split(s, changed)
+    folded = fold_plans(s, changed, 0)
+    node = changed.nodes[i]
+    assert any(f"replica {node.rank // per} micro-batch {node.mb}" in e
+               for e in folded.info.exceptions), folded.info.exceptions
+
+
+def test_first_seen_is_the_distinct_values_in_order_of_first_occurrence():
+    from tvsmt.fold.columns import _first_seen
+
+    rng = np.random.default_rng(3)
+    for n, k in ((0, 1), (1, 1), (7, 2), (1000, 30), (5000, 6000)):
+        v = rng.integers(0, k, n)
+        want = list(dict.fromkeys(v.tolist()))
+        assert _first_seen(v).tolist() == want
+
+
+def test_first_index_codes_and_stable_order_are_numpys():
+    from tvsmt.fold.columns import _first_index_codes, _stable_order
+
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 9, 3000):
+        vals = rng.integers(0, 7, n)
+        first = np.array([list(vals).index(v) for v in vals], dtype=np.int64)
+        for col in (first, vals, first[::-1].copy(), first + 1):  # the form, and not
+            want_f, want_i = np.unique(col, return_inverse=True)
+            got_f, got_i = _first_index_codes(col)
+            assert np.array_equal(got_f, want_f) and np.array_equal(got_i, want_i.reshape(-1))
+        for keys in (vals - 3, rng.integers(-5, 1 << 20, n)):
+            assert np.array_equal(_stable_order(keys), np.argsort(keys, kind="stable"))

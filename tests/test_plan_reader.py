@@ -206,10 +206,33 @@ def _outcome(fn):
             p.outputs, p.lineages)
 
 
+@pytest.fixture(params=["dict", "arrow", "forked"])
+def numbering(request, monkeypatch):
+    """The reader's tensor numbering through the dict, through Arrow at any size, or in a
+    forked child for any document (tvsmt/plan/numbering.py)."""
+    import os
+
+    from tvsmt.plan import numbering as module
+    from tvsmt.plan import stream
+
+    if request.param == "dict":
+        monkeypatch.setenv("TVSMT_NUMBERING", "dict")
+    elif request.param == "arrow":
+        pytest.importorskip("pyarrow")
+        monkeypatch.setattr(module, "ARROW_MIN_NAMES", 0)
+    else:
+        if not hasattr(os, "fork"):
+            pytest.skip("no fork on this platform")
+        monkeypatch.setattr(stream, "PARALLEL", True)
+        monkeypatch.setattr(module, "FORK_MIN_BYTES", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("seed", range(400))
-def test_fast_path_agrees_with_the_reference_validator(seed):
+def test_fast_path_agrees_with_the_reference_validator(seed, numbering):
     """load_plan's typed fast path accepts exactly what plan_from_dict accepts, builds the
-    same plan, and words every error the same way."""
+    same plan, and words every error the same way (its tensor numbering by a dict or by
+    Arrow)."""
     import random
 
     from tvsmt.plan.reader import decode_document
@@ -401,7 +424,7 @@ _VALID = ("a tensor no node names", "mb -1", "attrs null", "scale 1/2", "scale n
 
 
 @pytest.mark.parametrize("damage", list(DECODER_CHECKS), ids=str)
-def test_decoder_checks_agree_with_the_reference_validator(damage):
+def test_decoder_checks_agree_with_the_reference_validator(damage, numbering):
     from tvsmt.plan.reader import decode_document
 
     plan = parallel_mlp()

@@ -37,7 +37,6 @@ from tvsmt.fold.table import (
     UnitTable,
     _interned,
     _ATTRS_SEEN,
-    _interned_objects,
     _semantic_attrs,
     _semantic_column,
     MAX_DIMS,
@@ -45,6 +44,7 @@ from tvsmt.fold.table import (
 from tvsmt.fold.units import REPRESENTATIVE, NoUnits, Unit, WorldUnits
 from tvsmt.plan.mesh import Mesh
 from tvsmt.plan.model import Node, Plan, PlanColumns
+from tvsmt.plan.numbering import UNDECLARED, Numbering
 
 _INPUTS, _OUTPUTS, _RANK, _MB, _OP = (attrgetter(k) for k in
                                       ("inputs", "outputs", "rank", "mb", "op"))
@@ -62,25 +62,20 @@ def build_columns(plan: Plan) -> PlanColumns:
     """What the reader keeps (PlanColumns), computed from the plan's records."""
     nodes = plan.nodes
     tids = list(plan.tensors)
-    number = dict(zip(chain(tids, (None,)), chain(range(len(tids)), (-1,))))
+    number = Numbering(tids)
     ins, outs = list(map(_INPUTS, nodes)), list(map(_OUTPUTS, nodes))
     infos = list(plan.tensors.values())
     parts = list(chain.from_iterable(map(_PARTS, plan.lineages)))
     sums = list(map(_SUM_OF, parts))
     try:
-        in_len = np.fromiter(map(len, ins), np.int64, len(nodes))
-        out_len = np.fromiter(map(len, outs), np.int64, len(nodes))
-        in_num = np.fromiter(map(number.__getitem__, chain.from_iterable(ins)), np.int64,
-                             int(in_len.sum()))
-        out_num = np.fromiter(map(number.__getitem__, chain.from_iterable(outs)), np.int64,
-                              int(out_len.sum()))
+        (in_len, in_num), (out_len, out_num), (s_len, s_num) = number.of_lists(ins, outs,
+                                                                               sums)
         rank = np.fromiter(map(_RANK, nodes), np.int64, len(nodes))
         mb = np.fromiter(map(_MB, nodes), np.int64, len(nodes))
-        s_len = np.fromiter(map(len, sums), np.int64, len(sums))
-        s_num = np.fromiter(map(number.__getitem__, chain.from_iterable(sums)), np.int64,
-                            int(s_len.sum()))
     except (KeyError, TypeError, ValueError, OverflowError):
         raise NoColumns from None
+    if any(len(x) and x.min() == UNDECLARED for x in (in_num, out_num, s_num)):
+        raise NoColumns
     op_first: dict = {}
     op_at = np.fromiter(map(op_first.setdefault, map(_OP, nodes), range(len(nodes))), np.int64,
                         len(nodes))
@@ -126,11 +121,43 @@ def _gather(ptr: np.ndarray, flat: np.ndarray, rows: np.ndarray
 
 
 def _first_seen(values: np.ndarray) -> np.ndarray:
-    """The distinct values in order of first occurrence."""
-    if not len(values):
+    """The distinct values (numbers >= 0) in order of first occurrence, without sorting:
+    each value's first position (a minimum per value), marked."""
+    n = len(values)
+    if not n:
         return values
-    _, first = np.unique(values, return_index=True)
-    return values[np.sort(first)]
+    first = np.full(int(values.max()) + 1, n, dtype=np.int64)
+    np.minimum.at(first, values, np.arange(n))
+    mark = np.zeros(n, dtype=bool)
+    mark[first[first < n]] = True
+    return values[mark]
+
+
+def _stable_order(keys: np.ndarray) -> np.ndarray:
+    """np.argsort(keys, kind="stable"), by numpy's radix sort when the keys span fewer than
+    2**15 values (unit keys, ranks within a replica): linear instead of a merge sort."""
+    if len(keys):
+        lo = int(keys.min())
+        if int(keys.max()) - lo < 1 << 15:
+            return np.argsort((keys - lo).astype(np.int16), kind="stable")
+    return np.argsort(keys, kind="stable")
+
+
+def _first_index_codes(first_at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(first_at, return_inverse=True) for a column whose values are the index of
+    the first element with the same value (the reader's op and shape columns): the distinct
+    values are exactly the elements equal to their own index, found in one pass; a column
+    that is not of that form is left to np.unique."""
+    n = len(first_at)
+    if n and 0 <= int(first_at.min()) and int(first_at.max()) < n:
+        firsts = np.flatnonzero(first_at == np.arange(n))
+        code = np.full(n, -1, dtype=np.int64)
+        code[firsts] = np.arange(len(firsts))
+        inv = code[first_at]
+        if not (inv < 0).any():
+            return firsts, inv
+    firsts, inv = np.unique(first_at, return_inverse=True)
+    return firsts, inv.reshape(-1)
 
 
 def _cumcount(groups: np.ndarray) -> np.ndarray:
@@ -138,7 +165,7 @@ def _cumcount(groups: np.ndarray) -> np.ndarray:
     n = len(groups)
     if not n:
         return groups.copy()
-    order = np.argsort(groups, kind="stable")
+    order = _stable_order(groups)
     g = groups[order]
     idx = np.arange(n)
     start = np.where(np.concatenate([[True], g[1:] != g[:-1]]), idx, 0)
@@ -184,8 +211,7 @@ class ColumnPlan:
         stride = self.stride
         d = rank // per
         key = d * stride + np.where(mb == -1, 0, mb + 1)
-        firsts, opc = np.unique(cols.op, return_inverse=True)
-        opc = opc.reshape(-1)
+        firsts, opc = _first_index_codes(np.asarray(cols.op))
         op_code = {nodes[i].op: k for k, i in enumerate(firsts.tolist())}
         sum_codes = np.array([op_code[o] for o in SUM_OPS if o in op_code], dtype=np.int64)
         is_sum = np.isin(opc, sum_codes)
@@ -219,8 +245,10 @@ class ColumnPlan:
         spanning = is_sum & (key % stride == 0)
         readers = np.bincount(in_num[in_num >= 0], minlength=n_t)
         named = np.zeros(n_t, dtype=bool)
-        lookup = cols.number.__getitem__
-        named[list(map(lookup, plan.outputs))] = True
+        out_nums = cols.number.of_names(list(plan.outputs))
+        if len(out_nums) and out_nums.min() < 0:  # not a declared tensor
+            raise NoColumns
+        named[out_nums] = True
         named[cols.s_num] = True
         self._parts = list(chain.from_iterable(map(_PARTS, plan.lineages)))
         self._p_sum_num = (cols.s_len, cols.s_num)
@@ -288,9 +316,8 @@ class ColumnPlan:
             fnodes[pos_of[i]] = Node(nd.id, nd.op, nd.pass_, nd.rank, nd.mb,
                                      tuple(tids[x] if x >= 0 else None for x in v),
                                      nd.outputs, nd.attrs, nd.source)
-        self._nodes = fnodes
+        self._nodes, self._keep = fnodes, keep
         self._opc, self._op_names = opc[keep], list(op_code)
-        self._number_of = cols.number.__getitem__
         self._tensor_unit(n_t, tensor_alive, f_key, f_in_len, f_in, f_out, f_out_len)
         self._number(fnodes, per, f_key, f_rank, f_in_ptr, f_in, f_out_ptr, f_out,
                      tensor_alive)
@@ -332,7 +359,8 @@ class ColumnPlan:
         d = f_key // stride
         inst = f_key % stride != 0
         idx = np.flatnonzero(inst)
-        idx = idx[np.lexsort((idx, f_rank[idx] - d[idx] * per, f_key[idx]))]
+        # by unit, then rank within the replica (0 <= rank - d*per < per), then position
+        idx = idx[_stable_order(f_key[idx] * per + (f_rank[idx] - d[idx] * per))]
         order: dict[int, np.ndarray] = {}
         if len(idx):
             ukeys = f_key[idx]
@@ -375,15 +403,21 @@ class ColumnPlan:
         # replica units by dataflow (few nodes: the sums over units and what follows them)
         members = {u: np.flatnonzero(f_key == u).tolist() for u in replicas}
         tlist = tunit.tolist()
-        col_number = self._number_of
+        # each member's input and output numbers (f_in/f_out: its inputs' and outputs' ids)
+        m_rows = np.array(sorted(chain.from_iterable(members.values())), dtype=np.int64)
+        m_il, m_ins = _gather(f_in_ptr, f_in, m_rows)
+        m_ol, m_outs = _gather(f_out_ptr, f_out, m_rows)
+        m_ins, m_outs = m_ins.tolist(), m_outs.tolist()
+        m_ip, m_op = _ptr(m_il).tolist(), _ptr(m_ol).tolist()
+        ins_of = {i: m_ins[m_ip[k]:m_ip[k + 1]] for k, i in enumerate(m_rows.tolist())}
+        outs_of = {i: m_outs[m_op[k]:m_op[k + 1]] for k, i in enumerate(m_rows.tolist())}
         level: dict[int, int] = {}
         producer: dict[int, int] = {}
         for u in replicas:
             for i in members[u]:
-                nd = fnodes[i]
-                level[i] = 1 + max((level[producer[x]] for x in map(col_number, nd.inputs)
+                level[i] = 1 + max((level[producer[x]] for x in ins_of[i]
                                     if x >= 0 and x in producer), default=-1)
-                for x in map(col_number, nd.outputs):
+                for x in outs_of[i]:
                     if x >= 0:
                         producer[x] = i
         top = max(level.values(), default=-1)
@@ -392,13 +426,13 @@ class ColumnPlan:
             for u in replicas:
                 def sort_key(i: int, u=u):
                     nd = fnodes[i]
-                    read = sorted(int(num[x]) for x in map(col_number, nd.inputs) if x >= 0)
+                    read = sorted(int(num[x]) for x in ins_of[i] if x >= 0)
                     return (nd.rank - (u // stride) * per, nd.op, read, i)
                 got = sorted((i for i in members[u] if level[i] == lev), key=sort_key)
                 r_order[u] += got
                 new = [x for x in dict.fromkeys(chain.from_iterable(
-                    chain(map(col_number, fnodes[i].inputs), map(col_number, fnodes[i].outputs))
-                    for i in got)) if x >= 0 and num[x] < 0 and tlist[x] == u]
+                    chain(ins_of[i], outs_of[i]) for i in got))
+                    if x >= 0 and num[x] < 0 and tlist[x] == u]
                 if new:
                     k = int(counters[u + 1])
                     num[new] = np.arange(k, k + len(new))
@@ -454,16 +488,17 @@ class ColumnPlan:
         self._out = (f_out_ptr, self._refs(np.repeat(f_key, np.diff(f_out_ptr)), f_out))
         opc, names = self._opc, self._op_names
         self._op = np.array([intern(op) for op in names], dtype=np.int64)[opc]
-        self._pass = _interned(intern, list(map(_PASS, fnodes)))
+        self._pass = _interned_by_identity(intern, list(map(_PASS, fnodes)))
         self._rank, self._mb = f_rank, f_mb
-        self._attrs, self._attr_ptr, self._attr_ranks = _attr_columns(fnodes, opc, names,
-                                                                      intern)
+        text = getattr(cols, "attr_text", None)  # the reader's codes of attribute texts
+        self._attrs, self._attr_ptr, self._attr_ranks = _attr_columns(
+            fnodes, opc, names, intern, None if text is None else text[self._keep])
         infos = cols.infos
         self._infos = infos
         # each unit's tensors by local number
         tk = self._tunit
         alive = np.flatnonzero(tensor_alive)
-        firsts, dense = np.unique(cols.t_shape, return_inverse=True)
+        firsts, dense = _first_index_codes(np.asarray(cols.t_shape))
         self._t_shape = np.array([intern(infos[i].shape) for i in firsts.tolist()],
                                  dtype=np.int64)[dense.reshape(-1)]
         by = alive[np.lexsort((self._num[alive], tk[alive]))]
@@ -488,9 +523,9 @@ class ColumnPlan:
         self._p_lin = np.repeat(np.fromiter((lin.index for lin in plan.lineages), np.int64,
                                             len(plan.lineages)), per_lin)
         self._p_pos = np.arange(len(parts)) - np.repeat(_ptr(per_lin)[:-1], per_lin)
-        self._p_scale = _interned_objects(intern, list(map(_SCALE, parts)))
+        self._p_scale = _interned_by_identity(intern, list(map(_SCALE, parts)))
         self._p_slice = _slices(cols.slices)[cols.slice_index]
-        pidx = np.argsort(owner, kind="stable")
+        pidx = _stable_order(owner)
         ok = owner[pidx]
         cuts = np.flatnonzero(np.concatenate([[True], ok[1:] != ok[:-1], [True]]))
         self._unit_parts = {int(ok[a]): pidx[a:b] for a, b in zip(cuts[:-1].tolist(),
@@ -561,24 +596,34 @@ class ColumnPlan:
         return None
 
 
-def _attr_columns(fnodes: list, opc: np.ndarray, op_names: list, intern: Interner
+def _attr_columns(fnodes: list, opc: np.ndarray, op_names: list, intern: Interner,
+                  text_code: np.ndarray | None = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every node's semantic attributes (table.semantic_attrs): interned text, and the rank
-    numbers taken out of it (CSR), computed once per distinct (op, attribute JSON text)."""
+    numbers taken out of it (CSR), computed once per distinct (op, attribute JSON text).
+    `text_code`: per node, a code of its attributes' text as the plan file holds it (the
+    reader's `PlanColumns.attr_text`: equal codes, equal texts, so equal attributes), else
+    they are encoded here."""
     n = len(fnodes)
-    try:
-        lines = _ENCODE_LINES(list(map(_ATTRS, fnodes))).split(b"\n")  # JSON has no raw \n
-    except (TypeError, ValueError, OverflowError):
-        attrs = _semantic_column(fnodes)
-        ranks = [rs for _, rs in attrs]
-        return (_interned(intern, [a for a, _ in attrs]),
-                _ptr(np.fromiter(map(len, ranks), np.int64, n)),
-                np.array(list(chain.from_iterable(ranks)), dtype=np.int64))
-    text: dict = {}
-    tc = np.fromiter(map(text.setdefault, lines[:n], range(n)), np.int64, n)
-    _, first, inv = np.unique(opc * (n + 1) + tc, return_index=True, return_inverse=True)
+    lines = None
+    if text_code is None or len(text_code) != n:
+        try:
+            lines = _ENCODE_LINES(list(map(_ATTRS, fnodes))).split(b"\n")  # no raw \n in JSON
+        except (TypeError, ValueError, OverflowError):
+            attrs = _semantic_column(fnodes)
+            ranks = [rs for _, rs in attrs]
+            return (_interned(intern, [a for a, _ in attrs]),
+                    _ptr(np.fromiter(map(len, ranks), np.int64, n)),
+                    np.array(list(chain.from_iterable(ranks)), dtype=np.int64))
+        text: dict = {}
+        text_code = np.fromiter(map(text.setdefault, lines[:n], range(n)), np.int64, n)
+    base = int(text_code.max()) + 1 if n else 1
+    _, first, inv = np.unique(opc * base + text_code, return_index=True, return_inverse=True)
     sem = []
     for i in first.tolist():
+        if lines is None:  # the file's text, not the encoded one: not the shared memo's key
+            sem.append(_semantic_attrs(fnodes[i]))
+            continue
         key = (op_names[opc[i]], lines[i])
         hit = _ATTRS_SEEN.get(key)
         if hit is None:
@@ -595,6 +640,20 @@ def _attr_columns(fnodes: list, opc: np.ndarray, op_names: list, intern: Interne
 
 
 _ATTRS = attrgetter("attrs")
+
+
+def _interned_by_identity(intern: Interner, values: list) -> np.ndarray:
+    """Interned ids of values that are mostly a few shared objects (passes, lineage
+    scales), as table._interned_objects computes them: each distinct object (found by its
+    id, in numpy) interned once, in order of first occurrence."""
+    if not values:
+        return np.zeros(0, dtype=np.int64)
+    ids = np.fromiter(map(id, values), np.int64, len(values))
+    _, first, inv = np.unique(ids, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # intern in order of first occurrence
+    codes = np.empty(len(first), dtype=np.int64)
+    codes[order] = [intern(values[i]) for i in first[order].tolist()]
+    return codes[inv.reshape(-1)]
 _ENCODE_LINES = msgspec.json.Encoder().encode_lines
 
 

@@ -152,7 +152,7 @@ class PlanColumns:
 
     nodes: list  # the node objects described (a copy of the list: compared by identity)
     tids: list[str]
-    number: dict  # tensor id -> number (None -> -1)
+    number: Any  # tensor id -> number (None -> -1): a numbering.Numbering (or a dict)
     in_len: Any
     in_num: Any
     out_len: Any
@@ -167,3 +167,7 @@ class PlanColumns:
     s_num: Any  # their numbers, concatenated
     slice_index: Any  # per part: its slice, as an index into `slices`
     slices: list  # the distinct slices
+    # per node: a code of its attributes' JSON text as the file holds it (equal codes: equal
+    # texts, hence equal attributes), when the reader had it computed (numbering.py); None:
+    # the fold encodes the attributes itself
+    attr_text: Any = None

@@ -41,6 +41,7 @@ from tvsmt.errors import PlanError, UnsupportedOperator
 from tvsmt.heap import collector_paused
 from tvsmt.plan.model import (MAX_DIM, Aligned, Lineage, LineagePart, Node, Plan, PlanColumns,
                               TensorInfo)
+from tvsmt.plan.numbering import UNDECLARED, ForkedNumbering, Numbering
 from tvsmt.plan.schema import RawPlan, decode_scale
 
 FORMAT = "tvsmt.execplan"
@@ -160,14 +161,17 @@ def decode_document(text: bytes, path: str = "<memory>") -> Plan:
     """Decode and validate one JSON document (the fast path, explained on failure)."""
     # millions of new containers and no garbage: collections would only cost time
     with collector_paused(freeze_after=True):
+        forked = ForkedNumbering(text)  # a large document's names numbered meanwhile
         try:
-            return _build(_DOC.decode(text), path)
+            return _build(_DOC.decode(text), path, forked)
         except (msgspec.ValidationError, _Reject):
             pass
         except msgspec.DecodeError as e:
             raise PlanError(f"not valid JSON: {e}", file=path) from None
         except RecursionError:
             raise PlanError("not valid JSON: nested too deeply", file=path) from None
+        finally:
+            forked.stop()
         try:
             data = _ANY.decode(text)
         except msgspec.DecodeError as e:  # e.g. an integer beyond 64 bits
@@ -177,7 +181,7 @@ def decode_document(text: bytes, path: str = "<memory>") -> Plan:
         return plan_from_dict(data, path)
 
 
-def _build(doc: RawPlan, path: str) -> Plan:
+def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None) -> Plan:
     """The typed document as a `Plan`, or `_Reject` (every check of `plan_from_dict`)."""
     from tvsmt.ops import get as get_op
 
@@ -203,38 +207,20 @@ def _build(doc: RawPlan, path: str) -> Plan:
     n_nodes = len(nodes)
     ins_col = list(map(_INPUTS, nodes))
     outs_col = list(map(_OUTPUTS, nodes))
+    # Declared tensors, SSA and topological order, over tensor numbers (numbering.py: Arrow
+    # or a dict), then numpy: every name is declared, written at most once, and every input
+    # is written by an earlier node or by none (a graph input).
+    number = Numbering(tids)
+    raw_lineages = doc.lineages or ()
+    sums = list(map(_SUM_OF, chain.from_iterable(map(_PARTS, raw_lineages))))
     try:  # a missing list is UNSET, which has no length
-        in_lens = np.fromiter(map(len, ins_col), np.int64, n_nodes)
-        out_lens = np.fromiter(map(len, outs_col), np.int64, n_nodes)
+        lens = [np.fromiter(map(len, c), np.int64, len(c)) for c in (outs_col, ins_col, sums)]
     except TypeError:
         raise _Reject from None
     op_first: dict = {}  # op -> its first node
     op_at = np.fromiter(map(op_first.setdefault, map(_OP, nodes), range(n_nodes)), np.int64,
                         n_nodes)
     if not _distinct(list(map(_ID, nodes))) or any(get_op(op) is None for op in op_first):
-        raise _Reject
-    # Declared tensors, SSA and topological order, over tensor numbers (one dict lookup per
-    # name, then numpy): every name is declared, written at most once, and every input is
-    # written by an earlier node or by none (a graph input).
-    n_out, n_in = int(out_lens.sum()), int(in_lens.sum())
-    # None: an absent slot, "written" at -1 by the last entry of `written_at`
-    number = dict(zip(chain(tids, (None,)), chain(range(len(tids)), (-1,))))
-    nums = np.fromiter(map(number.get, chain(chain.from_iterable(outs_col),
-                                             chain.from_iterable(ins_col)), repeat(-2)),
-                       np.int64, n_out + n_in)
-    if len(nums) and nums.min() == -2:
-        raise _Reject
-    out_num, in_num = nums[:n_out], nums[n_out:]
-
-    at = np.arange(n_nodes, dtype=np.int64)
-    out_at = np.repeat(at, out_lens)
-    real = out_num >= 0
-    written = out_num[real]
-    if len(written) and np.bincount(written, minlength=len(tids)).max() > 1:
-        raise _Reject
-    written_at = np.full(len(tids) + 1, -1, dtype=np.int64)
-    written_at[written] = out_at[real]
-    if n_in and bool((written_at[in_num] >= np.repeat(at, in_lens)).any()):
         raise _Reject
     # ranks >= 0 and micro-batches >= -1 were checked by the decoder: only the largest remain
     try:
@@ -253,12 +239,44 @@ def _build(doc: RawPlan, path: str) -> Plan:
     shape_first: dict = {}  # shape -> the first tensor with it
     t_shape = np.fromiter(map(shape_first.setdefault, map(_SHAPE, infos), range(len(infos))),
                           np.int64, len(infos))
-    lineages, parts = _document_lineages(doc.lineages or (), number, t_shape, shape_first)
+    numbered: list = []
+    attr_text = []
+
+    def s_cols_of() -> tuple:
+        """The names' numbers, from the forked child when it numbered them meanwhile
+        (waited for as late as possible); the lineage tensors' ones returned."""
+        got = forked.result(lens, n_nodes) if forked is not None else None
+        if got is None:  # not forked, or the child did not answer for these names
+            got = number.of_lists(outs_col, ins_col, sums, lens=lens)
+        else:
+            got, codes = got
+            attr_text.append(codes)
+        numbered.append(got)
+        return got[2]
+
+    lineages, parts = _document_lineages(raw_lineages, sums, s_cols_of, t_shape, shape_first)
+    (out_lens, out_num), (in_lens, in_num), _ = numbered[0]
+    n_in = len(in_num)
+    # None (ABSENT, -1): an absent slot, "written" at -1 by the last entry of `written_at`
+    if (len(out_num) and out_num.min() == UNDECLARED) or (n_in and in_num.min() == UNDECLARED):
+        raise _Reject
+
+    at = np.arange(n_nodes, dtype=np.int64)
+    out_at = np.repeat(at, out_lens)
+    real = out_num >= 0
+    written = out_num[real]
+    if len(written) and np.bincount(written, minlength=len(tids)).max() > 1:
+        raise _Reject
+    written_at = np.full(len(tids) + 1, -1, dtype=np.int64)
+    written_at[written] = out_at[real]
+    if n_in and bool((written_at[in_num] >= np.repeat(at, in_lens)).any()):
+        raise _Reject
     if doc.kind == "single" and lineages:
         raise _Reject
     name = os.path.basename(path) if doc.name is msgspec.UNSET else doc.name
     columns = PlanColumns(list(nodes), tids, number, in_lens, in_num, out_lens, out_num,
-                          ranks, mbs, op_at, infos, t_shape, list(lineages), *parts)
+                          ranks, mbs, op_at, infos, t_shape, list(lineages), *parts,
+                          attr_text[0] if attr_text else None)
     return Plan(path, str(name), doc.kind, world, tensors, nodes, list(outputs), lineages,
                 columns)
 
@@ -267,12 +285,13 @@ _PARTS = attrgetter("parts")
 _IS = operator.is_
 
 
-def _document_lineages(raws, number: dict, t_shape: np.ndarray, shape_first: dict
-                       ) -> tuple[list[Lineage], tuple]:
+def _document_lineages(raws, sums: list, s_cols_of, t_shape: np.ndarray,
+                       shape_first: dict) -> tuple[list[Lineage], tuple]:
     """A document's typed lineages as `Lineage`s, or `_Reject` (the checks of `_fast_lineage`,
     over the columns of all parts at once): every part has tensors, distinct ones, declared,
     of its slice's shape; slice bounds at most 2**53. `t_shape`: each tensor's shape as the
-    number of the first tensor with it (`shape_first`). Also the parts' columns for the fold
+    number of the first tensor with it (`shape_first`); `sums`: every part's tensor ids,
+    `s_cols_of()`: their lengths and numbers (numbering.py). Also the parts' columns for the fold
     (PlanColumns): tensors per part and their numbers, each part's distinct slice, those
     slices."""
     lineages = []
@@ -296,15 +315,12 @@ def _document_lineages(raws, number: dict, t_shape: np.ndarray, shape_first: dic
             raise _Reject
         want.append(shape_first.get(tuple(e - s for s, e in key), -1))
     index = np.searchsorted(np.fromiter(first.values(), np.int64, len(first)), at)
-    sums = list(map(_SUM_OF, flat))
-    s_len = np.fromiter(map(len, sums), np.int64, n_p)
+    s_len, s_num = s_cols_of()  # per part (`sums`: its tensor ids): how many, their numbers
     if n_p and s_len.min() == 0:
         raise _Reject
     if any(len(set(sums[j])) != len(sums[j]) for j in np.flatnonzero(s_len > 1).tolist()):
         raise _Reject
-    s_num = np.fromiter(map(number.get, chain.from_iterable(sums), repeat(-2)), np.int64,
-                        int(s_len.sum()))
-    if len(s_num) and s_num.min() < 0:  # an undeclared tensor
+    if len(s_num) and s_num.min() < 0:  # an undeclared tensor (or a None, not a name)
         raise _Reject
     if len(s_num) and (t_shape[s_num] != np.repeat(np.array(want, np.int64)[index], s_len)
                        ).any():

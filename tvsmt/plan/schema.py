@@ -124,3 +124,34 @@ class TrailerRec(msgspec.Struct, tag_field="r", tag="trailer"):
 
 
 Record = HeaderRec | SectionRec | TensorRec | NodeRec | LineageRec | TrailerRec
+
+
+# ------------------------------------------------------------------ a document's names only
+# What a forked process decodes to number a document's tensor names (numbering.py
+# `ForkedNumbering`) while this one decodes the whole document with `RawPlan`: the same
+# fields under the same types, everything else skipped (a node's attributes kept as their
+# text); the same decoder on the same bytes gives the same names in the same order.
+
+
+class _NoFields(msgspec.Struct, gc=False):
+    pass
+
+
+class NamesNode(msgspec.Struct, gc=False):
+    inputs: tuple[Optional[str], ...] = ()
+    outputs: tuple[Optional[str], ...] = ()
+    attrs: msgspec.Raw = msgspec.Raw(b"")  # the text, undecoded (absent: empty)
+
+
+class NamesPart(msgspec.Struct, gc=False):
+    sum_of: tuple[str, ...] = ()
+
+
+class NamesLineage(msgspec.Struct, gc=False):
+    parts: list[NamesPart] = []
+
+
+class NamesPlan(msgspec.Struct):
+    tensors: dict[str, _NoFields]
+    nodes: list[NamesNode]
+    lineages: Optional[list[NamesLineage]] = None
