@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from revision import checked_out
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
@@ -46,29 +48,22 @@ def main() -> None:
     ap.add_argument("--base", required=True)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base),
-                        args.base], check=True)
-        try:
-            for folder in args.folders:
-                best: dict[str, dict[str, float]] = {"base": {}, "now": {}}
-                verdicts = set()
-                for _ in range(args.repeat):
-                    for side, tree in (("base", base), ("now", ROOT)):
-                        got = measure(tree, folder)
-                        verdicts.add((side, got["verdict"]))
-                        for phase, s in got["timings"].items():
-                            best[side][phase] = min(best[side].get(phase, s), s)
-                print(f"{folder}: verdicts {sorted(verdicts)}")
-                for phase in best["now"]:
-                    b, n = best["base"].get(phase), best["now"][phase]
-                    ratio = f"{b / n:6.1f}" if b and n else "     -"
-                    print(f"  {phase:<18} base {b if b is not None else float('nan'):8.3f} s  "
-                          f"now {n:8.3f} s  x{ratio}")
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
-                           check=False)
+    with checked_out(args.base) as base:
+        for folder in args.folders:
+            best: dict[str, dict[str, float]] = {"base": {}, "now": {}}
+            verdicts = set()
+            for _ in range(args.repeat):
+                for side, tree in (("base", base), ("now", ROOT)):
+                    got = measure(tree, folder)
+                    verdicts.add((side, got["verdict"]))
+                    for phase, s in got["timings"].items():
+                        best[side][phase] = min(best[side].get(phase, s), s)
+            print(f"{folder}: verdicts {sorted(verdicts)}")
+            for phase in best["now"]:
+                b, n = best["base"].get(phase), best["now"][phase]
+                ratio = f"{b / n:6.1f}" if b and n else "     -"
+                print(f"  {phase:<18} base {b if b is not None else float('nan'):8.3f} s  "
+                      f"now {n:8.3f} s  x{ratio}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from revision import checked_out
+
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT.parent / "shared" / "plans"
 
@@ -62,40 +64,33 @@ def main() -> None:
     args = ap.parse_args()
     plans = sorted(p for p in PLANS.glob("*/parallel.json.gz")
                    if args.only in p.parent.name and "nolineage" not in p.parent.name)
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base),
-                        args.base], check=True)
-        try:
-            total = {"base": 0.0, "now": 0.0, "nodes": 0}
-            print(f"{'plan':<36} {'nodes':>8} {'base us/node':>13} {'now us/node':>12} "
-                  f"{'ratio':>6}")
-            for plan in plans:
-                best = {"base": float("inf"), "now": float("inf")}
-                for _ in range(args.repeat):
-                    for side, tree in (("base", base), ("now", ROOT)):
-                        got = measure(tree, plan)
-                        if got is None:
-                            break
-                        best[side] = min(best[side], got["cpu"])
-                        nodes = got["nodes"]
+    with checked_out(args.base) as base:
+        total = {"base": 0.0, "now": 0.0, "nodes": 0}
+        print(f"{'plan':<36} {'nodes':>8} {'base us/node':>13} {'now us/node':>12} "
+              f"{'ratio':>6}")
+        for plan in plans:
+            best = {"base": float("inf"), "now": float("inf")}
+            for _ in range(args.repeat):
+                for side, tree in (("base", base), ("now", ROOT)):
+                    got = measure(tree, plan)
                     if got is None:
                         break
+                    best[side] = min(best[side], got["cpu"])
+                    nodes = got["nodes"]
                 if got is None:
-                    print(f"{plan.parent.name:<36} (the {side} reader refuses it: not compared)")
-                    continue
-                total["base"] += best["base"]
-                total["now"] += best["now"]
-                total["nodes"] += nodes
-                print(f"{plan.parent.name:<36} {nodes:>8} {best['base'] / nodes * 1e6:>13.1f} "
-                      f"{best['now'] / nodes * 1e6:>12.1f} {best['base'] / best['now']:>6.1f}")
-            print(f"{'all plans':<36} {total['nodes']:>8} "
-                  f"{total['base'] / total['nodes'] * 1e6:>13.1f} "
-                  f"{total['now'] / total['nodes'] * 1e6:>12.1f} "
-                  f"{total['base'] / total['now']:>6.1f}")
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
-                           check=False)
+                    break
+            if got is None:
+                print(f"{plan.parent.name:<36} (the {side} reader refuses it: not compared)")
+                continue
+            total["base"] += best["base"]
+            total["now"] += best["now"]
+            total["nodes"] += nodes
+            print(f"{plan.parent.name:<36} {nodes:>8} {best['base'] / nodes * 1e6:>13.1f} "
+                  f"{best['now'] / nodes * 1e6:>12.1f} {best['base'] / best['now']:>6.1f}")
+        print(f"{'all plans':<36} {total['nodes']:>8} "
+              f"{total['base'] / total['nodes'] * 1e6:>13.1f} "
+              f"{total['now'] / total['nodes'] * 1e6:>12.1f} "
+              f"{total['base'] / total['now']:>6.1f}")
 
 
 if __name__ == "__main__":

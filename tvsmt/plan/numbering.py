@@ -175,66 +175,32 @@ class ForkedNumbering:
     dies with this process (parent-death signal); `stop()` kills it."""
 
     def __init__(self, text: bytes):
-        self.pid: int | None = None
         # how long to wait for the answer: far more than the child needs (about a second
         # per 100 MB); a child stuck in a lock the fork copied is stopped after it
         self._patience = WAIT_SECONDS + len(text) / (10 << 20)
+        self._call = None
         if len(text) < FORK_MIN_BYTES:
             return
+        from tvsmt.forked import ForkedCall
         from tvsmt.plan.stream import _forked_check
 
-        if not _forked_check():
-            return
-        import gc
+        if _forked_check():
+            self._call = ForkedCall(lambda: _numbers_message(text))
 
-        from tvsmt.solving.lifeline import die_with_parent
-
-        parent = os.getpid()
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover (the child's coverage is not collected)
-            try:
-                os.close(r)
-                die_with_parent(parent)
-                gc.disable()
-                data = b"!"
-                try:
-                    data = _numbers_message(text)
-                except BaseException:  # anything: the parent numbers the names itself
-                    pass
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(w, view):]
-            finally:
-                os._exit(0)
-        os.close(w)
-        self.pid, self._fd = pid, r
+    @property
+    def pid(self) -> int | None:
+        return None if self._call is None else self._call.pid
 
     def result(self, lens: list[np.ndarray], n_nodes: int
                ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray] | None:
         """(per column: lengths and numbers, per node: its attribute text's code), or
         None."""
-        if self.pid is None:
+        if self._call is None:
             return None
-        import select
-        import time
-
-        chunks = []
-        deadline = time.monotonic() + self._patience
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self._fd], [], [], left)[0]:
-                self.stop()  # hung (or very slow): numbered here instead
-                return None
-            chunk = os.read(self._fd, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        self._reap()
-        data = b"".join(chunks)
+        data = self._call.answer(self._patience)  # None: hung (or very slow), killed
         k = len(lens)
-        if len(data) < 16 * k or data[:1] == b"!":
-            return None  # failed, or died before it answered
+        if data is None or len(data) < 16 * k:
+            return None  # failed, died before it answered, or hung
         head = np.frombuffer(data, np.int64, 2 * k)
         entries, totals = head[:k].tolist(), head[k:].tolist()
         if (entries != [len(x) for x in lens] or totals != [int(x.sum()) for x in lens]
@@ -248,17 +214,8 @@ class ForkedNumbering:
         return list(zip(lens, nums)), body[len(body) - n_nodes:]
 
     def stop(self) -> None:
-        if self.pid is not None:
-            try:
-                os.kill(self.pid, 9)
-            except ProcessLookupError:  # pragma: no cover
-                pass
-            self._reap()
-
-    def _reap(self) -> None:
-        os.close(self._fd)
-        os.waitpid(self.pid, 0)
-        self.pid = None
+        if self._call is not None:
+            self._call.stop()
 
 
 def _numbers_message(text: bytes) -> bytes:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import gc
 import gzip
 import os
-import signal
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -808,44 +807,22 @@ class ParallelCheck:
 
     def __init__(self, path: str):
         self.path = path
-        self.pid: int | None = None
+        self._call = None
         self.forked = _forked_check() and os.path.isfile(path)
-        if not self.forked:
-            return
-        from tvsmt.solving.lifeline import die_with_parent
+        if self.forked:
+            from tvsmt.forked import ForkedCall
 
-        parent = os.getpid()
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover (the child's coverage is not collected)
-            try:
-                os.close(r)
-                die_with_parent(parent)
-                gc.disable()
-                try:
-                    msg: dict = {"ok": list(check_stream(path))}
-                except PlanError as e:
-                    msg = {"error": type(e).__name__, "detail": e.detail, "file": e.file,
-                           "node": e.node, "tensor": e.tensor}
-                except BaseException as e:  # a bug in the checks: the parent says so
-                    msg = {"internal": f"{type(e).__name__}: {e}"}
-                data = msgspec.json.encode(msg)
-                while data:
-                    data = data[os.write(w, data):]
-            finally:
-                os._exit(0)
-        os.close(w)
-        self.pid, self._fd = pid, r
+            self._call = ForkedCall(lambda: _checks_message(path))
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._call is None else self._call.pid
 
     def result(self) -> tuple[str, int]:
-        if self.pid is None:
+        if self._call is None:
             return check_stream(self.path)
-        chunks = []
-        while chunk := os.read(self._fd, 1 << 16):
-            chunks.append(chunk)
-        self._reap()
         try:
-            msg = msgspec.json.decode(b"".join(chunks))
+            msg = msgspec.json.decode(self._call.answer())
         except msgspec.DecodeError:  # killed (out of memory?) before or while it answered
             return check_stream(self.path)
         if "ok" in msg:
@@ -856,17 +833,20 @@ class ParallelCheck:
         raise InternalError(f"checking {self.path}: {msg['internal']}")
 
     def stop(self) -> None:
-        if self.pid is not None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self._reap()
+        if self._call is not None:
+            self._call.stop()
 
-    def _reap(self) -> None:
-        os.close(self._fd)
-        os.waitpid(self.pid, 0)
-        self.pid = None
+
+def _checks_message(path: str) -> bytes:
+    """In the checking child: the verdict of `check_stream` as a JSON message."""
+    try:
+        msg: dict = {"ok": list(check_stream(path))}
+    except PlanError as e:
+        msg = {"error": type(e).__name__, "detail": e.detail, "file": e.file,
+               "node": e.node, "tensor": e.tensor}
+    except BaseException as e:  # a bug in the checks: the parent says so
+        msg = {"internal": f"{type(e).__name__}: {e}"}
+    return msgspec.json.encode(msg)
 
 
 def read_checked(path: str, consume) -> Any:

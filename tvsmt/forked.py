@@ -1,0 +1,79 @@
+"""Work on the machine's second core: one function run in a forked child, its answer as bytes.
+
+The readers use it to take checks or numbering off the critical path of a large load
+(tvsmt.plan.stream.ParallelCheck, tvsmt.plan.numbering.ForkedNumbering). The child sees the
+parent's memory as it was at the fork, so it needs no arguments sent; it dies with the parent
+(parent-death signal), runs without the cyclic collector, and whatever goes wrong in it ends
+as an answer of no bytes: the caller then does the work itself. Nothing the child says is
+trusted further than the caller checks it.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import select
+import signal
+import time
+from collections.abc import Callable
+
+
+class ForkedCall:
+    """`fn()` in a forked child; `answer()` waits for the bytes it returned."""
+
+    def __init__(self, fn: Callable[[], bytes]):
+        from tvsmt.solving.lifeline import die_with_parent
+
+        parent = os.getpid()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child's coverage is not collected)
+            try:
+                os.close(r)
+                die_with_parent(parent)
+                gc.disable()
+                try:
+                    data = memoryview(fn())
+                except BaseException:  # anything: no answer, the parent does the work
+                    data = memoryview(b"")
+                while data:
+                    data = data[os.write(w, data):]
+            finally:
+                os._exit(0)
+        os.close(w)
+        self.pid: int | None = pid
+        self._fd = r
+
+    def answer(self, patience: float | None = None) -> bytes | None:
+        """All the child wrote (b"" when it failed or died first), once it has ended; None
+        when it has not finished within `patience` seconds (it is then killed)."""
+        if self.pid is None:
+            return None
+        chunks = []
+        deadline = None if patience is None else time.monotonic() + patience
+        while True:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([self._fd], [], [], left)[0]:
+                    self.stop()
+                    return None
+            chunk = os.read(self._fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        self._reap()
+        return b"".join(chunks)
+
+    def stop(self) -> None:
+        """Kill the child (if it still runs) and reap it."""
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:  # pragma: no cover (already reaped elsewhere)
+                pass
+            self._reap()
+
+    def _reap(self) -> None:
+        os.close(self._fd)
+        os.waitpid(self.pid, 0)
+        self.pid = None
