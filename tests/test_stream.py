@@ -383,14 +383,20 @@ def test_the_checks_in_a_second_process_give_the_inline_checks_errors(unit_file,
 
 
 def test_the_checks_are_forked_only_when_a_core_is_idle(monkeypatch):
+    """Idle: fewer tasks runnable at this instant than cores (this one counted), or where
+    the system does not say, a 1-minute load average below cores - 0.5."""
+    from tvsmt import forked as F
     from tvsmt.plan import stream
 
+    assert F.runnable_now() is None or F.runnable_now() >= 1  # this process runs
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    for load, forced, forked in ((0.9, None, True), (1.7, None, False), (1.7, True, True),
-                                 (0.1, False, False)):
+    for running, load, forced, forked in (
+            (1, 1.7, None, True), (2, 0.1, None, False), (3, 0.1, True, True),
+            (1, 0.1, False, False), (None, 0.9, None, True), (None, 1.7, None, False)):
+        monkeypatch.setattr(F, "runnable_now", lambda running=running: running)
         monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
         monkeypatch.setattr(stream, "PARALLEL", forced)
-        assert stream._forked_check() is forked, (load, forced)
+        assert stream._forked_check() is forked, (running, load, forced)
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     monkeypatch.setattr(stream, "PARALLEL", True)
     assert stream._forked_check() is False

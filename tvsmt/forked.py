@@ -18,6 +18,30 @@ import time
 from collections.abc import Callable
 
 
+def idle_core() -> bool:
+    """Is a core idle at this instant? Fewer tasks runnable now than cores (Linux: the
+    fourth field of /proc/loadavg, which counts this process), else (elsewhere) the
+    1-minute load average below the number of cores minus a half. An instant, not an
+    average: a benchmark's own previous run keeps the average up for a minute."""
+    cores = os.cpu_count() or 1
+    if cores < 2 or not hasattr(os, "fork"):
+        return False
+    running = runnable_now()
+    if running is None:
+        return os.getloadavg()[0] < cores - 0.5
+    return running < cores
+
+
+def runnable_now() -> int | None:
+    """Tasks runnable at this instant, this one included (None where the system does not
+    say)."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            return int(f.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class ForkedCall:
     """`fn()` in a forked child; `answer()` waits for the bytes it returned."""
 

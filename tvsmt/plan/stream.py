@@ -782,18 +782,21 @@ def _bulk_objects(recs: list, kinds: list, pool: dict) -> list:
     return out
 
 
-# Where `ParallelCheck` checks: True in a forked process, False in this one, None (the
-# default) in a forked process when a core is idle (1-minute load average below the number
-# of cores minus a half): on a busy machine the second process only adds work (the file is
-# decoded twice), on an idle one it takes the checks off the reading's critical path.
+# Where the readers' second-core work runs (`ParallelCheck`'s checks, numbering.py's
+# `ForkedNumbering`): True in a forked process, False in this one, None (the default) in a
+# forked process when a core is idle now (`tvsmt.forked.idle_core`): on a busy machine the
+# second process only adds work (the file is decoded twice), on an idle one it takes the
+# work off the reading's critical path.
 PARALLEL: bool | None = None
 
 
 def _forked_check() -> bool:
+    from tvsmt.forked import idle_core
+
     if not hasattr(os, "fork") or (os.cpu_count() or 1) < 2:
         return False
     if PARALLEL is None:
-        return os.getloadavg()[0] < (os.cpu_count() or 1) - 0.5
+        return idle_core()
     return PARALLEL
 
 
