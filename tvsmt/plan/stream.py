@@ -202,12 +202,9 @@ def _blocks(path: str, f) -> Iterator[tuple[int, _Lines, bytes]]:
 
 def _decode_block(path: str, base: int, lines: list[bytes], block: bytes) -> list:
     """The records of a block: one decoder call, or line by line to name a bad line."""
-    try:
-        recs = _LINES.decode_lines(block)
-        if len(recs) == len(lines):
-            return recs
-    except (msgspec.DecodeError, RecursionError):
-        pass
+    recs = _whole_block(_LINES, block, len(lines))
+    if recs is not None:
+        return recs
     out = []
     for k, line in enumerate(lines):
         where = f"line {base + k + 1}"
@@ -227,13 +224,19 @@ def _decode_block(path: str, base: int, lines: list[bytes], block: bytes) -> lis
 def _decode_checks(path: str, base: int, lines, block: bytes) -> list:
     """`_decode_block` for the checks alone: nodes as `NodeText`s, or, when the block does
     not decode so, the records `_decode_block` gives (and its errors)."""
+    recs = _whole_block(_CHECK_LINES, block, len(lines))
+    return recs if recs is not None else _decode_block(path, base, lines, block)
+
+
+def _whole_block(decoder: msgspec.json.Decoder, block: bytes, n_lines: int) -> list | None:
+    """A block's records in one decoder call; None when it does not decode so (a line the
+    type refuses, an empty line, bad JSON): the caller then decodes line by line or by
+    another type, which names the bad line."""
     try:
-        recs = _CHECK_LINES.decode_lines(block)
-        if len(recs) == len(lines):
-            return recs
+        recs = decoder.decode_lines(block)
     except (msgspec.DecodeError, RecursionError):
-        pass
-    return _decode_block(path, base, lines, block)
+        return None
+    return recs if len(recs) == n_lines else None
 
 
 def _records(path: str, f, build: bool = True, summary: dict | None = None) -> Iterator[Any]:
@@ -714,12 +717,9 @@ def _decode_unchecked(path: str, base: int, lines: list[bytes], block: bytes):
     straight into `NodeLine`s and `TensorLine`s when the block decodes so (the model's types
     are stricter than the records': e.g. `"attrs": null`), else the records as the checked
     reading decodes them."""
-    try:
-        recs = _UNCHECKED_LINES.decode_lines(block)
-        if len(recs) == len(lines):
-            return recs, _BULK_LINES
-    except (msgspec.DecodeError, RecursionError):
-        pass
+    recs = _whole_block(_UNCHECKED_LINES, block, len(lines))
+    if recs is not None:
+        return recs, _BULK_LINES
     return _decode_block(path, base, lines, block), _BULK
 
 
