@@ -12,7 +12,7 @@ from handmade import parallel_mlp, single_mlp
 
 from tvsmt.cli import main
 from tvsmt.errors import PlanError
-from tvsmt.plan import load_plan, plan_from_dict
+from tvsmt.plan import load_plan, plan_from_dict, plan_from_object
 
 
 def write(path, data, gz=False):
@@ -245,6 +245,8 @@ def test_fast_path_agrees_with_the_reference_validator(seed, numbering):
     fast = _outcome(lambda: decode_document(text, "p.json"))
     reference = _outcome(lambda: plan_from_dict(json.loads(text), "p.json"))
     assert fast == reference
+    # the same plan object converted in memory (the generator's path)
+    assert _outcome(lambda: plan_from_object(json.loads(text), "p.json")) == reference
 
 
 def one_line_exit_2(result, *words):
@@ -433,6 +435,7 @@ def test_decoder_checks_agree_with_the_reference_validator(damage, numbering):
     fast = _outcome(lambda: decode_document(text, "p.json"))
     reference = _outcome(lambda: plan_from_dict(json.loads(text), "p.json"))
     assert fast == reference
+    assert _outcome(lambda: plan_from_object(json.loads(text), "p.json")) == reference
     assert fast[0] == ("plan" if damage in _VALID else "error"), fast
     if fast[0] == "plan":
         assert all(tid == info.id for tid, info in fast[4].items())
@@ -507,3 +510,33 @@ def test_the_columnar_slice_check_is_taken_on_a_real_plan_and_finds_a_shifted_sl
     with pytest.raises(PlanError, match=f"lineage #{k} part {len(lin['parts']) - 1}: slice "
                                         ".* is outside the full shape"):
         check_pair(single, bad)
+
+
+@pytest.mark.parametrize("model,dims", [
+    ("llama3", dict(layers=2, dp=2, tp=2, pp=2, mb=2)),
+    ("moe", dict(layers=2, dp=2, tp=2, pp=2, mb=2)),
+    ("mlp", dict(layers=2, dp=2, tp=2, pp=1, mb=2)),
+])
+def test_generated_plans_convert_to_what_the_reference_validator_builds(model, dims):
+    """plan_from_object (the streamed generator's reader) builds exactly plan_from_dict's
+    plan from the generator's own dicts, attributes and lineages included, and takes the
+    fast path (its plans carry the columns the fold reads)."""
+    from tvsmt.frontends.generator import generate_pair
+
+    for data in generate_pair(model, **dims):
+        fast = plan_from_object(data, "g")
+        assert _outcome(lambda: fast) == _outcome(lambda: plan_from_dict(data, "g"))
+        assert fast.columns is not None
+
+
+def test_an_object_the_fast_path_refuses_gets_the_reference_message():
+    """A value the typed conversion refuses (a float rank) goes to plan_from_dict, which
+    words the error."""
+    plan = parallel_mlp()
+    plan["nodes"][3]["rank"] = 1.0
+    with pytest.raises(PlanError) as fast:
+        plan_from_object(plan, "p")
+    with pytest.raises(PlanError) as ref:
+        plan_from_dict(plan, "p")
+    assert str(fast.value) == str(ref.value)
+    assert "rank" in str(fast.value)

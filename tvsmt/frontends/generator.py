@@ -43,6 +43,7 @@ from typing import Any
 from tvsmt.frontends import llama, mlp, moe
 from tvsmt.frontends.builder import PlanBuilder, write_plan
 from tvsmt.frontends.spmd import Tracer, World
+from tvsmt.heap import collector_paused
 
 MODELS = {"llama3": llama.forward, "mlp": mlp.forward, "moe": moe.forward,
           "deepseek-v3": moe.deepseek_v3_forward}
@@ -159,6 +160,14 @@ def _trace(cfg: ModelConfig, world: World, kind: str, name: str) -> tuple[PlanBu
 
 
 def build_pair(cfg: ModelConfig, world: World) -> tuple[dict, dict]:
+    """(single, parallel) plan dicts. The cyclic collector is paused while they are traced:
+    millions of new acyclic dicts and lists made it run a full collection again and again
+    (3.2x the tracing time of a 32-layer dp2 tp8 pp16 mb2 pair: 5.4 against 1.7 s)."""
+    with collector_paused():
+        return _build_pair(cfg, world)
+
+
+def _build_pair(cfg: ModelConfig, world: World) -> tuple[dict, dict]:
     validate(cfg, world)
     name = (f"{cfg.model}_dp{world.dp}_tp{world.tp}_pp{world.pp}_mb{world.mb}"
             + (f"_ep{world.ep}" if world.ep is not None else "") + f"_ly{cfg.layers}")

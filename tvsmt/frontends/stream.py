@@ -48,7 +48,8 @@ from tvsmt.fold.units import Unit, WorldUnits
 from tvsmt.frontends.generator import ModelConfig, _world_dict, build_pair, default_batch
 from tvsmt.frontends.mutations import apply as apply_mutation
 from tvsmt.frontends.spmd import World
-from tvsmt.plan import plan_from_dict
+from tvsmt.heap import collector_paused
+from tvsmt.plan import plan_from_object
 from tvsmt.plan.model import LineagePart, Node, Plan, TensorInfo
 from tvsmt.plan.model import replace as replace_struct
 
@@ -116,6 +117,16 @@ class StreamedPlan:
                  heads: int = 4, ffn: int = 128, vocab: int = 128, seq: int = 8,
                  dp: int = 1, tp: int = 1, pp: int = 1, mb: int = 1, eps: float = 1e-5,
                  mutation: tuple[str, Unit, str] | None = None, ep: int | None = None):
+        # the collector paused: tracing, reading and splitting the representative trace
+        # allocate millions of acyclic records (the collections re-scanned them again and
+        # again; see generator.build_pair)
+        with collector_paused():
+            self._represent(model, layers, hidden, heads, ffn, vocab, seq, dp, tp, pp, mb,
+                            eps, mutation, ep)
+
+    def _represent(self, model, layers, hidden, heads, ffn, vocab, seq, dp, tp, pp, mb, eps,
+                   mutation, ep) -> None:
+        """The representative trace (replicas and micro-batches 0 and 1) and its tables."""
         self.world = World(dp, tp, pp, mb, ep)
         batch = default_batch(dp, mb)
         rows = batch // (dp * mb)
@@ -124,9 +135,9 @@ class StreamedPlan:
         rep_cfg = replace(cfg, batch=rows * rep_world.dp * rep_world.mb)
         name = f"{model}_dp{dp}_tp{tp}_pp{pp}_mb{mb}_ly{layers}"
         single_full, _ = build_pair(cfg, World())  # the single plan is small at any scale
-        self.single = plan_from_dict(single_full, f"{name}_single")
+        self.single = plan_from_object(single_full, f"{name}_single")
         rep_single, rep_parallel = build_pair(rep_cfg, rep_world)
-        rep = plan_from_dict(rep_parallel, f"{name}_parallel")
+        rep = plan_from_object(rep_parallel, f"{name}_parallel")
         world = _world_dict(cfg, self.world)
         self.header = Plan(f"<generated {name}_parallel>", f"{name}_parallel", "parallel",
                            world, {}, [], list(rep.outputs), rep.lineages)
@@ -152,7 +163,7 @@ class StreamedPlan:
             if where is None:
                 raise ValueError(f"no node of replica 0, micro-batch 0 starts with {prefix!r}")
             broken, self.mutation_record = apply_mutation(rep_parallel, bug, where=where)
-            bunits, _, bmap = split_units(plan_from_dict(broken, "mutated"), self.rep_wu,
+            bunits, _, bmap = split_units(plan_from_object(broken, "mutated"), self.rep_wu,
                                           SUM_OPS)
             kind = (0, 0) if unit[1] is not None else (0, None)
             self._mutated = bunits[kind]

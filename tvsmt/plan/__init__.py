@@ -1,6 +1,7 @@
 """Phase 1: reading execplan v1 files into typed, validated dataclasses."""
 
 from tvsmt.plan.model import Lineage, LineagePart, Node, Plan, TensorInfo
-from tvsmt.plan.reader import load_plan, plan_from_dict
+from tvsmt.plan.reader import load_plan, plan_from_dict, plan_from_object
 
-__all__ = ["Plan", "Node", "TensorInfo", "Lineage", "LineagePart", "load_plan", "plan_from_dict"]
+__all__ = ["Plan", "Node", "TensorInfo", "Lineage", "LineagePart", "load_plan", "plan_from_dict",
+           "plan_from_object"]
