@@ -104,8 +104,10 @@ class FilePlan:
 
         The cyclic collector is paused throughout: the scan allocates millions of acyclic
         records and keeps many of them (tables, retained units), and every collection of the
-        oldest generation re-scanned them all (over 40% of a 4-layer file's scan)."""
-        with collector_paused():
+        oldest generation re-scanned them all (over 40% of a 4-layer file's scan). What the
+        scan keeps is frozen after it (`freeze_after`): else the first collection after it
+        traverses every table and retained record once more."""
+        with collector_paused(freeze_after=True):
             self._scan_paused(wanted)
 
     def _scan_paused(self, wanted: set[int] | None) -> None:
