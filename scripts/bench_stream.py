@@ -20,10 +20,11 @@ process, so that its peak memory is its own:
   (tvsmt itself forks the checks only when a core is idle: `tvsmt.plan.stream.PARALLEL`).
 
 Printed per phase: wall time, CPU time of the process, peak resident memory (for verify, also the
-peak of the process and its workers and solvers together, sampled every 0.2 s, as the sum of
-their resident sizes, which counts a page shared by forked workers once per process, and as
-the sum of their proportional sizes, which counts it once). On a shared
-machine, the CPU time is the steadier figure.
+peak of the process and its workers and solvers together, as the sum of their resident sizes
+sampled every 0.2 s, which counts a page shared by forked workers once per process, and as the
+sum of their proportional sizes, which counts it once, sampled less often: see
+scripts/peak_memory.py and `--pss-every`). On a shared machine, the CPU time is the steadier
+figure.
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ elif phase == "verify":
     sys.path.insert(0, {root!r} + "/scripts")
     from peak_memory import TreeMemory
     from tvsmt.verify import Options, verify_pair
-    memory = TreeMemory()
+    pss_every = {pss_every!r}
+    memory = (TreeMemory(pss_every=pss_every, pss_share=1.0 if pss_every < 1 else 0.05)
+              if pss_every > 0 else TreeMemory.off())
     rep = verify_pair({single!r}, path, Options(jobs=2, progress=None, corpus=None))
     fold = rep.fold or {{}}
     what = (f"{{rep.verdict}}, folded {{fold.get('kept_units')}} of "
@@ -95,7 +98,8 @@ def run(phase: str, path: str, args) -> None:
     code = PHASE.format(root=str(ROOT), phase=phase, path=path, layers=args.layers, dp=args.dp,
                         tp=args.tp, pp=args.pp, mb=args.mb, single=single,
                         parallel=False if args.inline_check else
-                        (True if args.both or args.forked_check else None))
+                        (True if args.both or args.forked_check else None),
+                        pss_every=args.pss_every)
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -113,6 +117,10 @@ def main() -> None:
                     help="verify: the file's checks in a second process, whatever the load")
     ap.add_argument("--both", action="store_true",
                     help="verify twice: checks in a second process, then inline (an A/B in one run)")
+    ap.add_argument("--pss-every", type=float, default=0.2,
+                    help="verify: seconds between the memory sampler's PSS samples (default "
+                         "0.2; 1 or more: also at most 5%% of its time; 0: no sampler, to "
+                         "measure what it costs)")
     ap.add_argument("--keep", default=None, help="folder to keep the file in")
     ap.add_argument("--reuse", action="store_true",
                     help="read the file already kept in --keep instead of writing it")

@@ -162,7 +162,7 @@ def _trace(cfg: ModelConfig, world: World, kind: str, name: str) -> tuple[PlanBu
 def build_pair(cfg: ModelConfig, world: World) -> tuple[dict, dict]:
     """(single, parallel) plan dicts. The cyclic collector is paused while they are traced:
     millions of new acyclic dicts and lists made it run a full collection again and again
-    (3.2x the tracing time of a 32-layer dp2 tp8 pp16 mb2 pair: 5.4 against 1.7 s)."""
+    (2.5x the tracing time of a 32-layer dp2 tp8 pp16 mb2 pair: scripts/bench_generate.py)."""
     with collector_paused():
         return _build_pair(cfg, world)
 

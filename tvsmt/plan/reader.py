@@ -186,8 +186,8 @@ def plan_from_object(data: Any, path: str = "<memory>") -> Plan:
     msgspec into the typed structs and checked by `_build`, as a decoded document is; on
     anything the fast path does not take, `plan_from_dict` itself, which words the error.
     The same plan for anything JSON can hold (tests/test_plan_reader.py); a Python tuple
-    where the format has an array is taken as the array (plan_from_dict wants lists). 2.4x
-    faster on a 121k-node generated plan (0.78 against 1.85 s)."""
+    where the format has an array is taken as the array (plan_from_dict wants lists). 2.1x
+    faster on a 121k-node generated plan (scripts/bench_generate.py)."""
     with collector_paused(freeze_after=True):
         try:
             return _build(msgspec.convert(data, RawPlan, dec_hook=decode_scale), path)
