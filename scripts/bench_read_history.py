@@ -32,11 +32,14 @@ CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 from tvsmt.plan import load_plan
-try:  # the reading's cost in one process: no forked numbering (it trades CPU for wall time)
-    import tvsmt.plan.stream
-    tvsmt.plan.stream.PARALLEL = False
-except ImportError:
-    pass
+# the reading's cost in one process: no forked numbering (it trades CPU for wall time); the
+# switch is tvsmt.forked's now, tvsmt.plan.stream's in older revisions
+for module in ("tvsmt.forked", "tvsmt.plan.stream"):
+    try:
+        __import__(module)
+        sys.modules[module].PARALLEL = False
+    except ImportError:
+        pass
 def children():
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime

@@ -17,7 +17,7 @@ process, so that its peak memory is its own:
   forked second process while this one reads it (`tvsmt.plan.stream.read_checked`);
   `--inline-check` runs them in the reading process, `--forked-check` always in a second
   one, `--both` verifies both ways in one run
-  (tvsmt itself forks the checks only when a core is idle: `tvsmt.plan.stream.PARALLEL`).
+  (tvsmt itself forks the checks only when a core is idle: `tvsmt.forked.PARALLEL`).
 
 Printed per phase: wall time, CPU time of the process, peak resident memory (for verify, also the
 peak of the process and its workers and solvers together, as the sum of their resident sizes
@@ -59,9 +59,9 @@ if phase == "write":
                 "nodes": [node_dict(n) for n in s.nodes]}})
     what = "written"
 elif phase == "verify":
-    import tvsmt.plan.stream
-    tvsmt.plan.stream.PARALLEL = {parallel!r}
-    forked, load0 = tvsmt.plan.stream._forked_check(), os.getloadavg()[0]
+    import tvsmt.forked
+    tvsmt.forked.PARALLEL = {parallel!r}
+    forked, load0 = tvsmt.forked.use_second_core(), os.getloadavg()[0]
     sys.path.insert(0, {root!r} + "/scripts")
     from peak_memory import TreeMemory
     from tvsmt.verify import Options, verify_pair

@@ -14,6 +14,7 @@ import pytest
 from conftest import fixture_pair
 from test_fold_tables import DIMS, GENERATED
 
+from tvsmt import forked as forked_policy
 from tvsmt.fold.columns import ColumnPlan, columns_of
 from tvsmt.fold.folder import FoldRefused
 from tvsmt.fold.source import LoadedPlan, loaded_source
@@ -138,11 +139,11 @@ def forked_reader(monkeypatch):
     whatever their size and the load (tvsmt/plan/numbering.py ForkedNumbering)."""
     import os
 
-    from tvsmt.plan import numbering, stream
+    from tvsmt.plan import numbering
 
     if not hasattr(os, "fork"):
         pytest.skip("no fork on this platform")
-    monkeypatch.setattr(stream, "PARALLEL", True)
+    monkeypatch.setattr(forked_policy, "PARALLEL", True)
     monkeypatch.setattr(numbering, "FORK_MIN_BYTES", 0)
 
 

@@ -13,6 +13,7 @@ import random
 import numpy as np
 import pytest
 
+from tvsmt import forked as forked_policy
 from tvsmt.plan import numbering
 from tvsmt.plan.numbering import ABSENT, UNDECLARED, Numbering
 
@@ -124,9 +125,8 @@ def forked(monkeypatch):
     answers the parent took are recorded."""
     if not hasattr(__import__("os"), "fork"):
         pytest.skip("no fork on this platform")
-    from tvsmt.plan import stream
 
-    monkeypatch.setattr(stream, "PARALLEL", True)
+    monkeypatch.setattr(forked_policy, "PARALLEL", True)
     monkeypatch.setattr(numbering, "FORK_MIN_BYTES", 0)
     taken = []
     result = numbering.ForkedNumbering.result

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 from handmade import parallel_mlp, single_mlp
 
+from tvsmt import forked as forked_policy
 from tvsmt.cli import main
 from tvsmt.errors import PlanError
 from tvsmt.plan import load_plan, plan_from_dict, plan_from_object
@@ -213,7 +214,6 @@ def numbering(request, monkeypatch):
     import os
 
     from tvsmt.plan import numbering as module
-    from tvsmt.plan import stream
 
     if request.param == "dict":
         monkeypatch.setenv("TVSMT_NUMBERING", "dict")
@@ -223,7 +223,7 @@ def numbering(request, monkeypatch):
     else:
         if not hasattr(os, "fork"):
             pytest.skip("no fork on this platform")
-        monkeypatch.setattr(stream, "PARALLEL", True)
+        monkeypatch.setattr(forked_policy, "PARALLEL", True)
         monkeypatch.setattr(module, "FORK_MIN_BYTES", 0)
     return request.param
 

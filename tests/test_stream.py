@@ -12,6 +12,7 @@ import numpy as np
 import msgspec
 import pytest
 
+from tvsmt import forked as forked_policy
 from tvsmt.fold import LoadedPlan, fold_source
 from tvsmt.frontends import generate_pair
 from tvsmt.frontends.stream import StreamedPlan
@@ -196,10 +197,9 @@ def test_a_bug_in_one_unit_read_from_disk_is_caught_and_named(unit_file, tmp_pat
     from the file), and the verdict is a violation that names a tensor of that unit; with
     the file's checks in a second process (the fold on the unchecked reading) or in this
     one."""
-    from tvsmt.plan import stream
     from tvsmt.verify import verify_pair
 
-    monkeypatch.setattr(stream, "PARALLEL", forked)
+    monkeypatch.setattr(forked_policy, "PARALLEL", forked)
     s, p = unit_file
     done = []
 
@@ -366,8 +366,8 @@ def test_the_checks_in_a_second_process_give_the_inline_checks_errors(unit_file,
 
     s, p = unit_file
     single = load_plan(s)
-    monkeypatch.setattr(stream, "PARALLEL", True)  # forked, whatever the machine's load
-    assert stream._forked_check()
+    monkeypatch.setattr(forked_policy, "PARALLEL", True)  # forked, whatever the load
+    assert forked_policy.use_second_core()
     for name, lines in _malformed_variants(p, tmp_path).items():
         bad = tmp_path / "bad.jsonl"
         bad.write_text("".join(lines), encoding="utf-8")
@@ -386,7 +386,6 @@ def test_the_checks_are_forked_only_when_a_core_is_idle(monkeypatch):
     """Idle: fewer tasks runnable at this instant than cores (this one counted), or where
     the system does not say, a 1-minute load average below cores - 0.5."""
     from tvsmt import forked as F
-    from tvsmt.plan import stream
 
     assert F.runnable_now() is None or F.runnable_now() >= 1  # this process runs
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
@@ -395,11 +394,11 @@ def test_the_checks_are_forked_only_when_a_core_is_idle(monkeypatch):
             (1, 0.1, False, False), (None, 0.9, None, True), (None, 1.7, None, False)):
         monkeypatch.setattr(F, "runnable_now", lambda running=running: running)
         monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
-        monkeypatch.setattr(stream, "PARALLEL", forced)
-        assert stream._forked_check() is forked, (running, load, forced)
+        monkeypatch.setattr(forked_policy, "PARALLEL", forced)
+        assert forked_policy.use_second_core() is forked, (running, load, forced)
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
-    monkeypatch.setattr(stream, "PARALLEL", True)
-    assert stream._forked_check() is False
+    monkeypatch.setattr(forked_policy, "PARALLEL", True)
+    assert forked_policy.use_second_core() is False
 
 
 def test_unchecked_reading_yields_the_checked_objects(unit_file, tmp_path):
@@ -462,7 +461,7 @@ def test_a_file_changed_between_the_two_readings_is_refused(unit_file, monkeypat
     from tvsmt.plan import stream
 
     _, p = unit_file
-    monkeypatch.setattr(stream, "PARALLEL", True)
+    monkeypatch.setattr(forked_policy, "PARALLEL", True)
     monkeypatch.setattr(stream.ParallelCheck, "result", lambda self: ("another", 0))
     with pytest.raises(PlanError, match="changed while it was being read"):
         stream.read_checked(p, lambda it: sum(1 for _ in it))
@@ -473,7 +472,7 @@ def test_the_checking_process_ends_with_the_reading(unit_file, monkeypatch):
     from tvsmt.plan import stream
 
     _, p = unit_file
-    monkeypatch.setattr(stream, "PARALLEL", True)
+    monkeypatch.setattr(forked_policy, "PARALLEL", True)
     made = []
     init = stream.ParallelCheck.__init__
 
@@ -503,7 +502,7 @@ def test_a_checking_process_cut_short_leaves_the_checks_to_this_one(unit_file, m
     from tvsmt.plan import stream
 
     _, p = unit_file
-    monkeypatch.setattr(stream, "PARALLEL", True)
+    monkeypatch.setattr(forked_policy, "PARALLEL", True)
     monkeypatch.setattr(msgspec.json, "encode", lambda msg: answer)  # what the child writes
     ran_here = []
     check = stream.check_stream
@@ -525,12 +524,11 @@ def test_tables_over_columns_are_the_reference_tables(unit_file):
     from tvsmt.fold import filesource, table
     from tvsmt.plan import load_plan
 
-    from tvsmt.plan import stream
 
     s, p = unit_file
     single = load_plan(s)
     mp = pytest.MonkeyPatch()
-    mp.setattr(stream, "PARALLEL", True)  # fast: folded from the unchecked reading
+    mp.setattr(forked_policy, "PARALLEL", True)  # fast: folded from the unchecked reading
     try:
         fast = filesource.FilePlan(single, p)
     finally:
@@ -550,7 +548,7 @@ def test_tables_over_columns_are_the_reference_tables(unit_file):
             table.reference = real
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(stream, "PARALLEL", False)  # slow: from the checked reading
+    mp.setattr(forked_policy, "PARALLEL", False)  # slow: from the checked reading
     mp.setattr(filesource, "instance_table", by_build_table)
     mp.setattr(filesource._Scan, "_fast_parts", lambda self, lin: False)
     # other units' tensors named one by one (not over `_outside_ref`'s per-unit cache)

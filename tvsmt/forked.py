@@ -1,7 +1,8 @@
 """Work on the machine's second core: one function run in a forked child, its answer as bytes.
 
 The readers use it to take checks or numbering off the critical path of a large load
-(tvsmt.plan.stream.ParallelCheck, tvsmt.plan.numbering.ForkedNumbering). The child sees the
+(tvsmt.plan.stream.ParallelCheck, tvsmt.plan.numbering.ForkedNumbering), when
+`use_second_core()` says so: the one home of that policy. The child sees the
 parent's memory as it was at the fork, so it needs no arguments sent; it dies with the parent
 (parent-death signal), runs without the cyclic collector, and whatever goes wrong in it ends
 as an answer of no bytes: the caller then does the work itself. Nothing the child says is
@@ -16,6 +17,22 @@ import select
 import signal
 import time
 from collections.abc import Callable
+
+
+# Where the readers' second-core work runs (stream.ParallelCheck's checks, numbering's
+# ForkedNumbering): True in a forked process, False in this one, None (the default) in a
+# forked process when a core is idle now (`idle_core`): on a busy machine the second process
+# only adds work (the file is decoded twice), on an idle one it takes the work off the
+# reading's critical path.
+PARALLEL: bool | None = None
+
+
+def use_second_core() -> bool:
+    """Should a reader fork its second-core work now? (`PARALLEL`; never without fork or a
+    second core.)"""
+    if not hasattr(os, "fork") or (os.cpu_count() or 1) < 2:
+        return False
+    return idle_core() if PARALLEL is None else PARALLEL
 
 
 def idle_core() -> bool:

@@ -36,6 +36,7 @@ from tvsmt.fold.table import (
     Interner,
     UnitTable,
     _interned,
+    _interned_objects,
     _ATTRS_SEEN,
     _semantic_attrs,
     _semantic_column,
@@ -488,7 +489,7 @@ class ColumnPlan:
         self._out = (f_out_ptr, self._refs(np.repeat(f_key, np.diff(f_out_ptr)), f_out))
         opc, names = self._opc, self._op_names
         self._op = np.array([intern(op) for op in names], dtype=np.int64)[opc]
-        self._pass = _interned_by_identity(intern, list(map(_PASS, fnodes)))
+        self._pass = _interned_objects(intern, list(map(_PASS, fnodes)))
         self._rank, self._mb = f_rank, f_mb
         text = getattr(cols, "attr_text", None)  # the reader's codes of attribute texts
         self._attrs, self._attr_ptr, self._attr_ranks = _attr_columns(
@@ -523,7 +524,7 @@ class ColumnPlan:
         self._p_lin = np.repeat(np.fromiter((lin.index for lin in plan.lineages), np.int64,
                                             len(plan.lineages)), per_lin)
         self._p_pos = np.arange(len(parts)) - np.repeat(_ptr(per_lin)[:-1], per_lin)
-        self._p_scale = _interned_by_identity(intern, list(map(_SCALE, parts)))
+        self._p_scale = _interned_objects(intern, list(map(_SCALE, parts)))
         self._p_slice = _slices(cols.slices)[cols.slice_index]
         pidx = _stable_order(owner)
         ok = owner[pidx]
@@ -642,18 +643,6 @@ def _attr_columns(fnodes: list, opc: np.ndarray, op_names: list, intern: Interne
 _ATTRS = attrgetter("attrs")
 
 
-def _interned_by_identity(intern: Interner, values: list) -> np.ndarray:
-    """Interned ids of values that are mostly a few shared objects (passes, lineage
-    scales), as table._interned_objects computes them: each distinct object (found by its
-    id, in numpy) interned once, in order of first occurrence."""
-    if not values:
-        return np.zeros(0, dtype=np.int64)
-    ids = np.fromiter(map(id, values), np.int64, len(values))
-    _, first, inv = np.unique(ids, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")  # intern in order of first occurrence
-    codes = np.empty(len(first), dtype=np.int64)
-    codes[order] = [intern(values[i]) for i in first[order].tolist()]
-    return codes[inv.reshape(-1)]
 _ENCODE_LINES = msgspec.json.Encoder().encode_lines
 
 

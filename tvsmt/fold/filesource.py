@@ -358,13 +358,13 @@ class _Scan:
         own = prod.union(declared)  # the unit's tensors: written by it, or its inputs
         # numbered by first use, inputs then outputs, node by node: every name's first use
         # (one lookup a name), the unit's own among them (one a distinct name), then every
-        # name's number (one a name; the table's columns take them, not a lookup again)
-        named = list(chain.from_iterable(map(add, ins, outs)))
-        local = dict(zip(filter(own.__contains__, dict.fromkeys(named)), count()))
-        codes = np.fromiter(map(local.get, named, repeat(-1)), np.int64, len(named))
-        is_input = np.repeat(np.tile(np.array([True, False]), len(ns)), np.stack(
-            [np.fromiter(map(len, ins), np.int64, len(ns)),
-             np.fromiter(map(len, outs), np.int64, len(ns))], axis=1).ravel())
+        # input's and output's number (one a name; the table's columns take them, not a
+        # lookup again)
+        local = dict(zip(filter(own.__contains__,
+                                dict.fromkeys(chain.from_iterable(map(add, ins, outs)))),
+                         count()))
+        codes = [np.fromiter(map(local.get, chain.from_iterable(col), repeat(-1)), np.int64)
+                 for col in (ins, outs)]
         index = self.unit_index.get(u)
         if index is None:
             index = self.unit_index[u] = len(self.units_by_index)
@@ -383,7 +383,7 @@ class _Scan:
         if wanted is None:  # instance_table asks `outside` only for names not in `local`
             self.src._tables[u] = instance_table(u, infos, nodes, ins, outs, local,
                                                  self._outside_ref(u, d), self.src.intern,
-                                                 (codes[is_input], codes[~is_input]))
+                                                 tuple(codes))
         if self._retained(u):
             self.src._records[u] = UnitRecords(list(map(as_model, infos)),
                                                [(pos, as_model(n)) for pos, n in nodes], [])

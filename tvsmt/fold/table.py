@@ -333,12 +333,17 @@ def part_columns(parts: list[tuple[int, int, LineagePart]], ref: Callable[[str],
 
 
 def _interned_objects(intern: Interner, values: list) -> np.ndarray:
-    """Interned ids of values that are mostly a few shared objects (lineage scales): each
-    distinct object is hashed once."""
-    by_id: dict[int, int] = {}
-    for v in {id(v): v for v in values}.values():
-        by_id[id(v)] = intern(v)
-    return np.fromiter(map(by_id.__getitem__, map(id, values)), np.int64, len(values))
+    """Interned ids of values that are mostly a few shared objects (passes, lineage scales):
+    each distinct object (found by its id, in numpy) interned once, in order of first
+    occurrence."""
+    if not values:
+        return np.zeros(0, dtype=np.int64)
+    ids = np.fromiter(map(id, values), np.int64, len(values))
+    _, first, inv = np.unique(ids, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # intern in order of first occurrence
+    codes = np.empty(len(first), dtype=np.int64)
+    codes[order] = [intern(values[i]) for i in first[order].tolist()]
+    return codes[inv.reshape(-1)]
 
 
 def merge_part_columns(a: dict[str, np.ndarray], b: dict[str, np.ndarray]

@@ -169,8 +169,8 @@ class ForkedNumbering:
     back the numbers and, per node, a code of its attributes' text (the fold groups nodes by
     it: equal texts decode to equal attributes); `result(lens, n_nodes)` waits for them and
     returns them only when their lengths are those this process decoded (`lens`, one code
-    per node), else None. None too where the platform cannot fork, no core is idle (as
-    stream.ParallelCheck decides), the child failed, died or was cut short: the caller then
+    per node), else None. None too where the platform cannot fork, no core is idle
+    (`tvsmt.forked.use_second_core`), the child failed, died or was cut short: the caller then
     numbers here; also when it has not answered in far more time than it needs. The child
     dies with this process (parent-death signal); `stop()` kills it."""
 
@@ -181,10 +181,9 @@ class ForkedNumbering:
         self._call = None
         if len(text) < FORK_MIN_BYTES:
             return
-        from tvsmt.forked import ForkedCall
-        from tvsmt.plan.stream import _forked_check
+        from tvsmt.forked import ForkedCall, use_second_core
 
-        if _forked_check():
+        if use_second_core():
             self._call = ForkedCall(lambda: _numbers_message(text))
 
     @property

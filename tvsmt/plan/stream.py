@@ -37,6 +37,7 @@ import numpy as np
 
 from tvsmt.atomic import atomic_file
 from tvsmt.errors import InternalError, PlanError, UnsupportedOperator
+from tvsmt.forked import use_second_core
 from tvsmt.heap import collector_paused, collector_running
 from tvsmt.plan import reader as R
 from tvsmt.plan.model import Lineage, Node, Plan, TensorInfo
@@ -782,36 +783,19 @@ def _bulk_objects(recs: list, kinds: list, pool: dict) -> list:
     return out
 
 
-# Where the readers' second-core work runs (`ParallelCheck`'s checks, numbering.py's
-# `ForkedNumbering`): True in a forked process, False in this one, None (the default) in a
-# forked process when a core is idle now (`tvsmt.forked.idle_core`): on a busy machine the
-# second process only adds work (the file is decoded twice), on an idle one it takes the
-# work off the reading's critical path.
-PARALLEL: bool | None = None
-
-
-def _forked_check() -> bool:
-    from tvsmt.forked import idle_core
-
-    if not hasattr(os, "fork") or (os.cpu_count() or 1) < 2:
-        return False
-    if PARALLEL is None:
-        return idle_core()
-    return PARALLEL
-
-
 class ParallelCheck:
     """`check_stream` of a file in a forked process, while this process reads the same file
     with `iter_unchecked` (the machine's second core does the checks). `result()` waits for
     the verdict: it raises the checks' one-line error, else returns the checked file's
-    (plan id, checksum). Where the platform cannot fork, a core is busy (`PARALLEL`), or
+    (plan id, checksum). Where the platform cannot fork, a core is busy
+    (`tvsmt.forked.use_second_core`), or
     the child died without a verdict, the checks run here (the same errors). The child dies with this
     process (parent-death signal) and is killed by `stop()`."""
 
     def __init__(self, path: str):
         self.path = path
         self._call = None
-        self.forked = _forked_check() and os.path.isfile(path)
+        self.forked = use_second_core() and os.path.isfile(path)
         if self.forked:
             from tvsmt.forked import ForkedCall
 
