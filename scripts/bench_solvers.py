@@ -6,7 +6,9 @@ Generates small reduced-shape stages in QF_UFNRA (matmul split over ranks + all-
 RMSNorm with an uninterpreted rsqrt, softmax with uninterpreted exp and division, gradient
 accumulation over micro-batches), each in an equivalent (unsat) and a buggy (sat) version, and
 solves them (a) one `file` process per obligation, (b) one fresh stdin process per obligation,
-(c) one kept-alive stdin process with (reset) in between, (d) solve_all on all cores.
+(c) one kept-alive stdin process with (reset) in between, (d) solve_all on all cores, its
+solvers driven by threads of this process and by loky worker processes (started cold, as in
+one `tvsmt verify`, and warm).
 Numbers of the last run are in tvsmt/solvers/README.md.
 """
 
@@ -163,11 +165,12 @@ def main() -> None:
         t = time.perf_counter()
         kept = solve_batch(obs, prof, args.timeout)
         rows.append(("stdin, kept alive", time.perf_counter() - t, kept))
-        for state in ("cold", "warm"):  # cold: loky starts its workers
+        for backend, state in (("threading", ""), ("loky", " cold"), ("loky", " warm")):
+            # cold: loky starts its workers (as in one `tvsmt verify`); threads cost nothing
             t = time.perf_counter()
-            par = solve_all(obs, prof, jobs=args.jobs, timeout_s=args.timeout)
-            rows.append((f"solve_all {state} jobs={args.jobs or 'all'}", time.perf_counter() - t,
-                         par))
+            par = solve_all(obs, prof, jobs=args.jobs, timeout_s=args.timeout, backend=backend)
+            rows.append((f"solve_all {backend}{state} jobs={args.jobs or 'all'}",
+                         time.perf_counter() - t, par))
         for label, secs, res in rows:
             counts = {}
             for r in res:

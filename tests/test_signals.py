@@ -4,7 +4,8 @@ caller's pipe closes, and an interrupt ends with 128 + signal and one line, no t
 
 Each run is killed at one moment: while loading (the plan is a FIFO nobody writes), while
 encoding (forked encoding workers alive), while solving with a slow fake solver in the tvsmt
-process itself, and in loky worker processes. Every descendant is found by a tag in its
+process itself, with several driven by its threads (the default backend), and in loky worker
+processes. Every descendant is found by a tag in its
 environment (solvers and workers inherit it), so orphans re-parented to init are found too.
 """
 
@@ -88,6 +89,9 @@ def _args(moment: str, plans: dict) -> list[str]:
     if moment == "solving":  # few obligations: the solver runs under tvsmt itself
         return [*mlp, "--no-fold", "--jobs", "2", "--solver", sleepy[0]]
     if moment == "workers":  # 6 obligations x 5 solvers > 24: loky worker processes
+        return [*mlp, "--no-fold", "--jobs", "2", "--crosscheck=" + ",".join(sleepy),
+                "--backend", "loky"]
+    if moment == "threads":  # the default backend: two threads of tvsmt, a solver each
         return [*mlp, "--no-fold", "--jobs", "2", "--crosscheck=" + ",".join(sleepy)]
     raise AssertionError(moment)
 
@@ -108,12 +112,15 @@ def _reached(moment: str, proc: subprocess.Popen, tag: str, plans: dict) -> bool
     if moment == "workers":  # both workers busy (a worker still importing joblib when a
         # terminal's Ctrl-C reaches it prints the import's traceback: see the README)
         return len({p.ppid() for p in solvers} - {proc.pid}) >= 2
+    if moment == "threads":  # both threads' solvers started
+        return len(solvers) >= 2
     return bool(solvers)
 
 
 CASES = [(m, s) for m in ("loading", "encoding", "workers")
          for s in ("SIGINT", "SIGTERM", "SIGKILL")]
 CASES += [("solving", "SIGKILL"), ("solving", "SIGTERM"), ("workers", "ctrl-c")]
+CASES += [("threads", s) for s in ("SIGINT", "SIGTERM", "SIGKILL", "ctrl-c")]
 
 
 @pytest.mark.parametrize("moment,how", CASES)

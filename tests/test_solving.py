@@ -289,6 +289,48 @@ def test_exception_in_solve_all_leaves_no_solver(backend):
     assert_no_survivor(tag)
 
 
+def test_threads_keep_one_solver_each(monkeypatch):
+    """The default backend: each thread drives one kept-alive solver for all the obligations it
+    takes (no solver started per chunk, as loky's workers do), and every answer is right."""
+    from tvsmt.solving import runner
+
+    started = []
+    real_init = runner._SolverProcess.__init__
+
+    def counting_init(self, *a, **kw):
+        started.append(1)
+        real_init(self, *a, **kw)
+
+    monkeypatch.setattr(runner._SolverProcess, "__init__", counting_init)
+    obs = [ob(UNSAT_UF + f"; copy {i}\n") for i in range(10)]
+    obs += [ob(SAT_ALLREDUCE + f"; copy {i}\n", ("x0", "x1", "w0", "w1")) for i in range(10)]
+    results = solve_all(obs, "z3", jobs=2, timeout_s=20, backend="threading")
+    assert [r.status for r in results] == [UNSAT] * 10 + [SAT] * 10
+    for r in results[10:]:
+        check_values(r, SAT_ALLREDUCE)
+    assert 1 <= len(started) <= 2
+
+
+def test_a_solving_thread_that_fails_ends_the_run_and_leaves_no_solver(monkeypatch):
+    from tvsmt.solving import runner
+
+    profile, tag = tagged_profile("z3")
+    calls = []
+    real_solve = runner._Batch.solve
+
+    def failing_solve(self, o):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("boom in a solving thread")
+        return real_solve(self, o)
+
+    monkeypatch.setattr(runner._Batch, "solve", failing_solve)
+    obs = [ob(UNSAT_UF + f"; copy {i}\n") for i in range(8)]
+    with pytest.raises(RuntimeError, match="boom in a solving thread"):
+        solve_all(obs, profile, jobs=2, timeout_s=20, backend="threading")
+    assert_no_survivor(tag)
+
+
 def test_solve_all_parallel_progress_and_dedup():
     obs = basic_obligations()
     obs = obs + [obs[0], obs[1]]  # duplicates are solved once, reported for both indices

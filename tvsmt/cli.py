@@ -9,6 +9,7 @@ import click
 
 from tvsmt.cli_checks import Seconds, check_backend
 from tvsmt.errors import InputError, InternalError, SolverFailure, StructuralViolation
+from tvsmt.solving.types import DEFAULT_BACKEND
 from tvsmt.report.report import (
     EXIT_INCONCLUSIVE,
     EXIT_INPUT_ERROR,
@@ -178,8 +179,10 @@ def _solver_options(several: bool):
                          help="Seconds per obligation, 0 for no limit; the solver is killed "
                               "after it. A timeout is inconclusive, never a pass."),
             solver,
-            click.option("--backend", type=click.Choice(["loky", "threading", "dask"]),
-                         default="loky", show_default=True, help="joblib backend for solving."),
+            click.option("--backend", type=click.Choice(["threading", "loky", "dask"]),
+                         default=DEFAULT_BACKEND, show_default=True,
+                         help="where the solvers are driven from: threads of this process, "
+                         "loky worker processes, or a Dask cluster."),
             click.option("--scheduler", default=None, metavar="ADDRESS",
                          help="Dask scheduler address, tcp://HOST:PORT (with --backend dask; "
                               "checked to answer within a few seconds)."),

@@ -31,7 +31,7 @@ from tvsmt.solving.dispatch import (  # noqa: F401 - re-exported for callers and
     solve_obligations,
     store_in_corpus,
 )
-from tvsmt.solving.types import Obligation
+from tvsmt.solving.types import DEFAULT_BACKEND, Obligation
 from tvsmt.stages import Stage, cut_stages
 from tvsmt.timing import Timer  # noqa: F401  (re-exported: scripts and tests time phases)
 
@@ -45,7 +45,7 @@ class Options:
     crosscheck: bool | str | tuple[str, ...] = False
     corpus: str | None = None
     fresh: bool = False
-    backend: str = "loky"
+    backend: str = DEFAULT_BACKEND
     scheduler: str | None = None
     fold: bool = True  # replica folding (tvsmt/fold) when the plan has > 2 replicas or mbs
     strict: bool = False  # parallel results that no lineage claims make the run fail

@@ -525,7 +525,9 @@ class ColumnPlan:
                                             len(plan.lineages)), per_lin)
         self._p_pos = np.arange(len(parts)) - np.repeat(_ptr(per_lin)[:-1], per_lin)
         self._p_scale = _interned_objects(intern, list(map(_SCALE, parts)))
-        self._p_slice = _slices(cols.slices)[cols.slice_index]
+        # each part's slice as an index into the distinct slices' rows: a unit's table takes
+        # its parts' rows from them (all parts' rows at once would be 42 MB for 326k parts)
+        self._slice_rows, self._p_slice_at = _slices(cols.slices), np.asarray(cols.slice_index)
         pidx = _stable_order(owner)
         ok = owner[pidx]
         cuts = np.flatnonzero(np.concatenate([[True], ok[1:] != ok[:-1], [True]]))
@@ -577,7 +579,7 @@ class ColumnPlan:
             n_attr_ptr=_ptr(al), n_attr_ranks=ar, n_in_ptr=_ptr(il), n_in=ins.reshape(-1, 4),
             n_out_ptr=_ptr(ol), n_out=outs.reshape(-1, 4), n_pos=rows.copy(),
             p_lin=self._p_lin[pidx], p_pos=self._p_pos[pidx], p_scale=self._p_scale[pidx],
-            p_slice=self._p_slice[pidx], p_sum_ptr=_ptr(sl), p_sum=sums.reshape(-1, 4))
+            p_slice=self._slice_rows[self._p_slice_at[pidx]], p_sum_ptr=_ptr(sl), p_sum=sums.reshape(-1, 4))
 
     def records(self, unit: Unit) -> UnitRecords:
         key = self._key(unit)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only (tvsmt.verify imports this mo
 
 #: `--crosscheck` without a list
 DEFAULT_CROSSCHECK = ("z3", "cvc5")
-SMALL_RUN = 24  # obligations below which solving stays in this process (kept-alive solver)
+SMALL_RUN = 24  # obligations below which loky's solving stays in this process (one solver)
 
 
 def crosscheck_list(value: "bool | str | Sequence[str]") -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from tvsmt.solving.corpus import Corpus, FileProblem
 from tvsmt.solving.profiles import get_profile, solver_version
 from tvsmt.solving.runner import Progress, solve_all
-from tvsmt.solving.types import SAT, UNSAT, SolverResult
+from tvsmt.solving.types import DEFAULT_BACKEND, SAT, UNSAT, SolverResult
 
 
 @dataclass
@@ -61,7 +61,7 @@ class ReplayReport:
 
 
 def replay(corpus_dir: str | os.PathLike, solver: str = "z3", jobs: int | None = None,
-           timeout: float | None = 60, *, backend: str = "loky", scheduler=None,
+           timeout: float | None = 60, *, backend: str = DEFAULT_BACKEND, scheduler=None,
            progress: Progress | None = None) -> ReplayReport:
     """Re-solve every intact obligation of the corpus with `solver` and compare statuses.
 

@@ -3,8 +3,9 @@
 `solve_batch` runs a list of obligations in the calling process, one solver process at a time
 (kept alive across obligations when the profile allows, `(reset)` in between), each obligation
 bounded by `timeout_s` (the whole solver process tree is killed on timeout). `solve_all`
-spreads chunks of obligations over joblib workers (loky processes, or Dask with
-`backend="dask"`). `crosscheck` runs several solvers and reconciles their answers.
+spreads the obligations over threads of this process (the default, `DEFAULT_BACKEND`: each
+thread drives its own kept-alive solver), joblib's loky worker processes, or Dask
+(`backend="dask"`). `crosscheck` runs several solvers and reconciles their answers.
 
 Guarantees: an error of the solver or in its output is ERROR, never an answer; `unknown` and
 timeouts stay UNKNOWN/TIMEOUT; no solver process outlives the call (try/finally, also on
@@ -40,7 +41,8 @@ from tvsmt.solving import lifeline
 from tvsmt.solving.profiles import (Profile, build_command, child_env, get_profile,
                                     require_binary, solver_version)
 from tvsmt.solving.sexpr import SExprError, parse_get_value
-from tvsmt.solving.types import ERROR, SAT, TIMEOUT, UNKNOWN, UNSAT, Obligation, SolverResult
+from tvsmt.solving.types import (DEFAULT_BACKEND, ERROR, SAT, TIMEOUT, UNKNOWN, UNSAT, Obligation,
+                                 SolverResult)
 
 ANSWERS = (SAT, UNSAT, UNKNOWN)
 Progress = Callable[[int, SolverResult], object]
@@ -595,6 +597,15 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
             for c, idx in enumerate(copies[i]):
                 on_result(name, idx, res if c == 0 else replace(res))
 
+    if backend == "threading" and jobs != 1:
+        try:
+            _run_threads(obligations, unique, profiles, jobs, timeout_s, token, deliver)
+        except BaseException:
+            registry.cancel_and_kill()
+            raise
+        finally:
+            shutil.rmtree(registry_dir, ignore_errors=True)
+        return
     if jobs == 1 and backend != "dask":  # in this process: no worker pool to start
         try:
             for p in profiles:
@@ -649,14 +660,74 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
             shutil.rmtree(registry_dir, ignore_errors=True)
 
 
+def _run_threads(obligations: list[Obligation], unique: list[int], profiles: list[Profile],
+                 jobs: int | None, timeout_s, token, deliver) -> None:
+    """Solve in threads of this process, each driving its own kept-alive solver per profile
+    and taking the next obligation when it is free: the solvers do the work, so no worker
+    processes are started (loky's cost ~0.3 s a run, measured by scripts/bench_solvers.py)
+    and no solver is restarted between chunks. Results are delivered in this (the calling)
+    thread, as they arrive. A thread's exception ends the run and is raised here; an
+    exception here (KeyboardInterrupt, the progress callback's) stops the threads, whose
+    solvers the caller's registry kills."""
+    import queue
+    import threading
+
+    work = [(p, i) for i in unique for p in profiles]  # interleaved solvers, as the pool
+    workers = max(1, min(len(work), jobs if jobs and jobs > 0 else (os.cpu_count() or 1)))
+    taken = iter(work)
+    take_lock = threading.Lock()
+    stop = threading.Event()
+    answers: queue.SimpleQueue = queue.SimpleQueue()
+    registry = _Registry(token)
+
+    def worker() -> None:
+        batches: dict[str, _Batch] = {}
+        try:
+            while not stop.is_set():
+                with take_lock:
+                    item = next(taken, None)
+                if item is None:
+                    return
+                p, i = item
+                batch = batches.get(p.name)
+                if batch is None:
+                    batch = batches[p.name] = _Batch(p, timeout_s, registry)
+                answers.put((p.name, i, batch.solve(obligations[i])))
+        except BaseException as e:  # noqa: BLE001 - raised again in the calling thread
+            answers.put((None, None, e))
+        finally:
+            for batch in batches.values():
+                batch.close()
+
+    threads = [threading.Thread(target=worker, name=f"tvsmt-solver-{k}", daemon=True)
+               for k in range(workers)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(len(work)):
+            name, i, got = answers.get()
+            if name is None:
+                raise got
+            deliver(name, [(i, got)])
+    except BaseException:
+        stop.set()
+        registry.cancel_and_kill()  # a thread waiting on its solver gets an answer now
+        raise
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+
+
 def solve_all(obligations: Iterable[Obligation], solver: "str | Profile" = "z3",
-              jobs: int | None = None, timeout_s: float | None = 60, backend: str = "loky",
-              scheduler=None, progress: Progress | None = None, *,
-              chunk_size: int | None = None) -> list[SolverResult]:
+              jobs: int | None = None, timeout_s: float | None = 60,
+              backend: str = DEFAULT_BACKEND, scheduler=None, progress: Progress | None = None,
+              *, chunk_size: int | None = None) -> list[SolverResult]:
     """Solve every obligation with one solver, in parallel; results in input order.
 
-    jobs: joblib n_jobs (None = all cores / all Dask worker threads). backend: a joblib
-    backend ("loky", "threading", ...) or "dask", with `scheduler` an address
+    jobs: how many solvers at once (None = all cores / all Dask worker threads). backend:
+    "threading" (threads of this process, one kept-alive solver each), a joblib backend
+    ("loky", ...) or "dask", with `scheduler` an address
     ("tcp://host:8786") or a `distributed.Client` (None = the current default client).
     progress(index, result) is called in the caller's process as results arrive. Identical
     obligations (same digest) are solved once.
@@ -723,7 +794,8 @@ def reconcile(results: Sequence[SolverResult], *, strict: bool = False) -> Solve
 
 
 def crosscheck(obligations: Iterable[Obligation], solvers: Sequence["str | Profile"] = ("z3", "cvc5"),
-               jobs: int | None = None, timeout_s: float | None = 60, backend: str = "loky",
+               jobs: int | None = None, timeout_s: float | None = 60,
+               backend: str = DEFAULT_BACKEND,
                scheduler=None, progress: Progress | None = None, *, strict: bool = False,
                chunk_size: int | None = None) -> list[SolverResult]:
     """Run every solver on every obligation (all in one parallel run) and `reconcile`.
