@@ -597,19 +597,10 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
             for c, idx in enumerate(copies[i]):
                 on_result(name, idx, res if c == 0 else replace(res))
 
-    if backend == "threading" and jobs != 1:
+    if backend == "threading" or (jobs == 1 and backend != "dask"):
+        # in this process: threads driving kept-alive solvers, no worker pool to start
         try:
             _run_threads(obligations, unique, profiles, jobs, timeout_s, token, deliver)
-        except BaseException:
-            registry.cancel_and_kill()
-            raise
-        finally:
-            shutil.rmtree(registry_dir, ignore_errors=True)
-        return
-    if jobs == 1 and backend != "dask":  # in this process: no worker pool to start
-        try:
-            for p in profiles:
-                deliver(*_task(p, [(i, obligations[i]) for i in unique], timeout_s, token))
         except BaseException:
             registry.cancel_and_kill()
             raise
@@ -619,7 +610,7 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
     import joblib
 
     # workers of a local pool are our children and die with us (not Dask's, or others')
-    parent = os.getpid() if backend in ("loky", "multiprocessing", "threading") else None
+    parent = os.getpid() if backend in ("loky", "multiprocessing") else None
     try:
         ctx, n_jobs, own_client = _parallel_setup(backend, scheduler, jobs)
     except BaseException:
