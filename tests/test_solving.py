@@ -311,6 +311,18 @@ def test_threads_keep_one_solver_each(monkeypatch):
     assert 1 <= len(started) <= 2
 
 
+def test_threads_time_out_a_hard_obligation_and_go_on():
+    """A thread whose solver hits the time limit kills it, reports TIMEOUT and answers its
+    next obligations with a new solver; the other thread is not held up."""
+    profile, tag = tagged_profile("z3")
+    obs = [ob(hard_softmax() + f"; copy {i}\n") for i in range(2)]
+    obs += [ob(UNSAT_UF + f"; copy {i}\n") for i in range(6)]
+    results = solve_all(obs, profile, jobs=2, timeout_s=1, backend="threading")
+    assert [r.status for r in results] == [TIMEOUT, TIMEOUT] + [UNSAT] * 6
+    assert all(r.seconds >= 0.9 for r in results[:2])
+    assert_no_survivor(tag, within=0.5)
+
+
 def test_a_solving_thread_that_fails_ends_the_run_and_leaves_no_solver(monkeypatch):
     from tvsmt.solving import runner
 
