@@ -9,13 +9,13 @@ import click
 
 from tvsmt.cli_checks import Seconds, check_backend
 from tvsmt.errors import InputError, InternalError, SolverFailure, StructuralViolation
-from tvsmt.solving.types import DEFAULT_BACKEND
 from tvsmt.report.report import (
     EXIT_INCONCLUSIVE,
     EXIT_INPUT_ERROR,
     EXIT_INTERNAL,
     EXIT_VIOLATION,
 )
+from tvsmt.solving.types import DEFAULT_BACKEND
 from tvsmt.textsafe import plain
 
 

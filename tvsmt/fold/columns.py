@@ -579,7 +579,8 @@ class ColumnPlan:
             n_attr_ptr=_ptr(al), n_attr_ranks=ar, n_in_ptr=_ptr(il), n_in=ins.reshape(-1, 4),
             n_out_ptr=_ptr(ol), n_out=outs.reshape(-1, 4), n_pos=rows.copy(),
             p_lin=self._p_lin[pidx], p_pos=self._p_pos[pidx], p_scale=self._p_scale[pidx],
-            p_slice=self._slice_rows[self._p_slice_at[pidx]], p_sum_ptr=_ptr(sl), p_sum=sums.reshape(-1, 4))
+            p_slice=self._slice_rows[self._p_slice_at[pidx]], p_sum_ptr=_ptr(sl),
+            p_sum=sums.reshape(-1, 4))
 
     def records(self, unit: Unit) -> UnitRecords:
         key = self._key(unit)
