@@ -211,3 +211,36 @@ def test_first_index_codes_and_stable_order_are_numpys():
             assert np.array_equal(got_f, want_f) and np.array_equal(got_i, want_i.reshape(-1))
         for keys in (vals - 3, rng.integers(-5, 1 << 20, n)):
             assert np.array_equal(_stable_order(keys), np.argsort(keys, kind="stable"))
+
+
+def test_swapped_slices_in_a_folded_away_unit_are_caught(tmp_path):
+    """Each part's slice reaches a unit's table through the distinct slices' rows
+    (ColumnPlan's `_slice_rows`): two parts of units the fold would drop, with their slices
+    swapped, are seen by the fold (the unit holds another piece of the batch than its
+    other lineages say, so the fold is refused, naming it) and the plan, verified whole, is
+    a violation."""
+    from tvsmt.verify import Options, verify_pair
+
+    single_path, parallel_path = fixture_pair("llama3-ly2-dp16pp4tp1mb8")
+    raw = json.load(gzip.open(parallel_path))
+    per = raw["world"]["pp"] * raw["world"]["tp"]
+    writer = {t: n for n in raw["nodes"] for t in n["outputs"] if t is not None}
+
+    def unit(part):
+        n = writer.get(part["sum_of"][0])
+        return None if n is None else (n["rank"] // per, n["mb"])
+
+    lin, a, b = next((lin, a, b) for lin in raw["lineages"]
+                     for a, b in zip(lin["parts"], lin["parts"][1:])
+                     if len(a["sum_of"]) == 1 and len(b["sum_of"]) == 1
+                     and unit(a) and unit(b) and unit(a)[0] == unit(b)[0] >= 2
+                     and unit(a)[1] >= 2 and unit(b)[1] >= 2 and a["slice"] != b["slice"])
+    a["slice"], b["slice"] = b["slice"], a["slice"]
+    broken = tmp_path / "parallel.json.gz"
+    with gzip.open(broken, "wt") as f:
+        json.dump(raw, f)
+    report = verify_pair(single_path, str(broken), Options(jobs=1))
+    assert report.verdict == "violation"
+    assert report.fold is None
+    assert f"unit {unit(a)}" in report.fold_note or f"unit {unit(b)}" in report.fold_note, \
+        report.fold_note
