@@ -362,19 +362,6 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_plan_stream.py::test_a_node_id_used_twice_is_found_across_blocks",),
         fast=True),
     Mutation(
-        "stream-parallel-check-ignored",
-        "a JSON Lines file folded from disk is read unchecked while a forked process checks "
-        "it, and the fold never waits for that process's verdict",
-        "streaming reader (checks in a second process)",
-        (Patch("tvsmt/plan/stream.py",
-               "        check.result()  # raises the checks' error, if there is one\n",
-               "        check.stop()\n"),
-         Patch("tvsmt/plan/stream.py", "    checked = check.result()\n",
-               "    check.stop()\n    checked = summary.get(\"plan_id\"), summary.get(\"crc\")\n")),
-        ("tests/test_stream.py::"
-         "test_the_checks_in_a_second_process_give_the_inline_checks_errors",),
-        fast=True),
-    Mutation(
         "slice-check-per-slice",
         "the columnar lineage slice check (reader._slices_fit) checks each distinct slice "
         "once, against the shape of the last lineage that uses it, instead of each (full "
@@ -402,29 +389,6 @@ MUTATIONS: tuple[Mutation, ...] = (
          "test_the_columnar_slice_check_is_taken_on_a_real_plan_and_finds_a_shifted_slice",),
         fast=True),
     Mutation(
-        "stream-unchecked-lines-lose-attrs",
-        "the unchecked reading decodes node records straight into the model's Node; the "
-        "copy it keeps of a retained unit's node loses the node's attrs and source",
-        "streaming reader (records decoded straight into the model's types)",
-        (Patch("tvsmt/plan/stream.py",
-               "        return Node(*fields[:_ATTRS_AT], node_attrs(fields[_ATTRS_AT]), "
-               "*fields[_ATTRS_AT + 1:])\n",
-               "        return Node(*fields[:_ATTRS_AT])\n"),),
-        ("tests/test_stream.py::test_unchecked_reading_yields_the_checked_objects",),
-        fast=True),
-    Mutation(
-        "stream-raw-attrs-never-decoded",
-        "the unchecked reading keeps a node's attributes as their JSON text (stream.NodeLine) "
-        "and the fold builds them only for its memo's misses; the mutation never builds them "
-        "(every streamed node reads as having no attributes), so a unit whose only "
-        "difference is an attribute would fold as a copy",
-        "streaming reader (attributes kept as text, the fold's memo keyed on it)",
-        (Patch("tvsmt/plan/stream.py",
-               "        return _ATTRS_JSON.decode(attrs) or {}\n",
-               "        return {}\n"),),
-        ("tests/test_stream.py::test_a_bug_in_one_unit_read_from_disk_is_caught_and_named",),
-        fast=True),
-    Mutation(
         "stream-check-attrs-any",
         "the checks alone (check_stream) check node attributes to be an object or null "
         "without building them; the mutation takes any value, so a node whose attributes "
@@ -433,31 +397,84 @@ MUTATIONS: tuple[Mutation, ...] = (
         (Patch("tvsmt/plan/stream.py",
                "    attrs: Optional[_AnyObject] = None\n",
                "    attrs: Any = None\n"),),
-        ("tests/test_stream.py::"
-         "test_the_checks_in_a_second_process_give_the_inline_checks_errors",),
+        ("tests/test_stream.py::test_a_malformed_file_gets_the_record_checks_own_error",),
         fast=True),
     Mutation(
-        "filesource-replica-refs-shared",
-        "the references of replica-unit tensors (weights, accumulated gradients) are "
-        "remembered per replica; the mutation remembers them for the whole file, so a weight "
-        "of replica 0 read by replica 1 is taken for replica 1's own and never refused",
-        "streaming folder (references of replica-unit tensors remembered per replica)",
-        (Patch("tvsmt/fold/filesource.py",
-               "        replica_refs = self.replica_refs[d]\n",
-               "        replica_refs = self.replica_refs[0]\n"),),
-        ("tests/test_stream.py::"
-         "test_a_weight_read_by_two_replicas_makes_the_streamed_fold_refuse",),
+        "scan-window-numbers-shifted",
+        "the one-pass JSON Lines reading (plan/scan.py) numbers the names found among the "
+        "last two blocks' declarations one too high",
+        "one-pass JSON Lines reading (names looked up by Arrow in the last blocks)",
+        (Patch("tvsmt/plan/scan.py",
+               "found.filter(found.is_valid()).to_numpy() + self.window_first\n",
+               "found.filter(found.is_valid()).to_numpy() + self.window_first + 1\n"),),
+        ("tests/test_scan.py::test_the_scan_reads_the_plan_iter_records_reads",),
         fast=True),
     Mutation(
-        "filesource-outside-ref-one-unit",
-        "a streamed unit's references to other units' tensors reuse the unit part of the "
-        "first one computed, so a replica unit's sum reads every instance unit's gradient as "
-        "the first unit's",
-        "streaming fold (references to other units over a per-unit cache)",
-        (Patch("tvsmt/fold/filesource.py", "            head = heads.get(i)\n",
-               "            head = next(iter(heads.values()), None)\n"),),
-        ("tests/test_stream.py::test_tables_over_columns_are_the_reference_tables",),
+        "scan-declared-before-unchecked",
+        "the one-pass reading never checks that a tensor is declared before the node naming "
+        "it (it numbers names found anywhere in the block or at the end)",
+        "one-pass JSON Lines reading (the checks over whole columns)",
+        (Patch("tvsmt/plan/scan.py",
+               "            if (t_line[num[named]] >= reader_line).any():\n",
+               "            if False:\n"),),
+        ("tests/test_scan.py::test_no_damaged_file_is_scanned",), fast=True),
+    Mutation(
+        "scan-topological-unchecked",
+        "the one-pass reading never checks that a tensor is written before it is read",
+        "one-pass JSON Lines reading (the checks over whole columns)",
+        (Patch("tvsmt/plan/scan.py",
+               "            if ((w < self.n_n) & (w >= reader)).any():\n",
+               "            if False:\n"),),
+        ("tests/test_scan.py::test_no_damaged_file_is_scanned",), fast=True),
+    Mutation(
+        "scan-equal-hashes-trusted",
+        "the one-pass reading takes names with equal hashes for distinct without comparing "
+        "them, so a node id used twice (or a tensor declared twice) reads",
+        "one-pass JSON Lines reading (ids and names distinct by hash, then by name)",
+        (Patch("tvsmt/plan/scan.py", "        if not len(same):\n            return\n",
+               "        if True:\n            return\n"),),
+        ("tests/test_scan.py::test_no_damaged_file_is_scanned",), fast=True),
+    Mutation(
+        "scan-equal-hashes-are-duplicates",
+        "the one-pass reading takes names with equal hashes for the same name",
+        "one-pass JSON Lines reading (ids and names distinct by hash, then by name)",
+        (Patch("tvsmt/plan/scan.py", "        if len(set(got)) != len(got):\n",
+               "        if got:\n"),),
+        ("tests/test_scan.py::test_equal_hashes_never_merge_names",), fast=True),
+    Mutation(
+        "scan-attrs-any",
+        "the one-pass reading keeps node attributes as their text and never checks that the "
+        "text is an object or null",
+        "one-pass JSON Lines reading (attributes kept as text)",
+        (Patch("tvsmt/plan/scan.py",
+               "            if text[:1] not in (b\"{\", b\"n\"):  # decoded JSON: an object, "
+               "or null\n",
+               "            if False:\n"),),
+        ("tests/test_scan.py::test_no_damaged_file_is_scanned",), fast=True),
+    Mutation(
+        "scan-lineage-shape-unchecked",
+        "the one-pass reading never compares a lineage tensor's shape with its slice's",
+        "one-pass JSON Lines reading (the checks over whole columns)",
+        (Patch("tvsmt/plan/scan.py",
+               "            if (t_shape[s_num] != np.repeat(want[slice_index], p_len)).any():\n",
+               "            if False:\n"),),
+        ("tests/test_scan.py::test_no_damaged_file_is_scanned",), fast=True),
+    Mutation(
+        "scan-checksum-unchecked",
+        "the one-pass reading never compares the trailer's checksum with the bytes read",
+        "one-pass JSON Lines reading (the trailer)",
+        (Patch("tvsmt/plan/scan.py", "                or t.lineages != n_lin or t.crc32 != self.crc):\n",
+               "                or t.lineages != n_lin):\n"),),
+        ("tests/test_stream.py::test_a_malformed_file_gets_the_record_checks_own_error",),
         fast=True),
+    Mutation(
+        "scan-records-lose-attrs",
+        "the records the one-pass reading builds back from its columns (the kept units') "
+        "lose their attributes",
+        "one-pass JSON Lines reading (records built on demand)",
+        (Patch("tvsmt/plan/scan.py", "                     _ATTRS_TEXT.decode(texts[t]) or {}, sources[s])\n",
+               "                     {}, sources[s])\n"),),
+        ("tests/test_scan.py::test_the_scan_reads_the_plan_iter_records_reads",), fast=True),
     Mutation(
         "object-reader-lax-types",
         "the in-memory reader (reader.plan_from_object, the streamed generator's) converts "

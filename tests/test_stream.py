@@ -9,7 +9,6 @@ import re
 from collections import Counter
 
 import numpy as np
-import msgspec
 import pytest
 
 from tvsmt import forked as forked_policy
@@ -128,24 +127,41 @@ def _opts():
     return Options(jobs=1, progress=None, corpus=None)
 
 
-def test_units_stream_from_the_file_into_the_folder(unit_file):
-    """FilePlan folds the file as it streams, like folding the loaded file, and keeps the
-    records of the retained units only (never the whole plan)."""
-    from tvsmt.fold.filesource import FilePlan
+def _scanned_source(single, path):
+    """A JSON Lines file as `tvsmt verify` folds it: read in one pass into columns
+    (tvsmt/plan/scan.py), split into units over them (tvsmt/fold/columns.py)."""
+    from tvsmt.fold.columns import ColumnPlan
+    from tvsmt.plan.scan import scan_plan
+
+    scanned = scan_plan(path)
+    return ColumnPlan(single, scanned.header_plan(), scanned.columns)
+
+
+def test_a_file_folds_from_its_columns_as_its_loaded_plan_folds(unit_file, monkeypatch):
+    """The file read into columns folds exactly as the same file loaded whole, and only the
+    records of the units the fold keeps are ever built (of 16 units, 4 kept)."""
+    from tvsmt.fold import fold_plans
     from tvsmt.plan import load_plan
+    from tvsmt.plan import scan as scan_module
     from tvsmt.verify import verify_pair
 
+    built: list[int] = []
+    nodes_of = scan_module.ScannedPlan._nodes
+    monkeypatch.setattr(scan_module.ScannedPlan, "_nodes",
+                        lambda self, idx: built.extend(idx) or nodes_of(self, idx))
     s, p = unit_file
     single = load_plan(s)
-    source = FilePlan(single, p)
-    streamed = fold_source(source)
-    loaded = fold_source(LoadedPlan(single, load_plan(p)))
-    assert streamed.info.checked == loaded.info.checked
+    streamed = fold_source(_scanned_source(single, p))
+    loaded = fold_plans(single, load_plan(p))
+    assert streamed.info == loaded.info
     assert streamed.info.exceptions == [] and streamed.info.kept_units == 4
-    assert {n.id for n in streamed.parallel.nodes} == {n.id for n in loaded.parallel.nodes}
+    assert streamed.parallel.nodes == loaded.parallel.nodes
+    assert streamed.parallel.tensors == loaded.parallel.tensors
+    assert streamed.parallel.lineages == loaded.parallel.lineages
     assert streamed.single.tensors == loaded.single.tensors
-    retained = {u for u in source._records if u[1] is not None}
-    assert retained == {(d, m) for d in range(3) for m in range(3)}  # of 16 units
+    kept = len(streamed.parallel.nodes)
+    total = streamed.info.checked["nodes"]
+    assert kept <= len(set(built)) < kept + total // 8, (len(set(built)), kept, total)
     report = verify_pair(s, p, _opts())
     assert report.verdict == "equivalent" and report.fold_note is None
     assert report.fold["kept_units"] == 4 and report.fold["exceptions"] == []
@@ -187,27 +203,26 @@ def _cube_for_square(n) -> bool:
     return False
 
 
-@pytest.mark.parametrize("edit", [_sub_for_add, _cube_for_square], ids=["op", "attrs"])
-@pytest.mark.parametrize("forked", [True, False], ids=["checks forked", "checks inline"])
-def test_a_bug_in_one_unit_read_from_disk_is_caught_and_named(unit_file, tmp_path,
-                                                              monkeypatch, forked, edit):
-    """One node of replica 3, micro-batch 2 is edited in the file (an add becomes a sub, or
-    a square a cube: only the attributes' text differs, which the fold reads as text, not
-    decoded, stream.NodeLine): the folder finds that unit is no copy, keeps it (read again
-    from the file), and the verdict is a violation that names a tensor of that unit; with
-    the file's checks in a second process (the fold on the unchecked reading) or in this
-    one."""
-    from tvsmt.verify import verify_pair
-
-    monkeypatch.setattr(forked_policy, "PARALLEL", forked)
-    s, p = unit_file
+def _in_unit(section_name: str, edit):
     done = []
 
     def change(section, n):
-        if not done and section == "unit replica 3 micro-batch 2" and edit(n):
+        if not done and section == section_name and edit(n):
             done.append(n["id"])
         return n
+    return change, done
 
+
+@pytest.mark.parametrize("edit", [_sub_for_add, _cube_for_square], ids=["op", "attrs"])
+def test_a_bug_in_one_unit_read_from_disk_is_caught_and_named(unit_file, tmp_path, edit):
+    """One node of replica 3, micro-batch 2 is edited in the file (an add becomes a sub, or
+    a square a cube: only the attributes' text differs, which the scan keeps as a code of
+    the text): the folder finds that unit is no copy, keeps it (its records built from the
+    columns), and the verdict is a violation that names a tensor of that unit."""
+    from tvsmt.verify import verify_pair
+
+    s, p = unit_file
+    change, done = _in_unit("unit replica 3 micro-batch 2", edit)
     bad = str(tmp_path / "bug.jsonl")
     _rewrite(p, bad, change)
     assert done
@@ -219,19 +234,11 @@ def test_a_bug_in_one_unit_read_from_disk_is_caught_and_named(unit_file, tmp_pat
         [f.message for f in report.failures]
 
 
-def test_a_weight_read_by_two_replicas_makes_the_streamed_fold_refuse(unit_file, tmp_path):
-    """A node of replica 1 reads a weight of replica 0 (same shape) in the file: a graph input
-    of no instance unit read by two replicas cannot be streamed, so the fold refuses and the
-    pair is verified whole, although replica 0's units already looked that weight up (the
-    references of replica-unit tensors are remembered per replica, filesource._outside_ref)."""
-    from tvsmt.fold.filesource import FilePlan
-    from tvsmt.fold.folder import FoldRefused
-    from tvsmt.plan import load_plan
+def _weight_of_replica_0(p: str):
+    """An edit making a node of replica 1 read a weight of replica 0 (same shape)."""
     from tvsmt.plan.model import Node, TensorInfo
     from tvsmt.plan.stream import Section, iter_records
-    from tvsmt.verify import verify_pair
 
-    s, p = unit_file
     info, read0, section = {}, {}, ""
     for r in iter_records(p):
         if type(r) is Section:
@@ -242,29 +249,48 @@ def test_a_weight_read_by_two_replicas_makes_the_streamed_fold_refuse(unit_file,
             for x in r.inputs:
                 if x in info and info[x].role == "param":
                     read0.setdefault(info[x].shape, x)
-    done = []
 
-    def change(section, n):
-        if not done and section == "unit replica 1 micro-batch 0":
-            for k, x in enumerate(n["inputs"]):
-                if (x in info and info[x].role == "param" and x not in read0.values()
-                        and info[x].shape in read0):
-                    n["inputs"][k] = read0[info[x].shape]
-                    done.append(x)
-                    break
-        return n
+    def edit(n):
+        for k, x in enumerate(n["inputs"]):
+            if (x in info and info[x].role == "param" and x not in read0.values()
+                    and info[x].shape in read0):
+                n["inputs"][k] = read0[info[x].shape]
+                return True
+        return False
+    return edit
 
-    bad = str(tmp_path / "shared.jsonl")
+
+@pytest.mark.parametrize("edit", ["op", "attrs", "weight of replica 0"])
+def test_an_edited_file_folds_as_its_loaded_plan_folds(unit_file, tmp_path, edit):
+    """Whatever the file holds, its fold from the columns is the loaded plan's fold: the same
+    units checked, the same exceptions, the same folded pair (or the same refusal)."""
+    from tvsmt.fold import FoldRefused, fold_plans
+    from tvsmt.plan import load_plan
+
+    s, p = unit_file
+    fn = {"op": _sub_for_add, "attrs": _cube_for_square,
+          "weight of replica 0": _weight_of_replica_0(p)}[edit]
+    change, done = _in_unit("unit replica 1 micro-batch 0" if edit.startswith("weight")
+                            else "unit replica 3 micro-batch 2", fn)
+    bad = str(tmp_path / "edited.jsonl")
     _rewrite(p, bad, change)
     assert done
-    with pytest.raises(FoldRefused, match="read by replicas 0 and 1"):
-        FilePlan(load_plan(s), bad)
-    assert verify_pair(s, bad, _opts()).fold_note  # verified whole (folded as loaded)
+    single = load_plan(s)
+    outcomes = []
+    for fold in (lambda: fold_source(_scanned_source(single, bad)),
+                 lambda: fold_plans(single, load_plan(bad))):
+        try:
+            f = fold()
+            outcomes.append((f.info, f.parallel.nodes, f.parallel.tensors,
+                             f.parallel.lineages))
+        except FoldRefused as e:
+            outcomes.append(str(e))
+    assert outcomes[0] == outcomes[1]
 
 
-def test_a_file_not_grouped_by_unit_is_verified_whole(unit_file, tmp_path):
-    """Without one section per unit the fold cannot be decided while streaming: the file is
-    then read whole (and still folded), never passed on a guess."""
+def test_a_file_not_grouped_by_unit_folds_from_its_columns(unit_file, tmp_path):
+    """Units are found from the columns, wherever their records lie in the file: a file
+    written from a document (one stream, no sections) folds as the sectioned one does."""
     from tvsmt.frontends.builder import write_plan
     from tvsmt.verify import verify_pair
 
@@ -272,8 +298,8 @@ def test_a_file_not_grouped_by_unit_is_verified_whole(unit_file, tmp_path):
     _, parallel = generate_pair("llama3", **FILE_WORLD)
     p = write_plan(tmp_path / "p.jsonl", parallel)  # one stream, no sections
     report = verify_pair(s, p, _opts())
-    assert report.verdict == "equivalent"
-    assert "whole file" in report.fold_note
+    assert report.verdict == "equivalent" and report.fold_note is None
+    assert report.fold["kept_units"] == 4 and report.fold["exceptions"] == []
 
 
 def _lines(path: str) -> list[str]:
@@ -321,8 +347,8 @@ def test_malformed_unit_files_are_one_line_errors_on_the_streaming_path(unit_fil
 
 
 def _malformed_variants(p: str, tmp_path) -> dict[str, list[str]]:
-    """Unit files broken in ways the checks catch; several of them fold without a hitch
-    when nothing checks them (the edited role, the id used twice, the unread tensor)."""
+    """Unit files broken in ways the checks catch; several of them would fold without a
+    hitch if nothing checked them (the edited role, the id used twice, the unread tensor)."""
     lines = _lines(p)
     recs = [json.loads(x) for x in lines]
     sections = [k for k, r in enumerate(recs) if r["r"] == "section"]
@@ -335,7 +361,7 @@ def _malformed_variants(p: str, tmp_path) -> dict[str, list[str]]:
                   if recs[i]["r"] == "tensor" and recs[i]["role"] == "input")
     dup = dict(recs[nodes[-1]], id=recs[nodes[3]]["id"])  # an id of another unit's node
     dangling = dict(recs[k], inputs=["nowhere", *recs[k]["inputs"][1:]])
-    listed = dict(recs[k], attrs=[1])  # attributes that are no object (the checks keep text)
+    listed = dict(recs[k], attrs=[1])  # attributes that are no object (the scan keeps text)
     role = lines[edited].replace('"input"', '"activation"')
     assert role != lines[edited]
     return {
@@ -352,37 +378,30 @@ def _malformed_variants(p: str, tmp_path) -> dict[str, list[str]]:
     }
 
 
-def test_the_checks_in_a_second_process_give_the_inline_checks_errors(unit_file, tmp_path,
-                                                                       monkeypatch):
-    """FilePlan reads the file unchecked while a forked process checks it
-    (stream.read_checked): every malformed file fails with the one-line error the inline
-    checks give, also where the unchecked reading alone would fold it; the checks alone
-    (check_stream, which keeps node attributes as text) give the error of the reading that
-    builds every record (read_stream)."""
+def test_a_malformed_file_gets_the_record_checks_own_error(unit_file, tmp_path):
+    """`tvsmt verify` reads a JSON Lines file in one pass into columns; whatever that pass
+    refuses is worded by the record-by-record checks: every malformed file fails with
+    exactly the one-line error `check_stream` (and `read_stream`) gives."""
     from tvsmt.errors import PlanError
-    from tvsmt.fold.filesource import FilePlan
-    from tvsmt.plan import load_plan
     from tvsmt.plan import stream
+    from tvsmt.verify import verify_pair
 
     s, p = unit_file
-    single = load_plan(s)
-    monkeypatch.setattr(forked_policy, "PARALLEL", True)  # forked, whatever the load
-    assert forked_policy.use_second_core()
     for name, lines in _malformed_variants(p, tmp_path).items():
         bad = tmp_path / "bad.jsonl"
         bad.write_text("".join(lines), encoding="utf-8")
-        with pytest.raises(PlanError) as inline:
+        with pytest.raises(PlanError) as checked:
             stream.check_stream(str(bad))
         with pytest.raises(PlanError) as built:
             stream.read_stream(str(bad))
-        assert str(built.value) == str(inline.value), name
-        with pytest.raises(PlanError) as forked:
-            FilePlan(single, str(bad))
-        assert str(forked.value) == str(inline.value), name
-        assert len(str(forked.value).splitlines()) == 1 and "bad.jsonl" in str(forked.value)
+        assert str(built.value) == str(checked.value), name
+        with pytest.raises(PlanError) as verified:
+            verify_pair(s, str(bad), _opts())
+        assert str(verified.value) == str(checked.value), name
+        assert len(str(verified.value).splitlines()) == 1 and "bad.jsonl" in str(verified.value)
 
 
-def test_the_checks_are_forked_only_when_a_core_is_idle(monkeypatch):
+def test_the_second_core_is_used_only_when_a_core_is_idle(monkeypatch):
     """Idle: fewer tasks runnable at this instant than cores (this one counted), or where
     the system does not say, a 1-minute load average below cores - 0.5."""
     from tvsmt import forked as F
@@ -401,163 +420,18 @@ def test_the_checks_are_forked_only_when_a_core_is_idle(monkeypatch):
     assert forked_policy.use_second_core() is False
 
 
-def test_unchecked_reading_yields_the_checked_objects(unit_file, tmp_path):
-    """`iter_unchecked` builds what `iter_records` yields (the fold sees the same records),
-    and reads the checked file's plan id and checksum."""
-    from tvsmt.plan import stream
-    from handmade import parallel_mlp
-    from tvsmt.frontends.builder import write_plan
-
-    _, p = unit_file
-    mlp = write_plan(tmp_path / "mlp.jsonl", parallel_mlp())  # scales, one stream
-    def stretches(objs):  # tensors and nodes between section markers, as `Batch`es
-        out: list = []
-        for o in objs:
-            if type(o) in (stream.Batch, stream.Section) or not out or \
-                    type(out[-1]) is not stream.Batch:
-                if type(o) not in (TensorInfo, Node):
-                    out.append(o)
-                    if type(o) is stream.Batch:  # decoded straight into the model's types
-                        assert {type(x) for x in o.tensors} <= {TensorInfo, stream.TensorLine}
-                        assert {type(x) for x in o.nodes} <= {Node, stream.NodeLine}
-                        out[-1] = stream.Batch(list(map(stream.as_model, o.tensors)),
-                                               list(map(stream.as_model, o.nodes)))
-                    continue
-                out.append(stream.Batch([], []))
-            (out[-1].tensors if type(o) is TensorInfo else out[-1].nodes).append(o)
-        return out
-
-    from tvsmt.plan.model import Node, TensorInfo
-
-    # a record the model's types refuse and the format allows (null attrs, a role that is
-    # not a string): its block is decoded as the checked reading decodes it
-    doc = parallel_mlp()
-    doc["nodes"][1]["attrs"] = None
-    first = next(iter(doc["tensors"]))
-    doc["tensors"][first]["role"] = 7
-    odd = stream.write_stream(tmp_path / "odd.jsonl", doc)
-    def fields(batches):  # every field, attrs and source too (Node's == leaves them out)
-        def flat(x):
-            return msgspec.structs.astuple(x) if isinstance(x, msgspec.Struct) else x
-        return [(tuple(map(flat, b.tensors)), tuple(map(flat, b.nodes)))
-                if type(b) is stream.Batch else b for b in batches]
-
-    for path in (p, mlp, odd):
-        summary: dict = {}
-        checked = stretches(stream.iter_records(path))
-        unchecked = stretches(stream.iter_unchecked(path, summary))
-        assert unchecked == checked and fields(unchecked) == fields(checked)
-        assert sum(type(o) is stream.Batch for o in checked) >= (2 if path == p else 1)
-        assert (summary["plan_id"], summary["crc"]) == stream.check_stream(path)
-    lines = [o for o in stream.iter_unchecked(p, {}) if type(o) is stream.Batch]
-    assert {type(n) for b in lines for n in b.nodes} == {stream.NodeLine}
-    odd_nodes = [n for o in stream.iter_unchecked(odd, {}) if type(o) is stream.Batch
-                 for n in o.nodes]
-    assert {type(n) for n in odd_nodes} == {Node} and odd_nodes[1].attrs == {}
-
-
-def test_a_file_changed_between_the_two_readings_is_refused(unit_file, monkeypatch):
-    from tvsmt.errors import PlanError
-    from tvsmt.plan import stream
-
-    _, p = unit_file
-    monkeypatch.setattr(forked_policy, "PARALLEL", True)
-    monkeypatch.setattr(stream.ParallelCheck, "result", lambda self: ("another", 0))
-    with pytest.raises(PlanError, match="changed while it was being read"):
-        stream.read_checked(p, lambda it: sum(1 for _ in it))
-
-
-def test_the_checking_process_ends_with_the_reading(unit_file, monkeypatch):
-    """Ctrl-C while reading: the checking child is killed and reaped at once."""
-    from tvsmt.plan import stream
-
-    _, p = unit_file
-    monkeypatch.setattr(forked_policy, "PARALLEL", True)
-    made = []
-    init = stream.ParallelCheck.__init__
-
-    def spy(self, path):
-        init(self, path)
-        made.append(self.pid)
-    monkeypatch.setattr(stream.ParallelCheck, "__init__", spy)
-
-    def interrupted(it):
-        next(it)
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        stream.read_checked(p, interrupted)
-    assert made and made[0] is not None  # it was forked
-    with pytest.raises(ChildProcessError):
-        os.waitpid(made[0], os.WNOHANG)  # already reaped
-
-
-@pytest.mark.parametrize("answer", [b"", b'{"ok": ["'])
-def test_a_checking_process_cut_short_leaves_the_checks_to_this_one(unit_file, monkeypatch,
-                                                                     answer):
-    """The checking child killed before or while it answers (out of memory): its silence or
-    its half message is never a verdict; the checks run here and give the file's own."""
-    import msgspec
-
-    from tvsmt.plan import stream
-
-    _, p = unit_file
-    monkeypatch.setattr(forked_policy, "PARALLEL", True)
-    monkeypatch.setattr(msgspec.json, "encode", lambda msg: answer)  # what the child writes
-    ran_here = []
-    check = stream.check_stream
-    monkeypatch.setattr(stream, "check_stream",
-                        lambda path: ran_here.append(path) or check(path))
-    pc = stream.ParallelCheck(p)
-    assert pc.forked
-    assert pc.result() == check(p)
-    assert ran_here[0] == p
-
-
-def test_tables_over_columns_are_the_reference_tables(unit_file):
-    """FilePlan builds units' tables and their lineage parts over columns
-    (table.instance_table, _Scan._fast_parts, _Scan._outside_ref) from the unchecked reading:
-    the same tables as `build_table`, the part-by-part loop and references located one by one
-    give from the checked reading, column for column."""
+def test_tables_over_the_scanned_columns_are_the_reference_tables(unit_file):
+    """The units, tables and records of the file folded from its columns are those of the
+    node-by-node split of the loaded plan (source.LoadedPlan, the reference), column for
+    column."""
     from dataclasses import fields
 
-    from tvsmt.fold import filesource, table
     from tvsmt.plan import load_plan
-
 
     s, p = unit_file
     single = load_plan(s)
-    mp = pytest.MonkeyPatch()
-    mp.setattr(forked_policy, "PARALLEL", True)  # fast: folded from the unchecked reading
-    try:
-        fast = filesource.FilePlan(single, p)
-    finally:
-        mp.undo()
-
-    def by_build_table(u, infos, nodes, ins, outs, local, outside, intern, codes=None):
-        real = table.reference
-
-        def fake(unit, target, k):  # an outside tensor keeps the reference FilePlan gives
-            return outside(k) if target == "outside" else real(unit, target, k)
-
-        table.reference = fake
-        try:
-            return table.build_table(u, infos, nodes, [], lambda x: (
-                (u, local[x]) if x in local else ("outside", x)), intern)
-        finally:
-            table.reference = real
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(forked_policy, "PARALLEL", False)  # slow: from the checked reading
-    mp.setattr(filesource, "instance_table", by_build_table)
-    mp.setattr(filesource._Scan, "_fast_parts", lambda self, lin: False)
-    # other units' tensors named one by one (not over `_outside_ref`'s per-unit cache)
-    mp.setattr(filesource._Scan, "_outside_ref", lambda self, u, d: (
-        lambda x: table.reference(u, *self._outside(x, d))))
-    try:
-        slow = filesource.FilePlan(single, p)
-    finally:
-        mp.undo()
+    fast = _scanned_source(single, p)
+    slow = LoadedPlan(single, load_plan(p))
     interned = ("t_shape", "n_op", "n_pass", "n_attrs", "p_scale")
     assert fast.units() == slow.units()
     for u in fast.units():
@@ -571,6 +445,10 @@ def test_tables_over_columns_are_the_reference_tables(unit_file):
                 assert x == y, (u, f.name)
             else:
                 assert np.array_equal(x, y), (u, f.name)
+        ra, rb = fast.records(u), slow.records(u)
+        assert (ra.tensors, ra.nodes, ra.parts) == (rb.tensors, rb.nodes, rb.parts), u
+    ga, gb = fast.global_records(), slow.global_records()
+    assert (ga.tensors, ga.parts, ga.part_refs) == (gb.tensors, gb.parts, gb.part_refs)
 
 
 class _CountingPlan(StreamedPlan):

@@ -290,18 +290,30 @@ def is_stream_file(path: str) -> bool:
 
 def verify_stream_file(single_path: str, parallel_path: str, opts: Options,
                        timer: Timer) -> Report | None:
-    """A JSON Lines parallel plan folded while it streams from the file (never held whole;
-    tvsmt/fold/filesource.py). None when the file cannot be folded as it streams: the
-    caller then reads it whole (malformed input still raises its one-line InputError)."""
+    """A JSON Lines parallel plan read in one pass into integer columns (tvsmt/plan/scan.py:
+    no record object is kept but those the fold keeps) and folded over them
+    (tvsmt/fold/columns.py). None when the one pass does not take the file (an unusual but
+    valid file) or the fold refuses it: the caller then reads it whole. A malformed file
+    raises the one-line InputError of the record-by-record checks."""
     from tvsmt.fold import FoldRefused, fold_source
-    from tvsmt.fold.filesource import FilePlan
+    from tvsmt.fold.columns import ColumnPlan
+    from tvsmt.plan.scan import NotScanned, scan_plan
+    from tvsmt.plan.stream import check_stream
 
     with timer.phase("load"):
         single = load_plan(single_path)
         try:
-            source = FilePlan(single, parallel_path)
-        except FoldRefused:
+            scanned = scan_plan(parallel_path)
+        except NotScanned:
+            check_stream(parallel_path)  # words what is wrong, if anything is
             return None
+    if any(lin.hypothesis for lin in scanned.lineages):
+        return None  # inferred lineages are verified from the whole plan (capture/driver.py)
+    try:
+        with timer.phase("fold"), collector_paused():
+            source = ColumnPlan(single, scanned.header_plan(), scanned.columns)
+    except FoldRefused:
+        return None
     note: list[str] = []
 
     def whole() -> Report:

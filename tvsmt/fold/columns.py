@@ -178,10 +178,12 @@ def _cumcount(groups: np.ndarray) -> np.ndarray:
 class ColumnPlan:
     """`source.LoadedPlan` over columns (the same unit source, see the module docstring)."""
 
-    def __init__(self, single: Plan, parallel: Plan):
+    def __init__(self, single: Plan, parallel: Plan, cols: PlanColumns | None = None):
+        """`cols`: the plan's columns when a reader gives them (a JSON Lines scan: then
+        `parallel` is only the header, its records are the columns' lazy ones)."""
         self.single, self.header = single, parallel
         self.intern = Interner()
-        cols = columns_of(parallel)
+        cols = columns_of(parallel) if cols is None else cols
         try:
             self._split(parallel, cols)
         except NoUnits as e:
@@ -197,8 +199,8 @@ class ColumnPlan:
             mesh = Mesh.of({k: v for k, v in plan.world.items() if k in ("dp", "pp", "tp")})
         except (TypeError, ValueError) as e:
             raise NoUnits(f"the plan's world: {e}") from None
-        nodes = plan.nodes
-        n = len(nodes)
+        nodes = cols.nodes
+        n = len(cols.rank)
         size, per, mbs = mesh.dp * mesh.pp * mesh.tp, mesh.per_replica, wu.mb
         self.wu, self.stride = wu, mbs + 1  # unit key: d * stride + (m + 1), 0 for m None
         rank, mb = cols.rank, cols.mb
@@ -212,8 +214,11 @@ class ColumnPlan:
         stride = self.stride
         d = rank // per
         key = d * stride + np.where(mb == -1, 0, mb + 1)
-        firsts, opc = _first_index_codes(np.asarray(cols.op))
-        op_code = {nodes[i].op: k for k, i in enumerate(firsts.tolist())}
+        if cols.op_code is not None:
+            opc, op_code = cols.op_code, {op: k for k, op in enumerate(cols.op_names)}
+        else:
+            firsts, opc = _first_index_codes(np.asarray(cols.op))
+            op_code = {nodes[i].op: k for k, i in enumerate(firsts.tolist())}
         sum_codes = np.array([op_code[o] for o in SUM_OPS if o in op_code], dtype=np.int64)
         is_sum = np.isin(opc, sum_codes)
         in_len, in_num, out_len, out_num = cols.in_len, cols.in_num, cols.out_len, cols.out_num
@@ -246,12 +251,14 @@ class ColumnPlan:
         spanning = is_sum & (key % stride == 0)
         readers = np.bincount(in_num[in_num >= 0], minlength=n_t)
         named = np.zeros(n_t, dtype=bool)
-        out_nums = cols.number.of_names(list(plan.outputs))
+        out_nums = (cols.output_num if cols.output_num is not None
+                    else cols.number.of_names(list(plan.outputs)))
         if len(out_nums) and out_nums.min() < 0:  # not a declared tensor
             raise NoColumns
         named[out_nums] = True
         named[cols.s_num] = True
-        self._parts = list(chain.from_iterable(map(_PARTS, plan.lineages)))
+        self._parts = (cols.parts if cols.parts is not None
+                       else list(chain.from_iterable(map(_PARTS, plan.lineages))))
         self._p_sum_num = (cols.s_len, cols.s_num)
         rows = np.flatnonzero(spanning)
         dropped = np.zeros(n, dtype=bool)
@@ -311,17 +318,24 @@ class ColumnPlan:
         f_out_ptr = _ptr(f_out_len)
         f_key, f_rank, f_mb = key[keep], rank[keep], mb[keep]
         tids = cols.tids
-        fnodes = list(map(nodes.__getitem__, keep.tolist()))
+        replaced = {}
         for i, v in changed.items():
             nd = nodes[i]
-            fnodes[pos_of[i]] = Node(nd.id, nd.op, nd.pass_, nd.rank, nd.mb,
-                                     tuple(tids[x] if x >= 0 else None for x in v),
-                                     nd.outputs, nd.attrs, nd.source)
+            names = _take(tids, [x for x in v if x >= 0])[::-1]
+            replaced[int(pos_of[i])] = Node(
+                nd.id, nd.op, nd.pass_, nd.rank, nd.mb,
+                tuple(names.pop() if x >= 0 else None for x in v), nd.outputs, nd.attrs,
+                nd.source)
+        if isinstance(nodes, list):
+            fnodes = list(map(nodes.__getitem__, keep.tolist()))
+            for j, nd in replaced.items():
+                fnodes[j] = nd
+        else:  # built on demand (a scan's): only the nodes looked at
+            fnodes = _Kept(nodes, keep, replaced)
         self._nodes, self._keep = fnodes, keep
         self._opc, self._op_names = opc[keep], list(op_code)
         self._tensor_unit(n_t, tensor_alive, f_key, f_in_len, f_in, f_out, f_out_len)
-        self._number(fnodes, per, f_key, f_rank, f_in_ptr, f_in, f_out_ptr, f_out,
-                     tensor_alive)
+        self._number(per, f_key, f_rank, f_in_ptr, f_in, f_out_ptr, f_out, tensor_alive)
         self._tables(plan, cols, fnodes, f_key, f_rank, f_mb, f_in_ptr, f_in, f_out_ptr,
                      f_out, tensor_alive)
 
@@ -352,10 +366,8 @@ class ColumnPlan:
 
     # -- canonical order and local numbers (units._canonical_order)
 
-    def _number(self, fnodes, per, f_key, f_rank, f_in_ptr, f_in, f_out_ptr, f_out,
-                tensor_alive):
+    def _number(self, per, f_key, f_rank, f_in_ptr, f_in, f_out_ptr, f_out, tensor_alive):
         stride, tunit = self.stride, self._tunit
-        nk = len(f_key)
         num = np.full(len(tunit), -1, dtype=np.int64)
         d = f_key // stride
         inst = f_key % stride != 0
@@ -423,12 +435,13 @@ class ColumnPlan:
                         producer[x] = i
         top = max(level.values(), default=-1)
         r_order: dict[int, list] = {u: [] for u in replicas}
+        op_of, rank_of = self._op_names, f_rank
+        opc = self._opc
         for lev in range(top + 1):
             for u in replicas:
                 def sort_key(i: int, u=u):
-                    nd = fnodes[i]
                     read = sorted(int(num[x]) for x in ins_of[i] if x >= 0)
-                    return (nd.rank - (u // stride) * per, nd.op, read, i)
+                    return (int(rank_of[i]) - (u // stride) * per, op_of[opc[i]], read, i)
                 got = sorted((i for i in members[u] if level[i] == lev), key=sort_key)
                 r_order[u] += got
                 new = [x for x in dict.fromkeys(chain.from_iterable(
@@ -484,12 +497,15 @@ class ColumnPlan:
     def _tables(self, plan, cols, fnodes, f_key, f_rank, f_mb, f_in_ptr, f_in, f_out_ptr,
                 f_out, tensor_alive):
         intern = self.intern
-        nk = len(fnodes)
         self._in = (f_in_ptr, self._refs(np.repeat(f_key, np.diff(f_in_ptr)), f_in))
         self._out = (f_out_ptr, self._refs(np.repeat(f_key, np.diff(f_out_ptr)), f_out))
         opc, names = self._opc, self._op_names
         self._op = np.array([intern(op) for op in names], dtype=np.int64)[opc]
-        self._pass = _interned_objects(intern, list(map(_PASS, fnodes)))
+        if cols.pass_code is not None:
+            self._pass = np.array([intern(p) for p in cols.pass_names],
+                                  dtype=np.int64)[np.asarray(cols.pass_code)[self._keep]]
+        else:
+            self._pass = _interned_objects(intern, list(map(_PASS, fnodes)))
         self._rank, self._mb = f_rank, f_mb
         text = getattr(cols, "attr_text", None)  # the reader's codes of attribute texts
         self._attrs, self._attr_ptr, self._attr_ranks = _attr_columns(
@@ -499,9 +515,13 @@ class ColumnPlan:
         # each unit's tensors by local number
         tk = self._tunit
         alive = np.flatnonzero(tensor_alive)
-        firsts, dense = _first_index_codes(np.asarray(cols.t_shape))
-        self._t_shape = np.array([intern(infos[i].shape) for i in firsts.tolist()],
-                                 dtype=np.int64)[dense.reshape(-1)]
+        if cols.shape_code is not None:
+            self._t_shape = np.array([intern(sh) for sh in cols.shapes],
+                                     dtype=np.int64)[np.asarray(cols.shape_code)]
+        else:
+            firsts, dense = _first_index_codes(np.asarray(cols.t_shape))
+            self._t_shape = np.array([intern(infos[i].shape) for i in firsts.tolist()],
+                                     dtype=np.int64)[dense.reshape(-1)]
         by = alive[np.lexsort((self._num[alive], tk[alive]))]
         keys = tk[by]
         cuts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1], [True]]))
@@ -519,12 +539,19 @@ class ColumnPlan:
             owner = np.where(lo == hi, lo, _GLOBAL_KEY)
         self._p_owner = owner
         self._p_sum = (s_ptr, self._refs(np.repeat(owner, s_len), s_num), s_num)
-        per_lin = np.fromiter(map(len, map(_PARTS, plan.lineages)), np.int64,
-                              len(plan.lineages))
-        self._p_lin = np.repeat(np.fromiter((lin.index for lin in plan.lineages), np.int64,
-                                            len(plan.lineages)), per_lin)
-        self._p_pos = np.arange(len(parts)) - np.repeat(_ptr(per_lin)[:-1], per_lin)
-        self._p_scale = _interned_objects(intern, list(map(_SCALE, parts)))
+        if cols.part_lineage is not None:
+            self._p_lin = np.fromiter((lin.index for lin in plan.lineages), np.int64,
+                                      len(plan.lineages))[np.asarray(cols.part_lineage)]
+            self._p_pos = np.asarray(cols.part_pos)
+            self._p_scale = np.array([intern(sc) for sc in cols.scales],
+                                     dtype=np.int64)[np.asarray(cols.scale_code)]
+        else:
+            per_lin = np.fromiter(map(len, map(_PARTS, plan.lineages)), np.int64,
+                                  len(plan.lineages))
+            self._p_lin = np.repeat(np.fromiter((lin.index for lin in plan.lineages),
+                                                np.int64, len(plan.lineages)), per_lin)
+            self._p_pos = np.arange(len(parts)) - np.repeat(_ptr(per_lin)[:-1], per_lin)
+            self._p_scale = _interned_objects(intern, list(map(_SCALE, parts)))
         # each part's slice as an index into the distinct slices' rows: a unit's table takes
         # its parts' rows from them (all parts' rows at once would be 42 MB for 326k parts)
         self._slice_rows, self._p_slice_at = _slices(cols.slices), np.asarray(cols.slice_index)
@@ -549,7 +576,7 @@ class ColumnPlan:
         recs = UnitRecords()
         t = self._tensors.get(_GLOBAL_KEY)
         if t is not None:
-            recs.tensors = list(map(self._infos.__getitem__, t.tolist()))
+            recs.tensors = _take(self._infos, t.tolist())
         pidx = self._unit_parts.get(_GLOBAL_KEY, np.zeros(0, dtype=np.int64)).tolist()
         recs.parts = self._part_records(pidx)
         s_ptr, _, s_num = self._p_sum
@@ -587,20 +614,49 @@ class ColumnPlan:
         rows = self._order[unit].tolist()
         t = self._tensors.get(key, np.zeros(0, dtype=np.int64)).tolist()
         pidx = self._unit_parts.get(key, np.zeros(0, dtype=np.int64)).tolist()
-        return UnitRecords(list(map(self._infos.__getitem__, t)),
-                           list(zip(rows, map(self._nodes.__getitem__, rows))),
+        return UnitRecords(_take(self._infos, t), list(zip(rows, _take(self._nodes, rows))),
                            self._part_records(pidx))
 
     def _part_records(self, pidx: list) -> list[tuple]:
         """(lineage, position in it, part) of these parts."""
         return list(zip(self._p_lin[pidx].tolist(), self._p_pos[pidx].tolist(),
-                        map(self._parts.__getitem__, pidx)))
+                        _take(self._parts, pidx)))
 
     def worker_view(self):
         return None
 
 
-def _attr_columns(fnodes: list, opc: np.ndarray, op_names: list, intern: Interner,
+def _take(seq, idx: list) -> list:
+    """seq[i] for each i: in one batch where the sequence builds its items on demand (a
+    JSON Lines scan's records, tvsmt/plan/scan.py), else item by item."""
+    take = getattr(seq, "take", None)
+    return take(idx) if take is not None else list(map(seq.__getitem__, idx))
+
+
+class _Kept:
+    """The nodes that the flattening of sums keeps (positions `keep` of `nodes`), some
+    replaced by their flattened sum; built on demand when `nodes` is (a scan's)."""
+
+    def __init__(self, nodes, keep: np.ndarray, replaced: dict[int, Node]):
+        self._nodes, self._keep, self._replaced = nodes, keep, replaced
+
+    def __len__(self) -> int:
+        return len(self._keep)
+
+    def __getitem__(self, j: int) -> Node:
+        got = self._replaced.get(int(j))
+        return got if got is not None else self._nodes[int(self._keep[j])]
+
+    def take(self, js: list) -> list:
+        out = _take(self._nodes, self._keep[js].tolist()) if len(js) else []
+        for k, j in enumerate(js):
+            got = self._replaced.get(int(j))
+            if got is not None:
+                out[k] = got
+        return out
+
+
+def _attr_columns(fnodes, opc: np.ndarray, op_names: list, intern: Interner,
                   text_code: np.ndarray | None = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every node's semantic attributes (table.semantic_attrs): interned text, and the rank
@@ -624,10 +680,9 @@ def _attr_columns(fnodes: list, opc: np.ndarray, op_names: list, intern: Interne
     base = int(text_code.max()) + 1 if n else 1
     _, first, inv = np.unique(opc * base + text_code, return_index=True, return_inverse=True)
     sem = []
-    for i in first.tolist():
-        if lines is None:  # the file's text, not the encoded one: not the shared memo's key
-            sem.append(_semantic_attrs(fnodes[i]))
-            continue
+    if lines is None:  # the file's text, not the encoded one: not the shared memo's key
+        sem = list(map(_semantic_attrs, _take(fnodes, first.tolist())))
+    for i in first.tolist() if lines is not None else ():
         key = (op_names[opc[i]], lines[i])
         hit = _ATTRS_SEEN.get(key)
         if hit is None:

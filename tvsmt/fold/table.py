@@ -34,7 +34,6 @@ import numpy as np
 from tvsmt.fold.units import Unit, WorldUnits
 from tvsmt.ops import get as get_op
 from tvsmt.plan.model import LineagePart, Node, TensorInfo
-from tvsmt.plan.stream import node_attrs
 
 NULL = -3  # an absent slot (None)
 SAME = -2  # micro-batch column: the table's own micro-batch
@@ -113,11 +112,8 @@ def semantic_attrs(node: Node) -> tuple[str, list[int]]:
 
 
 def _semantic_attrs(node: Node) -> tuple[str, list[int]]:
-    # a streamed file's node holds its attributes' JSON text (stream.NodeLine): the memo's
-    # key is that text (the encoder writes it unchanged), built into a dict only here
     reads = get_op(node.op).semantic_attrs
-    attrs = node_attrs(node.attrs)
-    attrs = attrs if reads is None else reads(attrs)
+    attrs = node.attrs if reads is None else reads(node.attrs)
     if not attrs:
         return "", []
     ranks: list[int] = []

@@ -171,3 +171,21 @@ class PlanColumns:
     # texts, hence equal attributes), when the reader had it computed (numbering.py); None:
     # the fold encodes the attributes itself
     attr_text: Any = None
+    # Codes a reader may have computed already (the JSON Lines scan, tvsmt/plan/scan.py,
+    # whose `nodes`, `infos`, `tids` and `parts` are lazy: built on demand), so that the fold
+    # never touches every record: per node its op and pass as an index into the names; per
+    # tensor its shape as an index into `shapes`; per lineage part (all lineages' parts in
+    # order) its lineage, position in it and scale (an index into `scales`); the numbers of
+    # the plan's outputs. None: the fold computes them from the records.
+    op_code: Any = None
+    op_names: list | None = None
+    pass_code: Any = None
+    pass_names: list | None = None
+    shape_code: Any = None
+    shapes: list | None = None
+    parts: Any = None
+    part_lineage: Any = None
+    part_pos: Any = None
+    scale_code: Any = None
+    scales: list | None = None
+    output_num: Any = None

@@ -29,15 +29,14 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
-from operator import attrgetter, is_
+from operator import attrgetter
 from typing import Any, Optional
 
 import msgspec
 import numpy as np
 
 from tvsmt.atomic import atomic_file
-from tvsmt.errors import InternalError, PlanError, UnsupportedOperator
-from tvsmt.forked import use_second_core
+from tvsmt.errors import PlanError, UnsupportedOperator
 from tvsmt.heap import collector_paused, collector_running
 from tvsmt.plan import reader as R
 from tvsmt.plan.model import Lineage, Node, Plan, TensorInfo
@@ -185,15 +184,19 @@ def _blocks(path: str, f) -> Iterator[tuple[int, _Lines, bytes]]:
         carry = data[cut:]
         if cut:
             body = data[:cut] if carry else data
-            ends = np.flatnonzero(np.frombuffer(body, np.uint8) == 10)
-            lengths = np.diff(ends, prepend=-1) - 1
-            if int(lengths.max()) > limit:
-                k = int(np.flatnonzero(lengths > limit)[0])
-                raise PlanError(f"line {lineno + k + 1}: record longer than the limit of "
-                                f"{limit} bytes (set {R.RECORD_LIMIT_ENV} to raise it)",
-                                file=path)
-            yield lineno, _Lines(body, len(ends)), body
-            lineno += len(ends)
+            if len(body) <= limit:  # no line of it can be longer: only count them
+                count = body.count(b"\n")
+            else:
+                ends = np.flatnonzero(np.frombuffer(body, np.uint8) == 10)
+                lengths = np.diff(ends, prepend=-1) - 1
+                if int(lengths.max()) > limit:
+                    k = int(np.flatnonzero(lengths > limit)[0])
+                    raise PlanError(f"line {lineno + k + 1}: record longer than the limit of "
+                                    f"{limit} bytes (set {R.RECORD_LIMIT_ENV} to raise it)",
+                                    file=path)
+                count = len(ends)
+            yield lineno, _Lines(body, count), body
+            lineno += count
         if len(carry) > limit:
             raise PlanError(f"line {lineno + 1}: record longer than the limit of {limit} bytes "
                             f"(set {R.RECORD_LIMIT_ENV} to raise it)", file=path)
@@ -295,7 +298,14 @@ def _records_unguarded(path: str, f, gc_was: bool, build: bool = True,
         for k in range(start, end):
             rec = recs[k]
             kind = type(rec)
-            if kind is NodeRec or kind is NodeText:
+            if header is None:
+                if kind is not HeaderRec:
+                    name = "node" if kind is NodeText else kind.__name__[:-3].lower()
+                    raise PlanError(f"line {base + k + 1}: the first record must be the "
+                                    f"header, not {name}", file=path)
+                header = _header(rec, path)
+                yield header
+            elif kind is NodeRec or kind is NodeText:
                 if phase:
                     raise PlanError(f"line {base + k + 1}: a node after the lineages (records "
                                     "out of order)", file=path, node=rec.id)
@@ -305,12 +315,6 @@ def _records_unguarded(path: str, f, gc_was: bool, build: bool = True,
                     raise PlanError(f"line {base + k + 1}: a tensor after the lineages (records "
                                     "out of order)", file=path, tensor=rec.id)
                 yield _tensor(rec, st, path, base + k + 1)
-            elif header is None:
-                if kind is not HeaderRec:
-                    raise PlanError(f"line {base + k + 1}: the first record must be the "
-                                    f"header, not {kind.__name__[:-3].lower()}", file=path)
-                header = _header(rec, path)
-                yield header
             elif kind is LineageRec:
                 phase = 1
                 if header.kind == "single":
@@ -628,235 +632,6 @@ def read_stream(path: str, f=None) -> Plan:
                 lineages.append(obj)
         return Plan(path, header.name, header.kind, header.world, tensors, nodes,
                     list(header.outputs), lineages)
-
-
-# ------------------------------------------------ reading and checking at the same time
-
-
-def iter_unchecked(path: str, summary: dict) -> Iterator[Any]:
-    """The objects `iter_records` yields for a well-formed file, decoded only: none of its
-    checks; tensors and nodes come in a `Batch` per stretch between section markers, as
-    `NodeLine` and `TensorLine` objects (the model's `Node` and `TensorInfo`, decoded straight
-    from the lines: `as_model` makes the model's own of one that is kept). Only for a file
-    that `check_stream` checks (`read_checked`): `summary` gets the plan id and checksum read
-    here, which must be the checked file's (the same bytes)."""
-    pool: dict = {}  # one tuple per distinct shape, as the checked reading keeps them
-    crc, index = 0, 0
-    plan_id = None
-    with R.open_binary(path) as f:
-        for base, lines, block in _blocks(path, f):
-            recs, bulk_kinds = _decode_unchecked(path, base, lines, block)
-            last = type(recs[-1]) is TrailerRec
-            crc = zlib.crc32(block[:len(block) - len(lines[-1]) - block.endswith(b"\n")]
-                             if last else block, crc)
-            if last:
-                recs.pop()
-            kinds = list(map(type, recs))
-            bulk = list(map(bulk_kinds.__contains__, kinds))
-            k = 0
-            while k < len(recs):
-                if bulk[k]:  # a run of tensors, nodes, sections (a block is usually one)
-                    try:
-                        stop = bulk.index(False, k)
-                    except ValueError:
-                        stop = len(recs)
-                    if bulk_kinds is _BULK_LINES:
-                        yield from _bulk_lines(recs[k:stop], kinds[k:stop])
-                    else:
-                        yield from _bulk_objects(recs[k:stop], kinds[k:stop], pool)
-                    k = stop
-                    continue
-                rec, kind = recs[k], kinds[k]
-                k += 1
-                if kind is LineageRec:
-                    yield R.built_lineage(rec, index)
-                    index += 1
-                elif kind is HeaderRec:
-                    header = _header(rec, path)
-                    plan_id = header.plan_id
-                    yield header
-            del recs  # the block's records freed here, not while the next one is decoded
-            if last:
-                break
-    summary.update(plan_id=plan_id, crc=crc)
-
-
-class NodeLine(Node, tag_field="r", tag="node", frozen=True, gc=False):
-    """A node record decoded straight into the model's `Node` (a subclass for the record's
-    tag): `iter_unchecked` builds no second object per node. Its `attrs` stay the record's
-    JSON text (`msgspec.Raw`, a view of the block read): the fold keys its attribute memo on
-    that text (tvsmt/fold/table.py), so nearly no node's attributes are ever built (decoding
-    them was half of decoding a node); `node_attrs` builds them, `as_model` too."""
-
-    attrs: msgspec.Raw = msgspec.Raw(b"{}")
-
-
-_ATTRS_JSON = msgspec.json.Decoder(dict[str, Any] | None)
-_ATTRS_AT = Node.__struct_fields__.index("attrs")
-assert NodeLine.__struct_fields__ == Node.__struct_fields__
-
-
-def node_attrs(attrs) -> dict:
-    """A node's attributes as the model holds them: a `NodeLine`'s JSON text decoded
-    (`null` is no attributes, as the checked reading has it), anything else unchanged."""
-    if type(attrs) is msgspec.Raw:
-        return _ATTRS_JSON.decode(attrs) or {}
-    return attrs
-
-
-class TensorLine(TensorInfo, tag_field="r", tag="tensor", frozen=True, gc=False):
-    """A tensor record decoded straight into the model's `TensorInfo` (see `NodeLine`)."""
-
-
-_BULK_LINES = {TensorLine, NodeLine, SectionRec}
-_UNCHECKED_LINES = msgspec.json.Decoder(
-    HeaderRec | SectionRec | TensorLine | NodeLine | LineageRec | TrailerRec)
-
-
-def _decode_unchecked(path: str, base: int, lines: list[bytes], block: bytes):
-    """A block's records and the kinds that make up its runs of tensors, nodes and sections:
-    straight into `NodeLine`s and `TensorLine`s when the block decodes so (the model's types
-    are stricter than the records': e.g. `"attrs": null`), else the records as the checked
-    reading decodes them."""
-    recs = _whole_block(_UNCHECKED_LINES, block, len(lines))
-    if recs is not None:
-        return recs, _BULK_LINES
-    return _decode_block(path, base, lines, block), _BULK
-
-
-def as_model(obj):
-    """The model's own `Node` or `TensorInfo` of an object `iter_unchecked` yields (others
-    unchanged): what a consumer keeps past the scan is the model's type."""
-    kind = type(obj)
-    if kind is NodeLine:
-        fields = msgspec.structs.astuple(obj)
-        return Node(*fields[:_ATTRS_AT], node_attrs(fields[_ATTRS_AT]), *fields[_ATTRS_AT + 1:])
-    if kind is TensorLine:
-        return TensorInfo(*msgspec.structs.astuple(obj))
-    return obj
-
-
-@dataclass(frozen=True)
-class Batch:
-    """`iter_unchecked`'s records between two section markers: the tensors and the nodes,
-    each in file order (one object per stretch instead of one per record)."""
-
-    tensors: list[TensorInfo]
-    nodes: list[Node]
-
-
-def _bulk_lines(recs: list, kinds: list) -> list:
-    """`_bulk_objects` for records decoded as `NodeLine`s and `TensorLine`s."""
-    out: list = []
-    marks = [k for k, kind in enumerate(kinds) if kind is SectionRec]
-    for a, b in zip([-1, *marks], [*marks, len(recs)]):
-        if b > a + 1:
-            seg = recs[a + 1:b] if a >= 0 or b < len(recs) else recs
-            segk = kinds[a + 1:b] if seg is not recs else kinds
-            out.append(Batch(list(compress(seg, map(is_, segk, repeat(TensorLine)))),
-                             list(compress(seg, map(is_, segk, repeat(NodeLine))))))
-        if b < len(recs):
-            out.append(Section(recs[b].index, recs[b].name))
-    return out
-
-
-def _bulk_objects(recs: list, kinds: list, pool: dict) -> list:
-    """Tensor, node and section records as `Batch`es and `Section`s, in file order (the
-    objects `_fast_block` builds)."""
-    out: list = []
-    marks = [k for k, kind in enumerate(kinds) if kind is SectionRec]
-    for a, b in zip([-1, *marks], [*marks, len(recs)]):
-        if b > a + 1:
-            seg, segk = recs[a + 1:b], kinds[a + 1:b]
-            trecs = [r for r, kind in zip(seg, segk) if kind is TensorRec]
-            nrecs = [r for r, kind in zip(seg, segk) if kind is NodeRec]
-            shapes = [pool.setdefault(sh, sh) for sh in map(tuple, map(_SHAPE, trecs))]
-            roles = [r if type(r) is str else str(r) for r in map(_ROLE, trecs)]
-            attrs = [a if a is not None else {} for a in map(_ATTRS, nrecs)]
-            out.append(Batch(
-                list(map(TensorInfo, map(_ID, trecs), shapes, roles)),
-                list(map(Node, map(_ID, nrecs), map(_OP, nrecs), map(_PASS, nrecs),
-                         map(_RANK, nrecs), map(_MB, nrecs), map(_INPUTS, nrecs),
-                         map(_OUTPUTS, nrecs), attrs, map(_SOURCE, nrecs)))))
-        if b < len(recs):
-            out.append(Section(recs[b].index, recs[b].name))
-    return out
-
-
-class ParallelCheck:
-    """`check_stream` of a file in a forked process, while this process reads the same file
-    with `iter_unchecked` (the machine's second core does the checks). `result()` waits for
-    the verdict: it raises the checks' one-line error, else returns the checked file's
-    (plan id, checksum). Where the platform cannot fork, a core is busy
-    (`tvsmt.forked.use_second_core`), or
-    the child died without a verdict, the checks run here (the same errors). The child dies with this
-    process (parent-death signal) and is killed by `stop()`."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self._call = None
-        self.forked = use_second_core() and os.path.isfile(path)
-        if self.forked:
-            from tvsmt.forked import ForkedCall
-
-            self._call = ForkedCall(lambda: _checks_message(path))
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._call is None else self._call.pid
-
-    def result(self) -> tuple[str, int]:
-        if self._call is None:
-            return check_stream(self.path)
-        try:
-            msg = msgspec.json.decode(self._call.answer())
-        except msgspec.DecodeError:  # killed (out of memory?) before or while it answered
-            return check_stream(self.path)
-        if "ok" in msg:
-            return msg["ok"][0], msg["ok"][1]
-        if "error" in msg:
-            cls = UnsupportedOperator if msg["error"] == "UnsupportedOperator" else PlanError
-            raise cls(msg["detail"], file=msg["file"], node=msg["node"], tensor=msg["tensor"])
-        raise InternalError(f"checking {self.path}: {msg['internal']}")
-
-    def stop(self) -> None:
-        if self._call is not None:
-            self._call.stop()
-
-
-def _checks_message(path: str) -> bytes:
-    """In the checking child: the verdict of `check_stream` as a JSON message."""
-    try:
-        msg: dict = {"ok": list(check_stream(path))}
-    except PlanError as e:
-        msg = {"error": type(e).__name__, "detail": e.detail, "file": e.file,
-               "node": e.node, "tensor": e.tensor}
-    except BaseException as e:  # a bug in the checks: the parent says so
-        msg = {"internal": f"{type(e).__name__}: {e}"}
-    return msgspec.json.encode(msg)
-
-
-def read_checked(path: str, consume) -> Any:
-    """`consume(iter_unchecked(path, summary))` while `ParallelCheck` checks the file in a
-    forked process: the checks' error comes first, whatever `consume` raised on the
-    unchecked records (it may have met what the checks refuse); the file must be the one
-    that was checked. Without the fork, `consume(iter_records(path))`."""
-    check = ParallelCheck(path)
-    if not check.forked:  # one checked reading (never an unchecked one, then the checks)
-        return consume(iter_records(path))
-    summary: dict = {}
-    try:
-        out = consume(iter_unchecked(path, summary))
-    except (KeyboardInterrupt, SystemExit):
-        check.stop()
-        raise
-    except BaseException:
-        check.result()  # raises the checks' error, if there is one
-        raise
-    checked = check.result()
-    if (summary.get("plan_id"), summary.get("crc")) != checked:
-        raise PlanError("the file changed while it was being read", file=path)
-    return out
 
 
 # ---------------------------------------------------------------------------- writing

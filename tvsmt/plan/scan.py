@@ -1,0 +1,692 @@
+"""A JSON Lines plan read in one pass straight into integer columns (`PlanColumns`).
+
+`iter_records` (tvsmt.plan.stream) checks a file record by record and builds an object per
+record; keeping those objects, or even just the sets of names its checks need, costs several
+microseconds and a few hundred bytes per record, which is most of the time of reading a plan
+of millions of nodes. The fold (tvsmt/fold/columns.py) needs no record objects: it works on
+tensor numbers. So this reader
+
+* decodes each block of lines (16 MiB) with msgspec into small structs whose operators and
+  passes are literals and whose attributes, slices and scales stay their JSON text;
+* numbers every tensor name in declaration order: names within the block by Arrow's hash
+  lookup against the block's own declarations, the rest (weights read by later units,
+  lineage tensors) at the end by one Arrow dictionary encoding of every declared name and
+  every pending reference;
+* keeps per node and tensor only integers (ranks, micro-batches, codes of operators,
+  passes, attribute texts, sources, shapes and roles; line numbers), and the names as Arrow
+  strings;
+* checks at the end, over the whole columns, everything `iter_records` checks (declared
+  before named, written once, in topological order, lineages' tensors declared and of their
+  slice's shape, node ids distinct, sections, the trailer's counts and checksum).
+
+It only says yes or no: any problem, and anything unusual, raises `NotScanned`, and the
+caller runs the record-by-record checks (`stream.check_stream`), which word the error, or,
+when those pass, reads the file whole. So this reader can never accept a file
+`iter_records` refuses (tests/test_scan.py compares them on damaged files), and every name
+is numbered by exact comparison of its bytes (a hash match alone never decides).
+
+Records are built back from the columns only where the fold keeps them (`PlanColumns.nodes`,
+`infos`, `parts` are lazy sequences here).
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from fractions import Fraction
+from itertools import chain, compress, count, filterfalse, repeat
+from operator import attrgetter, is_
+from typing import Any, Literal, Optional, Union
+
+import msgspec
+import numpy as np
+
+from tvsmt.errors import PlanError
+from tvsmt.heap import collector_paused
+from tvsmt.plan import reader as R
+from tvsmt.plan.model import Dim, Lineage, LineagePart, Node, Plan, PlanColumns, TensorInfo
+from tvsmt.plan.numbering import ABSENT
+from tvsmt.plan.schema import HeaderRec, SectionRec, TrailerRec
+from tvsmt.plan.stream import StreamHeader, _header, _whole_block
+
+
+class NotScanned(Exception):
+    """The one-pass reading does not take this file (malformed, or unusual): the exact
+    record-by-record checks decide."""
+
+
+_NULL = msgspec.Raw(b"null")
+
+
+def _op_literal():
+    """Every operator tvsmt knows, as a literal type: an unknown one fails the decoding (and
+    the exact checks name it), a known one decodes to one shared string."""
+    from tvsmt.ops import all_ops
+
+    return Literal[tuple(sorted(all_ops()))]
+
+
+class ScanTensor(msgspec.Struct, tag_field="r", tag="tensor", gc=False):
+    id: str
+    shape: tuple[Dim, ...]
+    role: Any = "activation"
+
+
+def _node_type():
+    class ScanNode(msgspec.Struct, tag_field="r", tag="node", rename={"pass_": "pass"},
+                   gc=False):
+        id: str
+        op: _op_literal()
+        inputs: tuple[Optional[str], ...]
+        outputs: tuple[Optional[str], ...]
+        pass_: Optional[Literal["fw", "bw"]] = None
+        rank: int = 0
+        mb: int = 0
+        attrs: msgspec.Raw = _NULL  # the text; an object or null (checked per distinct text)
+        source: Optional[str] = None
+
+    return ScanNode
+
+
+class ScanPart(msgspec.Struct, gc=False):
+    slice: msgspec.Raw  # the texts, decoded once per distinct text
+    sum_of: tuple[str, ...]
+    scale: msgspec.Raw = _NULL
+
+
+class ScanLineage(msgspec.Struct, tag_field="r", tag="lineage", gc=False):
+    single: str
+    parts: list[ScanPart]
+    aligned: Any = None
+    hypothesis: bool = False
+
+
+_DECODER: list = []  # (decoder, node type), built on first use (it needs the registry)
+
+
+def _decoder():
+    if not _DECODER:
+        node = _node_type()
+        _DECODER.append((msgspec.json.Decoder(Union[HeaderRec, SectionRec, ScanTensor, node,
+                                                    ScanLineage, TrailerRec]), node))
+    return _DECODER[0]
+
+_SLICE_TEXT = msgspec.json.Decoder(tuple[tuple[int, int], ...])
+_SCALE_TEXT = msgspec.json.Decoder(Optional[tuple[int, int]])
+_ATTRS_TEXT = msgspec.json.Decoder(Optional[dict[str, Any]])
+_ID, _OP, _PASS, _RANK, _MB, _INPUTS, _OUTPUTS, _ATTRS, _SOURCE, _SHAPE, _ROLE = (
+    attrgetter(k) for k in ("id", "op", "pass_", "rank", "mb", "inputs", "outputs", "attrs",
+                            "source", "shape", "role"))
+_PARTS, _SUM_OF, _SLICE, _SCALE, _SINGLE = (attrgetter(k) for k in (
+    "parts", "sum_of", "slice", "scale", "single"))
+_ONE = Fraction(1)
+
+
+def _codes(table: dict, values, n: int) -> np.ndarray:
+    """Each value's code in `table`: new values get the next codes, in order of first
+    occurrence (so `list(table)[code]` is the value)."""
+    values = list(values)
+    table.update(zip(filterfalse(table.__contains__, dict.fromkeys(values)), count(len(table))))
+    return np.fromiter(map(table.__getitem__, values), np.int64, n)
+
+
+def _arrow():
+    from tvsmt.plan.numbering import _arrow as mods
+
+    got = mods()
+    if got is None:  # pragma: no cover (pyarrow is a dependency)
+        raise NotScanned("no pyarrow")
+    return got
+
+
+def _cat(parts: list, dtype=np.int64) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
+# ------------------------------------------------------------------------------ the pass
+
+
+class _Scan:
+    """The state of one pass (what the blocks add to)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.pa, self.pc = _arrow()
+        self.decoder, self.node_type = _decoder()
+        self.header: StreamHeader | None = None
+        self.trailer: TrailerRec | None = None
+        self.crc = 0
+        self.section = -1
+        self.lineage_line = 0  # line of the first lineage (0: none yet)
+        # tensors
+        self.names: list = []  # Arrow chunks of the declared names
+        self.t_hash: list = []  # their hashes (declared twice: equal hashes, then names)
+        self.window = None  # the names of the last two blocks that declared some (Arrow)
+        self.window_first = 0  # the number of its first
+        self.last_names = None
+        self.t_line: list = []
+        self.t_shape: list = []
+        self.t_role: list = []
+        self.shapes: dict = {}
+        self.roles: dict = {}
+        self.n_t = 0
+        # nodes
+        self.ids: list = []  # Arrow chunks of node ids
+        self.n_hash: list = []
+        self.n_line: list = []
+        self.cols: dict[str, list] = {k: [] for k in (
+            "in_len", "in_num", "out_len", "out_num", "rank", "mb", "op", "pass", "attr",
+            "source")}
+        self.ops: dict = {}
+        self.passes: dict = {}
+        self.attr_texts: dict = {}
+        self.sources: dict = {}
+        self.n_n = self.n_in = self.n_out = 0
+        # references left for the end: (column, positions), the names
+        self.pending: list = []
+        self.pending_names: list = []
+        # lineages
+        self.lineages: list[Lineage] = []
+        self.p_per: list = []
+        self.p_len: list = []
+        self.p_names: list = []  # Arrow chunks
+        self.p_slice: list = []
+        self.p_scale: list = []
+        self.slice_texts: dict = {}
+        self.scale_texts: dict = {}
+
+    # -- blocks
+
+    def block(self, base: int, count: int, block) -> None:
+        """One block of whole lines (`count` of them, the first is line `base` + 1): a
+        memoryview of the reading's buffer, used only during this call."""
+        if self.trailer is not None:
+            raise NotScanned("a record after the trailer")
+        recs = _whole_block(self.decoder, block, count)
+        if recs is None:
+            raise NotScanned("a block that does not decode")
+        if type(recs[-1]) is TrailerRec:
+            self.trailer = recs.pop()
+            end = len(block) - (1 if block[-1:] == b"\n" else 0)
+            last = bytes(block[max(0, end - 4096):end])  # the trailer line is short
+            cut = end - (len(last) - last.rfind(b"\n") - 1)
+            self.crc = zlib.crc32(block[:cut], self.crc)
+        else:
+            self.crc = zlib.crc32(block, self.crc)
+        if self.header is None:
+            if not recs or type(recs[0]) is not HeaderRec:
+                raise NotScanned("no header first")
+            try:
+                self.header = _header(recs[0], self.path)
+            except PlanError:
+                raise NotScanned("a bad header") from None
+            recs[0] = None
+        kinds = list(map(type, recs))
+        tensor = list(map(is_, kinds, repeat(ScanTensor)))
+        node = list(map(is_, kinds, repeat(self.node_type)))
+        lineage = list(map(is_, kinds, repeat(ScanLineage)))
+        section = list(map(is_, kinds, repeat(SectionRec)))
+        if kinds.count(type(None)) + sum(tensor) + sum(node) + sum(lineage) + sum(section) \
+                != len(recs):
+            raise NotScanned("a second header, or a trailer before the end")
+        at = np.arange(base + 1, base + 1 + len(recs), dtype=np.int64)  # line numbers
+        if any(lineage):
+            first = int(at[lineage.index(True)])
+            if not self.lineage_line:
+                self.lineage_line = first
+        if self.lineage_line:
+            late = np.flatnonzero(np.array(tensor) | np.array(node) | np.array(section))
+            if len(late) and int(at[late[-1]]) > self.lineage_line:
+                raise NotScanned("a tensor, node or section after the lineages")
+        if any(section):
+            idx = [r.index for r in compress(recs, section)]
+            if idx != list(range(self.section + 1, self.section + 1 + len(idx))):
+                raise NotScanned("sections out of order")
+            self.section += len(idx)
+        if any(tensor):
+            self._tensors(list(compress(recs, tensor)), at[np.array(tensor)])
+        if any(node):
+            self._nodes(list(compress(recs, node)), at[np.array(node)])
+        if any(lineage):
+            self._lineages(list(compress(recs, lineage)))
+
+    def _tensors(self, recs: list, lines: np.ndarray) -> None:
+        pa = self.pa
+        n = len(recs)
+        tids = list(map(_ID, recs))
+        names = pa.array(tids, pa.large_string())
+        self.t_hash.append(np.fromiter(map(hash, tids), np.int64, n))
+        self.names.append(names)
+        # the names references are looked up in: this block's and the previous one's (a
+        # unit's tensors are often declared in the block before its nodes)
+        if self.last_names is None:
+            self.window, self.window_first = names, self.n_t
+        else:  # consecutive numbers
+            self.window = pa.concat_arrays([self.last_names, names])
+            self.window_first = self.n_t - len(self.last_names)
+        self.last_names = names
+        self.t_line.append(lines)
+        self.t_shape.append(_codes(self.shapes, map(_SHAPE, recs), n))
+        try:
+            self.t_role.append(_codes(self.roles, map(_ROLE, recs), n))
+        except TypeError:  # a role that is a list or an object
+            raise NotScanned("an unusual role") from None
+        self.n_t += n
+
+    def _nodes(self, recs: list, lines: np.ndarray) -> None:
+        pa = self.pa
+        n = len(recs)
+        nids = list(map(_ID, recs))
+        self.n_hash.append(np.fromiter(map(hash, nids), np.int64, n))
+        self.ids.append(pa.array(nids, pa.large_string()))
+        self.n_line.append(lines)
+        cols = self.cols
+        for key, get, offset in (("in", _INPUTS, self.n_in), ("out", _OUTPUTS, self.n_out)):
+            lists = pa.array(list(map(get, recs)), pa.large_list(pa.large_string()))
+            lens = np.diff(lists.offsets.to_numpy())
+            flat = lists.flatten()
+            cols[key + "_len"].append(lens)
+            cols[key + "_num"].append(self._number(flat, key, offset))
+            if key == "in":
+                self.n_in += len(flat)
+            else:
+                self.n_out += len(flat)
+        cols["rank"].append(np.fromiter(map(_RANK, recs), np.int64, n))
+        cols["mb"].append(np.fromiter(map(_MB, recs), np.int64, n))
+        cols["op"].append(_codes(self.ops, map(_OP, recs), n))
+        cols["pass"].append(_codes(self.passes, map(_PASS, recs), n))
+        cols["attr"].append(_codes(self.attr_texts, map(bytes, map(_ATTRS, recs)), n))
+        cols["source"].append(_codes(self.sources, map(_SOURCE, recs), n))
+        self.n_n += n
+
+    def _number(self, flat, key: str, offset: int) -> np.ndarray:
+        """Tensor numbers of names: declared in this block, by Arrow here; the others left
+        for the end (`pending`); ABSENT for a null slot."""
+        pc = self.pc
+        out = np.full(len(flat), ABSENT, dtype=np.int64)
+        if not len(flat):
+            return out
+        named = ~flat.is_null().to_numpy(zero_copy_only=False)
+        if self.window is not None and len(self.window):
+            found = pc.index_in(flat, value_set=self.window)
+            hit = found.is_valid().to_numpy(zero_copy_only=False)
+            out[hit] = found.filter(found.is_valid()).to_numpy() + self.window_first
+            named &= ~hit
+        rest = np.flatnonzero(named)
+        if len(rest):
+            self.pending.append((key, rest + offset))
+            self.pending_names.append(flat.take(self.pa.array(rest)))
+            out[rest] = -5  # resolved at the end
+        return out
+
+    def _lineages(self, recs: list) -> None:
+        pa = self.pa
+        for rec in recs:
+            index = len(self.lineages)
+            aligned = None
+            if rec.aligned is not None:
+                aligned = R._aligned(rec.aligned, index)
+                if aligned is None:
+                    raise NotScanned("a bad 'aligned'")
+            self.lineages.append(Lineage(index, rec.single, (), aligned, rec.hypothesis))
+        per = np.fromiter(map(len, map(_PARTS, recs)), np.int64, len(recs))
+        if per.min() == 0:
+            raise NotScanned("a lineage without parts")
+        parts = list(chain.from_iterable(map(_PARTS, recs)))
+        n = len(parts)
+        sums = list(map(_SUM_OF, parts))
+        lens = np.fromiter(map(len, sums), np.int64, n)
+        if lens.min() == 0:
+            raise NotScanned("a part without tensors")
+        for j in np.flatnonzero(lens > 1).tolist():
+            if len(set(sums[j])) != len(sums[j]):
+                raise NotScanned("a tensor twice in a part")
+        self.p_per.append(per)
+        self.p_len.append(lens)
+        self.p_names.append(pa.array(list(chain.from_iterable(sums)), pa.large_string()))
+        self.p_slice.append(_codes(self.slice_texts, map(bytes, map(_SLICE, parts)), n))
+        self.p_scale.append(_codes(self.scale_texts, map(bytes, map(_SCALE, parts)), n))
+
+    # -- the end: the checks over whole columns
+
+    def finish(self) -> "ScannedPlan":
+        h, t = self.header, self.trailer
+        if h is None or t is None:
+            raise NotScanned("no header or no trailer")
+        n_lin = len(self.lineages)
+        if (t.plan_id != h.plan_id or self.section + 1 != h.sections
+                or t.sections != h.sections or t.tensors != self.n_t or t.nodes != self.n_n
+                or t.lineages != n_lin or t.crc32 != self.crc):
+            raise NotScanned("the trailer does not match")
+        if h.kind == "single" and n_lin:
+            raise NotScanned("lineages in a single plan")
+        for text in self.attr_texts:
+            if text[:1] not in (b"{", b"n"):  # decoded JSON: an object, or null
+                raise NotScanned("attributes that are no object")
+        if self.n_t > np.iinfo(np.int32).max:  # pragma: no cover
+            raise NotScanned("too many tensors")
+        pa, pc = self.pa, self.pc
+        cols = {k: _cat(v) for k, v in self.cols.items()}
+        table = (pa.chunked_array(self.names, pa.large_string()).combine_chunks()
+                 if self.names else pa.array([], pa.large_string()))
+        self._check_distinct(_cat(self.t_hash), table, "a tensor declared twice")
+        # every name left for the end, looked up in one hash table of the declared ones
+        outputs = pa.array(list(h.outputs), pa.large_string())
+        query = pa.chunked_array([outputs, *self.pending_names, *self.p_names],
+                                 pa.large_string())
+        found = pc.index_in(query, value_set=table)
+        if found.null_count:
+            raise NotScanned("an undeclared tensor")
+        later = found.to_numpy().astype(np.int64)
+        out_num = later[:len(outputs)]
+        at = len(outputs)
+        for key, pos in self.pending:
+            cols[key + "_num"][pos] = later[at:at + len(pos)]
+            at += len(pos)
+        s_num = later[at:]
+        self._check_dataflow(cols)
+        self._check_node_ids()
+        p_len = _cat(self.p_len)
+        slices, slice_index = self._slices()
+        t_shape = _cat(self.t_shape)
+        shape_list = list(self.shapes)
+        if len(s_num):
+            want = np.array([self.shapes.get(tuple(e - s for s, e in key), -1)
+                             for key in slices], dtype=np.int64)
+            if (t_shape[s_num] != np.repeat(want[slice_index], p_len)).any():
+                raise NotScanned("a lineage tensor not of its slice's shape")
+        scales = self._scales()
+        return ScannedPlan(self, cols, table, t_shape, shape_list, out_num, p_len, s_num,
+                           slices, slice_index, scales)
+
+    def _check_dataflow(self, cols: dict) -> None:
+        """Declared before named, written once, read after written (topological)."""
+        t_line = _cat(self.t_line)
+        n_line = _cat(self.n_line)
+        for key in ("in", "out"):
+            num, lens = cols[key + "_num"], cols[key + "_len"]
+            named = num >= 0
+            reader_line = np.repeat(n_line, lens)[named]
+            if (t_line[num[named]] >= reader_line).any():
+                raise NotScanned("a tensor named before its declaration")
+        out, in_ = cols["out_num"], cols["in_num"]
+        real = out[out >= 0]
+        if len(real) and np.bincount(real, minlength=self.n_t).max() > 1:
+            raise NotScanned("a tensor written twice")
+        writer = np.full(self.n_t, self.n_n, dtype=np.int64)  # n_n: no writer
+        writer[out[out >= 0]] = np.repeat(np.arange(self.n_n), cols["out_len"])[out >= 0]
+        read = in_ >= 0
+        if (writer[in_[read]] < self.n_n).any():
+            reader = np.repeat(np.arange(self.n_n), cols["in_len"])[read]
+            w = writer[in_[read]]
+            if ((w < self.n_n) & (w >= reader)).any():
+                raise NotScanned("a tensor read before it is written")
+
+    def _check_node_ids(self) -> None:
+        if self.ids:
+            ids = self.pa.chunked_array(self.ids, self.pa.large_string())
+            self._check_distinct(_cat(self.n_hash), ids, "a node id used twice")
+
+    def _check_distinct(self, hashes: np.ndarray, names, why: str) -> None:
+        """No name twice: their hashes all differ, or the names behind equal hashes do."""
+        order = np.argsort(hashes)
+        sorted_ = hashes[order]
+        same = np.flatnonzero(sorted_[1:] == sorted_[:-1])
+        if not len(same):
+            return
+        rows = np.unique(np.concatenate([order[same], order[same + 1]]))
+        got = names.take(self.pa.array(rows)).to_pylist()
+        if len(set(got)) != len(got):
+            raise NotScanned(why)
+
+    def _slices(self) -> tuple[list, np.ndarray]:
+        """The distinct slices (tuples of (start, end)), each part's index into them: equal
+        slices written alike share a text, and texts that differ but decode alike share an
+        index too."""
+        distinct: dict = {}
+        index_of_text = []
+        for text in self.slice_texts:
+            try:
+                key = _SLICE_TEXT.decode(text)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                raise NotScanned("a bad slice") from None
+            if any(s > R.MAX_DIM or e > R.MAX_DIM for s, e in key):
+                raise NotScanned("a slice bound beyond 2**53")
+            index_of_text.append(distinct.setdefault(key, len(distinct)))
+        codes = _cat(self.p_slice)
+        index = np.array(index_of_text, dtype=np.int64)[codes] if len(codes) else codes
+        return list(distinct), index
+
+    def _scales(self) -> tuple[list, np.ndarray]:
+        values = []
+        for text in self.scale_texts:
+            try:
+                sc = _SCALE_TEXT.decode(text)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                raise NotScanned("a bad scale") from None
+            if sc is None:
+                values.append(_ONE)
+            elif sc[1] == 0:
+                raise NotScanned("a scale with denominator 0")
+            else:
+                values.append(Fraction(sc[0], sc[1]))
+        return values, _cat(self.p_scale)
+
+
+# --------------------------------------------------------------------------- the result
+
+
+class _Lazy:
+    """A read-only sequence whose items are built on demand (`build(list of indices)`)."""
+
+    def __init__(self, n: int, build):
+        self._n, self._build = n, build
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.take(range(*i.indices(self._n)))
+        i = int(i)
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return self._build([i])[0]
+
+    def take(self, indices) -> list:
+        return self._build([int(i) for i in indices])
+
+    def __iter__(self):  # in batches: iterating a lazy sequence builds every item
+        for a in range(0, self._n, 1 << 16):
+            yield from self._build(list(range(a, min(a + (1 << 16), self._n))))
+
+
+class ScannedPlan:
+    """What one pass read: the header and lineages (their parts left to the columns), and
+    the plan's columns, whose `nodes`, `infos`, `tids` and `parts` are built on demand."""
+
+    header: StreamHeader
+    lineages: list[Lineage]
+    columns: PlanColumns
+    crc: int
+
+    def __init__(self, sc: _Scan, cols: dict, table, t_shape, shape_list, out_num, p_len,
+                 s_num, slices, slice_index, scales):
+        pa = sc.pa
+        self.header, self.lineages, self.crc = sc.header, sc.lineages, sc.crc
+        self._table = table
+        self._ids = (pa.chunked_array(sc.ids, pa.large_string()).combine_chunks() if sc.ids
+                     else None)
+        self._t_role = _cat(sc.t_role)
+        self._roles = [r if type(r) is str else str(r) for r in sc.roles]
+        self._shapes = shape_list
+        self._t_shape = t_shape
+        self._cols = cols
+        self._in_ptr = _ptr(cols["in_len"])
+        self._out_ptr = _ptr(cols["out_len"])
+        self._op_names = list(sc.ops)
+        self._pass_names = list(sc.passes)
+        self._attr_texts = list(sc.attr_texts)
+        self._sources = list(sc.sources)
+        self._p_ptr = _ptr(p_len)
+        self._s_num = s_num
+        self._slices = slices
+        self._slice_index = slice_index
+        self._scales, self._scale_code = scales
+        per = _cat(sc.p_per)
+        n_t, n_n, n_p = len(t_shape), len(cols["rank"]), len(p_len)
+        tids = _Lazy(n_t, self._names)
+        self.columns = PlanColumns(
+            nodes=_Lazy(n_n, self._nodes), tids=tids, number=None,
+            in_len=cols["in_len"], in_num=cols["in_num"], out_len=cols["out_len"],
+            out_num=cols["out_num"], rank=cols["rank"], mb=cols["mb"], op=None,
+            infos=_Lazy(n_t, self._infos), t_shape=None, lineages=sc.lineages,
+            s_len=p_len, s_num=s_num, slice_index=slice_index, slices=slices,
+            attr_text=cols["attr"], op_code=cols["op"], op_names=self._op_names,
+            pass_code=cols["pass"], pass_names=self._pass_names, shape_code=t_shape,
+            shapes=shape_list, parts=_Lazy(n_p, self._parts), part_lineage=np.repeat(
+                np.arange(len(per)), per), part_pos=np.arange(n_p) - np.repeat(
+                _ptr(per)[:-1], per), scale_code=self._scale_code, scales=self._scales,
+            output_num=out_num)
+
+    def header_plan(self) -> Plan:
+        """The parallel plan without its records (world, outputs, lineages' single tensors):
+        what the fold needs besides the columns."""
+        h = self.header
+        return Plan(h.path, h.name, h.kind, h.world, {}, [], list(h.outputs), self.lineages)
+
+    # -- records on demand
+
+    def _names(self, idx: list) -> list:
+        if not idx:
+            return []
+        return self._table.take(self._arrow_idx(idx)).to_pylist()
+
+    def _arrow_idx(self, idx):
+        import pyarrow as pa
+
+        return pa.array(np.asarray(idx, dtype=np.int64))
+
+    def _names_or_none(self, nums: np.ndarray) -> list:
+        names = self._names(np.maximum(nums, 0).tolist())
+        return [None if k < 0 else x for k, x in zip(nums.tolist(), names)]
+
+    def _infos(self, idx: list) -> list:
+        names = self._names(idx)
+        shapes, roles = self._shapes, self._roles
+        return [TensorInfo(x, shapes[s], roles[r]) for x, s, r in zip(
+            names, self._t_shape[idx].tolist(), self._t_role[idx].tolist())]
+
+    def _nodes(self, idx: list) -> list:
+        if not idx:
+            return []
+        c = self._cols
+        rows = np.asarray(idx, dtype=np.int64)
+        ids = self._ids.take(self._arrow_idx(idx)).to_pylist()
+        il, ins = _gather(self._in_ptr, c["in_num"], rows)
+        ol, outs = _gather(self._out_ptr, c["out_num"], rows)
+        ins_names = _split(self._names_or_none(ins), il)
+        outs_names = _split(self._names_or_none(outs), ol)
+        ops, passes, texts, sources = (self._op_names, self._pass_names, self._attr_texts,
+                                       self._sources)
+        return [Node(i, ops[o], passes[p], r, m, tuple(a), tuple(b),
+                     _ATTRS_TEXT.decode(texts[t]) or {}, sources[s])
+                for i, o, p, r, m, a, b, t, s in zip(
+                    ids, c["op"][rows].tolist(), c["pass"][rows].tolist(),
+                    c["rank"][rows].tolist(), c["mb"][rows].tolist(), ins_names, outs_names,
+                    c["attr"][rows].tolist(), c["source"][rows].tolist())]
+
+    def _parts(self, idx: list) -> list:
+        if not idx:
+            return []
+        rows = np.asarray(idx, dtype=np.int64)
+        lens, nums = _gather(self._p_ptr, self._s_num, rows)
+        names = _split(self._names(nums.tolist()), lens)
+        slices, scales = self._slices, self._scales
+        return [LineagePart(slices[s], tuple(x), scales[c]) for s, x, c in zip(
+            self._slice_index[rows].tolist(), names, self._scale_code[rows].tolist())]
+
+
+def _ptr(lens: np.ndarray) -> np.ndarray:
+    ptr = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=ptr[1:])
+    return ptr
+
+
+def _gather(ptr: np.ndarray, flat: np.ndarray, rows: np.ndarray):
+    """Rows of a CSR array: their lengths and their values concatenated."""
+    lens = ptr[rows + 1] - ptr[rows]
+    if not len(rows) or not lens.sum():
+        return lens, flat[:0]
+    starts = np.repeat(ptr[rows] - _ptr(lens)[:-1], lens)
+    return lens, flat[starts + np.arange(int(lens.sum()))]
+
+
+def _split(values: list, lens: np.ndarray) -> list[list]:
+    out, at = [], 0
+    for n in lens.tolist():
+        out.append(values[at:at + n])
+        at += n
+    return out
+
+
+def scan_plan(path: str | os.PathLike) -> ScannedPlan:
+    """Read a JSON Lines plan in one pass into columns; `NotScanned` when it does not take
+    the file (the caller runs `stream.check_stream` to word the error, or reads the file
+    whole). One-line `PlanError`s for what the reading itself meets (a file that cannot be
+    read, a record over the length limit) are the ones `iter_records` gives."""
+    path = os.fspath(path)
+    sc = _Scan(path)
+    with collector_paused():
+        with R.open_binary(path) as f:
+            for base, count, block in _blocks_into(path, f):
+                sc.block(base, count, block)
+        return sc.finish()
+
+
+def _blocks_into(path: str, f):
+    """(lines before, line count, a memoryview of whole lines) per chunk of the file, read
+    into one reused buffer (a new 16 MiB buffer per chunk costs its page faults again: 4
+    s on a 1.5 GB file here). The view is valid until the next item is asked for. The
+    record length limit and its one-line error are `stream._blocks`'."""
+    limit = R.byte_limit(R.RECORD_LIMIT_ENV, R.DEFAULT_RECORD_LIMIT)
+    buf = bytearray(R._CHUNK)
+    start, lineno = 0, 0  # bytes carried over (the start of a line) at the buffer's front
+    while True:
+        if start == len(buf):  # one line longer than the buffer (within the limit)
+            buf = buf + bytearray(len(buf))
+        view = memoryview(buf)
+        try:
+            n = f.readinto(view[start:])
+        except R.READ_ERRORS as e:
+            raise PlanError(f"cannot read plan after line {lineno}: {R._os_reason(e)}",
+                            file=path) from None
+        end = start + (n or 0)
+        if not n:  # the end: what is left is a last line without its newline
+            if start:
+                yield lineno, 1, view[:start]
+            return
+        cut = buf.rfind(b"\n", 0, end) + 1
+        if cut:
+            if cut > limit:  # a line of it may be longer than the limit
+                ends = np.flatnonzero(np.frombuffer(buf, np.uint8, cut) == 10)
+                lengths = np.diff(ends, prepend=-1) - 1
+                if int(lengths.max()) > limit:
+                    k = int(np.flatnonzero(lengths > limit)[0])
+                    raise PlanError(f"line {lineno + k + 1}: record longer than the limit of "
+                                    f"{limit} bytes (set {R.RECORD_LIMIT_ENV} to raise it)",
+                                    file=path)
+            count = buf.count(b"\n", 0, cut)
+            yield lineno, count, view[:cut]
+            lineno += count
+        start = end - cut
+        if start > limit:
+            raise PlanError(f"line {lineno + 1}: record longer than the limit of {limit} bytes "
+                            f"(set {R.RECORD_LIMIT_ENV} to raise it)", file=path)
+        view.release()
+        buf[:start] = buf[cut:end]
+
+
+__all__ = ["NotScanned", "ScannedPlan", "scan_plan"]
