@@ -255,3 +255,65 @@ def test_random_damage_the_checks_refuse_is_never_scanned(files):
             taken += 1
             assert_scan_reads_the_plan(path)
     assert refused > 50 and taken > 5, (refused, taken)
+
+
+# ------------------------------------------------------------------ two processes
+
+
+def _line_starts(path: str) -> list[int]:
+    with open(path, "rb") as f:
+        data = f.read()
+    return [0] + [i + 1 for i, c in enumerate(data) if c == 10][:-1]
+
+
+def _split_at(monkeypatch, mid: int | None) -> None:
+    monkeypatch.setattr(scan_module, "_split_point", lambda path: mid)
+
+
+@pytest.mark.parametrize("name", ["mlp", "units"])
+def test_two_halves_read_the_same_plan_wherever_the_file_is_cut(files, monkeypatch, name):
+    """The second half read in a forked process (its state sent back as bytes), merged into
+    the first: the same plan for a cut in the tensors, the nodes, a section marker or the
+    lineages, and for a cut whose second half is read here (the process gave no answer)."""
+    from tvsmt import forked
+
+    path = files[name]
+    starts = _line_starts(path)
+    cuts = sorted({starts[k] for k in np.linspace(1, len(starts) - 1, 7).astype(int)})
+    for mid in cuts:
+        _split_at(monkeypatch, mid)
+        assert_scan_reads_the_plan(path)
+    with monkeypatch.context() as m:  # the forked process fails: its half is read here
+        m.setattr(forked.ForkedCall, "answer", lambda self, patience=None: self.stop() or b"")
+        for mid in cuts:
+            _split_at(monkeypatch, mid)
+            assert_scan_reads_the_plan(path)
+
+
+def test_a_damage_in_either_half_is_never_scanned(files, monkeypatch):
+    """Whichever half holds the damage, and wherever the cut, the merged reading refuses what
+    the record-by-record checks refuse (the checks that span the cut among them: sections,
+    the order of lineages, names declared in the other half, the checksum combined)."""
+    lines = _lines(files["mlp"])
+    damages = _damages(lines)
+    for name, bad in damages.items():
+        starts = np.cumsum([0] + [len(x.encode()) for x in bad])[:-1]
+        for mid in sorted({int(starts[k]) for k in (1, len(bad) // 3, len(bad) // 2,
+                                                     len(bad) - 1)}):
+            _split_at(monkeypatch, mid)
+            _refused(bad)
+
+
+def test_the_split_is_taken_only_for_a_large_plain_file_and_an_idle_core(files, monkeypatch):
+    from tvsmt import forked
+
+    monkeypatch.setattr(scan_module, "SPLIT_MIN_BYTES", 1)
+    monkeypatch.setattr(forked, "PARALLEL", True)
+    mid = scan_module._split_point(files["mlp"])
+    assert mid and mid in _line_starts(files["mlp"])
+    assert scan_module._split_point(files["mlp.gz"]) is None
+    monkeypatch.setattr(forked, "PARALLEL", False)
+    assert scan_module._split_point(files["mlp"]) is None
+    monkeypatch.setattr(forked, "PARALLEL", True)
+    monkeypatch.setattr(scan_module, "SPLIT_MIN_BYTES", 1 << 40)
+    assert scan_module._split_point(files["mlp"]) is None

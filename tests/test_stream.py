@@ -146,8 +146,8 @@ def test_a_file_folds_from_its_columns_as_its_loaded_plan_folds(unit_file, monke
     from tvsmt.verify import verify_pair
 
     built: list[int] = []
-    nodes_of = scan_module.ScannedPlan._nodes
-    monkeypatch.setattr(scan_module.ScannedPlan, "_nodes",
+    nodes_of = scan_module._Records.nodes
+    monkeypatch.setattr(scan_module._Records, "nodes",
                         lambda self, idx: built.extend(idx) or nodes_of(self, idx))
     s, p = unit_file
     single = load_plan(s)

@@ -311,10 +311,17 @@ def verify_stream_file(single_path: str, parallel_path: str, opts: Options,
         return None  # inferred lineages are verified from the whole plan (capture/driver.py)
     try:
         with timer.phase("fold"), collector_paused():
-            source = ColumnPlan(single, scanned.header_plan(), scanned.columns)
+            held = [ColumnPlan(single, scanned.header_plan(), scanned.columns)]
     except FoldRefused:
         return None
+    del scanned
     note: list[str] = []
+
+    def fold(extra: int):
+        folded = fold_source(held[0], extra)
+        if not folded.info.exceptions:  # no second fold: the columns are freed before the
+            held.clear()  # encoding's workers are forked
+        return folded
 
     def whole() -> Report:
         with timer.phase("load"):
@@ -323,8 +330,7 @@ def verify_stream_file(single_path: str, parallel_path: str, opts: Options,
         note.append(report.fold_note or "")
         return report
 
-    report = _through_fold(lambda extra: fold_source(source, extra), whole, opts, timer,
-                           verify_unfolded)
+    report = _through_fold(fold, whole, opts, timer, verify_unfolded)
     if note:
         report.fold_note = (f"{report.fold_note}; read whole: {note[0]}" if note[0]
                             else f"{report.fold_note}; verified from the whole file")

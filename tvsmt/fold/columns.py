@@ -297,26 +297,30 @@ class ColumnPlan:
         # the flattened plan's columns
         changed = {i: v for i, v in new_inputs.items() if alive[i]}
         nk = len(keep)
-        f_in_len = in_len[keep].copy()
         pos_of = np.full(n, -1, dtype=np.int64)
         pos_of[keep] = np.arange(nk)
-        for i, v in changed.items():
-            f_in_len[pos_of[i]] = len(v)
-        f_in_ptr = _ptr(f_in_len)
-        plain = np.ones(nk, dtype=bool)
-        plain[pos_of[list(changed)]] = False
-        f_in = np.empty(int(f_in_ptr[-1]), dtype=np.int64)
-        src_rows = keep[plain]
-        lens, vals = _gather(in_ptr, in_num, src_rows)
-        dst = np.flatnonzero(plain)
-        _, dst_idx = _gather(f_in_ptr, np.arange(int(f_in_ptr[-1])), dst)
-        f_in[dst_idx] = vals
-        for i, v in changed.items():
-            p = int(pos_of[i])
-            f_in[f_in_ptr[p]:f_in_ptr[p + 1]] = v
-        f_out_len, f_out = _gather(out_ptr, out_num, keep)
-        f_out_ptr = _ptr(f_out_len)
-        f_key, f_rank, f_mb = key[keep], rank[keep], mb[keep]
+        if nk == n and not changed:  # nothing flattened: the columns as they are
+            f_in_len, f_in, f_in_ptr = in_len, in_num, in_ptr
+            f_out_len, f_out, f_out_ptr = out_len, out_num, out_ptr
+            f_key, f_rank, f_mb = key, rank, mb
+        else:
+            f_in_len = in_len[keep].copy()
+            for i, v in changed.items():
+                f_in_len[pos_of[i]] = len(v)
+            f_in_ptr = _ptr(f_in_len)
+            plain = np.ones(nk, dtype=bool)
+            plain[pos_of[list(changed)]] = False
+            f_in = np.empty(int(f_in_ptr[-1]), dtype=np.int64)
+            lens, vals = _gather(in_ptr, in_num, keep[plain])
+            _, dst_idx = _gather(f_in_ptr, np.arange(int(f_in_ptr[-1])), np.flatnonzero(plain))
+            f_in[dst_idx] = vals
+            del vals, dst_idx
+            for i, v in changed.items():
+                p = int(pos_of[i])
+                f_in[f_in_ptr[p]:f_in_ptr[p + 1]] = v
+            f_out_len, f_out = _gather(out_ptr, out_num, keep)
+            f_out_ptr = _ptr(f_out_len)
+            f_key, f_rank, f_mb = key[keep], rank[keep], mb[keep]
         tids = cols.tids
         replaced = {}
         for i, v in changed.items():
@@ -474,8 +478,9 @@ class ColumnPlan:
 
     # -- every table's columns at once (table.loaded_table)
 
-    def _refs(self, reader_key: np.ndarray, xs: np.ndarray) -> np.ndarray:
-        """(n, 4) references (table.reference) of tensors `xs` from units `reader_key`."""
+    def _refs(self, reader_key, xs: np.ndarray) -> np.ndarray:
+        """(n, 4) references (table.reference) of tensors `xs` from units `reader_key` (one
+        key, or one per tensor)."""
         stride, tunit, num = self.stride, self._tunit, self._num
         rows = np.empty((len(xs), 4), dtype=np.int64)
         null = xs < 0
@@ -497,8 +502,9 @@ class ColumnPlan:
     def _tables(self, plan, cols, fnodes, f_key, f_rank, f_mb, f_in_ptr, f_in, f_out_ptr,
                 f_out, tensor_alive):
         intern = self.intern
-        self._in = (f_in_ptr, self._refs(np.repeat(f_key, np.diff(f_in_ptr)), f_in))
-        self._out = (f_out_ptr, self._refs(np.repeat(f_key, np.diff(f_out_ptr)), f_out))
+        # tensor numbers per node; a unit's references are computed with its table (all of
+        # them at once would be 32 bytes a reference: 0.6 GB for a 3.6M-node plan)
+        self._in, self._out = (f_in_ptr, f_in), (f_out_ptr, f_out)
         opc, names = self._opc, self._op_names
         self._op = np.array([intern(op) for op in names], dtype=np.int64)[opc]
         if cols.pass_code is not None:
@@ -538,7 +544,7 @@ class ColumnPlan:
             lo, hi = np.minimum.reduceat(pk, offs), np.maximum.reduceat(pk, offs)
             owner = np.where(lo == hi, lo, _GLOBAL_KEY)
         self._p_owner = owner
-        self._p_sum = (s_ptr, self._refs(np.repeat(owner, s_len), s_num), s_num)
+        self._p_sum = (s_ptr, s_num)
         if cols.part_lineage is not None:
             self._p_lin = np.fromiter((lin.index for lin in plan.lineages), np.int64,
                                       len(plan.lineages))[np.asarray(cols.part_lineage)]
@@ -579,7 +585,7 @@ class ColumnPlan:
             recs.tensors = _take(self._infos, t.tolist())
         pidx = self._unit_parts.get(_GLOBAL_KEY, np.zeros(0, dtype=np.int64)).tolist()
         recs.parts = self._part_records(pidx)
-        s_ptr, _, s_num = self._p_sum
+        s_ptr, s_num = self._p_sum
         tk, num = self._tunit.tolist(), self._num.tolist()
         recs.part_refs = [[(self.unit_of(tk[x]), num[x])
                            for x in s_num[s_ptr[i]:s_ptr[i + 1]].tolist()] for i in pidx]
@@ -593,13 +599,11 @@ class ColumnPlan:
         rows = self._order[unit]
         t = self._tensors.get(key, np.zeros(0, dtype=np.int64))
         pidx = self._unit_parts.get(key, np.zeros(0, dtype=np.int64))
-        in_ptr, in_refs = self._in
-        out_ptr, out_refs = self._out
-        il, ins = _gather(in_ptr, in_refs, rows)
-        ol, outs = _gather(out_ptr, out_refs, rows)
+        il, ins = _gather(*self._in, rows)
+        ol, outs = _gather(*self._out, rows)
         al, ar = _gather(self._attr_ptr, self._attr_ranks, rows)
-        s_ptr, s_refs, _ = self._p_sum
-        sl, sums = _gather(s_ptr, s_refs, pidx)
+        sl, sums = _gather(*self._p_sum, pidx)
+        ins, outs, sums = (self._refs(key, x) for x in (ins, outs, sums))
         return UnitTable(
             t_shape=self._t_shape[t], n_op=self._op[rows], n_pass=self._pass[rows],
             n_rank=self._rank[rows], n_mb=self._mb[rows], n_attrs=self._attrs[rows],

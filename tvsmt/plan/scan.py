@@ -149,15 +149,22 @@ def _cat(parts: list, dtype=np.int64) -> np.ndarray:
 class _Scan:
     """The state of one pass (what the blocks add to)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, partial: bool = False):
         self.path = path
         self.pa, self.pc = _arrow()
         self.decoder, self.node_type = _decoder()
+        # `partial`: the lines from a point inside the file on (the second process's half,
+        # `_scan_in_two`): no header, sections counted from the first one met
+        self.partial = partial
         self.header: StreamHeader | None = None
         self.trailer: TrailerRec | None = None
         self.crc = 0
+        self.crc_len = 0  # the bytes the checksum covers
+        self.lines = 0
         self.section = -1
+        self.first_section: int | None = None
         self.lineage_line = 0  # line of the first lineage (0: none yet)
+        self.has_records = False  # a tensor, node or section record was read
         # tensors
         self.names: list = []  # Arrow chunks of the declared names
         self.t_hash: list = []  # their hashes (declared twice: equal hashes, then names)
@@ -182,9 +189,9 @@ class _Scan:
         self.attr_texts: dict = {}
         self.sources: dict = {}
         self.n_n = self.n_in = self.n_out = 0
-        # references left for the end: (column, positions), the names
-        self.pending: list = []
-        self.pending_names: list = []
+        # references left for the end, per column ("in", "out"): positions, and the names
+        self.pending: dict[str, list] = {"in": [], "out": []}
+        self.pending_names: dict[str, list] = {"in": [], "out": []}
         # lineages
         self.lineages: list[Lineage] = []
         self.p_per: list = []
@@ -194,6 +201,81 @@ class _Scan:
         self.p_scale: list = []
         self.slice_texts: dict = {}
         self.scale_texts: dict = {}
+
+    def read(self, start: int = 0, size: int | None = None) -> None:
+        """Read the file's lines (those of `size` bytes from `start`, a line's start) into the
+        state."""
+        with R.open_binary(self.path) as f:
+            if start:
+                f.seek(start)
+            for base, count, block in _blocks_into(self.path, f, size):
+                self.block(base, count, block)
+
+    def absorb(self, part) -> None:
+        """Merge the state of the lines that follow (`part`: a partial `_Scan`, or one decoded
+        from the second process) into this one: its numbers, lines, positions and lineage
+        indices offset by this one's counts, its codes renumbered into this one's tables."""
+        if self.trailer is not None:
+            raise NotScanned("a record after the trailer")
+        if part.first_section is not None:
+            if part.first_section != self.section + 1:
+                raise NotScanned("sections out of order")
+            self.section = part.section
+        if self.lineage_line and part.has_records:
+            raise NotScanned("a tensor, node or section after the lineages")
+        if not self.lineage_line and part.lineage_line:
+            self.lineage_line = part.lineage_line + self.lines
+        maps = {}
+        for k in _TABLES:
+            mine = getattr(self, k)
+            maps[k] = np.array([mine.setdefault(v, len(mine)) for v in getattr(part, k)],
+                               dtype=np.int64)
+
+        def moved(a, table):
+            return maps[table][a] if len(a) else a
+
+        def shifted(a, by):  # numbers >= 0 moved; ABSENT and pending marks kept
+            return np.where(a >= 0, a + by, a)
+
+        t0, i0, o0, l0 = self.n_t, self.n_in, self.n_out, self.lines
+        one = {k: _cat(getattr(part, k)) for k in _ARRAYS}
+        cols = {k: _cat(part.cols[k]) for k in _COLS}
+        self.t_line.append(one["t_line"] + l0)
+        self.t_shape.append(moved(one["t_shape"], "shapes"))
+        self.t_role.append(moved(one["t_role"], "roles"))
+        self.t_hash.append(one["t_hash"])
+        self.n_hash.append(one["n_hash"])
+        self.n_line.append(one["n_line"] + l0)
+        self.names += part.names
+        self.ids += part.ids
+        for k in ("in_len", "out_len", "rank", "mb"):
+            self.cols[k].append(cols[k])
+        self.cols["in_num"].append(shifted(cols["in_num"], t0))
+        self.cols["out_num"].append(shifted(cols["out_num"], t0))
+        for k, table in (("op", "ops"), ("pass", "passes"), ("attr", "attr_texts"),
+                         ("source", "sources")):
+            self.cols[k].append(moved(cols[k], table))
+        for key, by in (("in", i0), ("out", o0)):
+            self.pending[key] += [x + by for x in part.pending[key]]
+            self.pending_names[key] += part.pending_names[key]
+        base = len(self.lineages)
+        self.lineages += [Lineage(base + x.index, x.single, (), x.aligned, x.hypothesis)
+                          for x in part.lineages]
+        self.p_per.append(one["p_per"])
+        self.p_len.append(one["p_len"])
+        self.p_names += part.p_names
+        self.p_slice.append(moved(one["p_slice"], "slice_texts"))
+        self.p_scale.append(moved(one["p_scale"], "scale_texts"))
+        from isal.isal_zlib import crc32_combine
+
+        self.crc = crc32_combine(self.crc, part.crc, part.crc_len)
+        self.crc_len += part.crc_len
+        self.n_t += part.n_t
+        self.n_n += part.n_n
+        self.n_in += part.n_in
+        self.n_out += part.n_out
+        self.lines += part.lines
+        self.trailer = part.trailer
 
     # -- blocks
 
@@ -211,9 +293,12 @@ class _Scan:
             last = bytes(block[max(0, end - 4096):end])  # the trailer line is short
             cut = end - (len(last) - last.rfind(b"\n") - 1)
             self.crc = zlib.crc32(block[:cut], self.crc)
+            self.crc_len += cut
         else:
             self.crc = zlib.crc32(block, self.crc)
-        if self.header is None:
+            self.crc_len += len(block)
+        self.lines = base + count
+        if self.header is None and not self.partial:
             if not recs or type(recs[0]) is not HeaderRec:
                 raise NotScanned("no header first")
             try:
@@ -229,6 +314,7 @@ class _Scan:
         if kinds.count(type(None)) + sum(tensor) + sum(node) + sum(lineage) + sum(section) \
                 != len(recs):
             raise NotScanned("a second header, or a trailer before the end")
+        self.has_records = self.has_records or any(tensor) or any(node) or any(section)
         at = np.arange(base + 1, base + 1 + len(recs), dtype=np.int64)  # line numbers
         if any(lineage):
             first = int(at[lineage.index(True)])
@@ -240,6 +326,10 @@ class _Scan:
                 raise NotScanned("a tensor, node or section after the lineages")
         if any(section):
             idx = [r.index for r in compress(recs, section)]
+            if self.first_section is None:
+                self.first_section = idx[0]
+                if self.partial:  # counted from the first one met (checked when merged)
+                    self.section = idx[0] - 1
             if idx != list(range(self.section + 1, self.section + 1 + len(idx))):
                 raise NotScanned("sections out of order")
             self.section += len(idx)
@@ -314,8 +404,8 @@ class _Scan:
             named &= ~hit
         rest = np.flatnonzero(named)
         if len(rest):
-            self.pending.append((key, rest + offset))
-            self.pending_names.append(flat.take(self.pa.array(rest)))
+            self.pending[key].append(rest + offset)
+            self.pending_names[key].append(flat.take(self.pa.array(rest)))
             out[rest] = -5  # resolved at the end
         return out
 
@@ -367,12 +457,14 @@ class _Scan:
             raise NotScanned("too many tensors")
         pa, pc = self.pa, self.pc
         cols = {k: _cat(v) for k, v in self.cols.items()}
+        self.cols = {}  # the blocks' pieces, freed
         table = (pa.chunked_array(self.names, pa.large_string()).combine_chunks()
                  if self.names else pa.array([], pa.large_string()))
         self._check_distinct(_cat(self.t_hash), table, "a tensor declared twice")
         # every name left for the end, looked up in one hash table of the declared ones
         outputs = pa.array(list(h.outputs), pa.large_string())
-        query = pa.chunked_array([outputs, *self.pending_names, *self.p_names],
+        query = pa.chunked_array([outputs, *self.pending_names["in"],
+                                  *self.pending_names["out"], *self.p_names],
                                  pa.large_string())
         found = pc.index_in(query, value_set=table)
         if found.null_count:
@@ -380,9 +472,10 @@ class _Scan:
         later = found.to_numpy().astype(np.int64)
         out_num = later[:len(outputs)]
         at = len(outputs)
-        for key, pos in self.pending:
-            cols[key + "_num"][pos] = later[at:at + len(pos)]
-            at += len(pos)
+        for key in ("in", "out"):
+            for pos in self.pending[key]:
+                cols[key + "_num"][pos] = later[at:at + len(pos)]
+                at += len(pos)
         s_num = later[at:]
         self._check_dataflow(cols)
         self._check_node_ids()
@@ -503,19 +596,228 @@ class _Lazy:
             yield from self._build(list(range(a, min(a + (1 << 16), self._n))))
 
 
+
+
+# ------------------------------------------------------------------ two processes, two halves
+
+# Files at least this large, uncompressed, are read in two processes when a core is idle
+# (tvsmt.forked.use_second_core): this one reads the first half, a forked one the second,
+# and this one merges the second half's state into its own before the checks over whole
+# columns (nothing of the checks depends on where the file was cut: numbers, lines and codes
+# are offset and renumbered, names the second half could not find are left for the end).
+SPLIT_MIN_BYTES = 64 << 20
+# The forked process reads this fraction of the file (the first part): this one reads the
+# rest and then merges and checks the whole (scripts/bench_stream.py measures it).
+SPLIT_AT = 0.46
+
+
+def _split_point(path: str) -> int | None:
+    """Where this process starts reading (a line's start, about `SPLIT_AT` into the file)
+    while a forked one reads what comes before, or None: one process reads the file."""
+    from tvsmt.forked import use_second_core
+
+    try:
+        if not os.path.isfile(path):
+            return None
+        size = os.path.getsize(path)
+        if size < SPLIT_MIN_BYTES or not use_second_core():
+            return None
+        with open(path, "rb") as f:
+            if f.read(2) == R.GZIP_MAGIC:
+                return None
+            f.seek(int(size * SPLIT_AT))
+            head = f.read(1 << 20)
+    except OSError:
+        return None
+    nl = head.find(b"\n")
+    mid = int(size * SPLIT_AT) + nl + 1
+    return mid if nl >= 0 and mid < size else None
+
+
+def _scan_in_two(path: str, mid: int) -> "ScannedPlan":
+    """The file's lines before `mid` read by a forked process, those after it here (the
+    lineages, whose names are the most to send, stay here); the first half's state comes back
+    through an in-memory file (`memfd`, mapped here: no copy of its arrays) and this half's
+    is merged into it. When the process fails or dies, its half is read here."""
+    from tvsmt.forked import ForkedCall
+
+    fd = os.memfd_create("tvsmt-scan", getattr(os, "MFD_CLOEXEC", 0))
+    try:
+        call = ForkedCall(lambda: _first_half(path, mid, fd))
+        try:
+            part = _Scan(path, partial=True)
+            part.read(mid)
+        except BaseException:
+            call.stop()
+            raise
+        answer = call.answer()
+        if answer == _REFUSED:
+            raise NotScanned("the first half")
+        first = _Part.load(path, fd) if answer == _DONE else None
+        if first is None:
+            first = _Scan(path)
+            first.read(0, mid)
+        first.absorb(part)
+        return first.finish()
+    finally:
+        os.close(fd)
+
+
+_REFUSED, _DONE = b"refused", b"done"
+
+
+def _first_half(path: str, mid: int, fd: int) -> bytes:
+    """In the forked process: the lines before `mid` read, the state written to `fd`."""
+    sc = _Scan(path)
+    try:
+        sc.read(0, mid)
+    except (NotScanned, PlanError):
+        return _REFUSED
+    _Part.save(sc, fd)
+    return _DONE
+
+
+_ARRAYS = ("t_line", "t_shape", "t_role", "t_hash", "n_hash", "n_line", "p_per", "p_len",
+           "p_slice", "p_scale")
+_COLS = ("in_len", "in_num", "out_len", "out_num", "rank", "mb", "op", "pass", "attr",
+         "source")
+_TABLES = ("shapes", "roles", "ops", "passes", "attr_texts", "sources", "slice_texts",
+           "scale_texts")
+_COUNTS = ("n_t", "n_n", "n_in", "n_out", "lines", "crc", "crc_len", "section",
+           "first_section", "lineage_line", "has_records")
+_I32 = np.iinfo(np.int32)
+
+
+class _Part:
+    """A `_Scan`'s state written to a file descriptor and read back: counts, header, tables
+    and lineages as msgpack, then its numpy arrays (as int32 where they fit) and Arrow
+    strings as raw buffers."""
+
+    @staticmethod
+    def save(sc: _Scan, fd: int) -> None:
+        pa = sc.pa
+        arrays = [_cat(getattr(sc, k)) for k in _ARRAYS] + [_cat(sc.cols[k]) for k in _COLS]
+        arrays += [_cat(sc.pending["in"]), _cat(sc.pending["out"])]
+        arrays = [a.astype(np.int32) if a.dtype == np.int64 and len(a) and
+                  _I32.min <= a.min() and a.max() <= _I32.max else a for a in arrays]
+        strings = [pa.chunked_array(x, pa.large_string()).combine_chunks() for x in (
+            sc.names, sc.ids, sc.pending_names["in"], sc.pending_names["out"], sc.p_names)]
+        h = sc.header
+        meta = msgspec.msgpack.encode({
+            "header": None if h is None else [h.path, h.kind, h.name, h.world,
+                                              list(h.outputs), h.plan_id, h.sections],
+            "counts": [getattr(sc, k) for k in _COUNTS],
+            "trailer": None if sc.trailer is None else msgspec.structs.asdict(sc.trailer),
+            "tables": [list(getattr(sc, k)) for k in _TABLES],
+            "lineages": [[x.single, None if x.aligned is None else
+                          [x.aligned.single, x.aligned.parallel, x.aligned.inputs],
+                          x.hypothesis] for x in sc.lineages],
+            "arrays": [[str(a.dtype), len(a)] for a in arrays],
+            "strings": [[len(x), x.buffers()[1].size, x.buffers()[2].size] for x in strings],
+        })
+        parts = [len(meta).to_bytes(8, "little"), meta]
+        parts += [memoryview(a).cast("B") for a in arrays]
+        for x in strings:
+            parts += [memoryview(x.buffers()[1]), memoryview(x.buffers()[2])]
+        for data in parts:
+            while data:
+                data = data[os.write(fd, data):]
+
+    @staticmethod
+    def load(path: str, fd: int) -> "_Scan | None":
+        """The state written to `fd` (mapped, not copied), or None when it is not whole."""
+        import mmap
+
+        import pyarrow as pa
+
+        from tvsmt.plan.model import Aligned
+
+        try:
+            size = os.fstat(fd).st_size
+            data = memoryview(mmap.mmap(fd, size, mmap.MAP_SHARED | getattr(
+                mmap, "MAP_POPULATE", 0), mmap.PROT_READ))
+            n = int.from_bytes(data[:8], "little")
+            meta = msgspec.msgpack.decode(data[8:8 + n])
+            at = 8 + n
+            arrays = []
+            for dtype, length in meta["arrays"]:
+                a = np.frombuffer(data, np.dtype(dtype), length, at)
+                arrays.append(a)
+                at += a.nbytes
+            strings = []
+            for length, n_off, n_data in meta["strings"]:
+                bufs = [None, pa.py_buffer(data[at:at + n_off]),
+                        pa.py_buffer(data[at + n_off:at + n_off + n_data])]
+                strings.append(pa.Array.from_buffers(pa.large_string(), length, bufs))
+                at += n_off + n_data
+            if at != size:
+                return None
+        except (ValueError, KeyError, TypeError, OSError, msgspec.DecodeError,
+                pa.ArrowException):
+            return None
+        sc = _Scan(path)
+        for k, v in zip(_COUNTS, meta["counts"]):
+            setattr(sc, k, v)
+        if meta["header"] is not None:
+            p, kind, name, world, outputs, plan_id, sections = meta["header"]
+            sc.header = StreamHeader(p, kind, name, world, tuple(outputs), plan_id, sections)
+        for k, a in zip(_ARRAYS, arrays):
+            setattr(sc, k, [a])
+        sc.cols = {k: [a] for k, a in zip(_COLS, arrays[len(_ARRAYS):])}
+        sc.pending = {"in": [arrays[-2]], "out": [arrays[-1]]}
+        names, ids, pin, pout, p_names = strings
+        sc.names, sc.ids, sc.p_names = [names], [ids], [p_names]
+        sc.pending_names = {"in": [pin], "out": [pout]}
+        tables = meta["tables"]
+        tables[0] = [tuple(x) for x in tables[0]]  # shapes
+        for k, values in zip(_TABLES, tables):
+            setattr(sc, k, dict(zip(values, count())))
+        sc.trailer = None if meta["trailer"] is None else TrailerRec(**meta["trailer"])
+        sc.lineages = [Lineage(i, single, (), None if al is None else Aligned(
+            tuple(al[0]), tuple(al[1]), tuple(al[2])), hyp)
+            for i, (single, al, hyp) in enumerate(meta["lineages"])]
+        return sc
+
+
 class ScannedPlan:
     """What one pass read: the header and lineages (their parts left to the columns), and
-    the plan's columns, whose `nodes`, `infos`, `tids` and `parts` are built on demand."""
-
-    header: StreamHeader
-    lineages: list[Lineage]
-    columns: PlanColumns
-    crc: int
+    the plan's columns, whose `nodes`, `infos`, `tids` and `parts` are built on demand (from
+    `_Records`, which holds no reference back: nothing here is a cycle, so all of it is
+    freed as soon as the fold lets it go)."""
 
     def __init__(self, sc: _Scan, cols: dict, table, t_shape, shape_list, out_num, p_len,
                  s_num, slices, slice_index, scales):
-        pa = sc.pa
         self.header, self.lineages, self.crc = sc.header, sc.lineages, sc.crc
+        rec = _Records(sc, cols, table, t_shape, shape_list, p_len, s_num, slices,
+                       slice_index, scales)
+        per = _cat(sc.p_per)
+        n_t, n_n, n_p = len(t_shape), len(cols["rank"]), len(p_len)
+        self.columns = PlanColumns(
+            nodes=_Lazy(n_n, rec.nodes), tids=_Lazy(n_t, rec.names), number=None,
+            in_len=cols["in_len"], in_num=cols["in_num"], out_len=cols["out_len"],
+            out_num=cols["out_num"], rank=cols["rank"], mb=cols["mb"], op=None,
+            infos=_Lazy(n_t, rec.infos), t_shape=None, lineages=sc.lineages,
+            s_len=p_len, s_num=s_num, slice_index=slice_index, slices=slices,
+            attr_text=cols["attr"], op_code=cols["op"], op_names=rec.op_names,
+            pass_code=cols["pass"], pass_names=rec.pass_names, shape_code=t_shape,
+            shapes=shape_list, parts=_Lazy(n_p, rec.parts), part_lineage=np.repeat(
+                np.arange(len(per)), per), part_pos=np.arange(n_p) - np.repeat(
+                _ptr(per)[:-1], per), scale_code=rec.scale_code, scales=rec.scales,
+            output_num=out_num)
+
+    def header_plan(self) -> Plan:
+        """The parallel plan without its records (world, outputs, lineages' single tensors):
+        what the fold needs besides the columns."""
+        h = self.header
+        return Plan(h.path, h.name, h.kind, h.world, {}, [], list(h.outputs), self.lineages)
+
+
+class _Records:
+    """Records built back from the columns, for the few the fold keeps."""
+
+    def __init__(self, sc: _Scan, cols: dict, table, t_shape, shape_list, p_len, s_num,
+                 slices, slice_index, scales):
+        pa = sc.pa
         self._table = table
         self._ids = (pa.chunked_array(sc.ids, pa.large_string()).combine_chunks() if sc.ids
                      else None)
@@ -526,40 +828,19 @@ class ScannedPlan:
         self._cols = cols
         self._in_ptr = _ptr(cols["in_len"])
         self._out_ptr = _ptr(cols["out_len"])
-        self._op_names = list(sc.ops)
-        self._pass_names = list(sc.passes)
+        self.op_names = list(sc.ops)
+        self.pass_names = list(sc.passes)
         self._attr_texts = list(sc.attr_texts)
         self._sources = list(sc.sources)
         self._p_ptr = _ptr(p_len)
         self._s_num = s_num
         self._slices = slices
         self._slice_index = slice_index
-        self._scales, self._scale_code = scales
-        per = _cat(sc.p_per)
-        n_t, n_n, n_p = len(t_shape), len(cols["rank"]), len(p_len)
-        tids = _Lazy(n_t, self._names)
-        self.columns = PlanColumns(
-            nodes=_Lazy(n_n, self._nodes), tids=tids, number=None,
-            in_len=cols["in_len"], in_num=cols["in_num"], out_len=cols["out_len"],
-            out_num=cols["out_num"], rank=cols["rank"], mb=cols["mb"], op=None,
-            infos=_Lazy(n_t, self._infos), t_shape=None, lineages=sc.lineages,
-            s_len=p_len, s_num=s_num, slice_index=slice_index, slices=slices,
-            attr_text=cols["attr"], op_code=cols["op"], op_names=self._op_names,
-            pass_code=cols["pass"], pass_names=self._pass_names, shape_code=t_shape,
-            shapes=shape_list, parts=_Lazy(n_p, self._parts), part_lineage=np.repeat(
-                np.arange(len(per)), per), part_pos=np.arange(n_p) - np.repeat(
-                _ptr(per)[:-1], per), scale_code=self._scale_code, scales=self._scales,
-            output_num=out_num)
-
-    def header_plan(self) -> Plan:
-        """The parallel plan without its records (world, outputs, lineages' single tensors):
-        what the fold needs besides the columns."""
-        h = self.header
-        return Plan(h.path, h.name, h.kind, h.world, {}, [], list(h.outputs), self.lineages)
+        self.scales, self.scale_code = scales
 
     # -- records on demand
 
-    def _names(self, idx: list) -> list:
+    def names(self, idx: list) -> list:
         if not idx:
             return []
         return self._table.take(self._arrow_idx(idx)).to_pylist()
@@ -570,16 +851,16 @@ class ScannedPlan:
         return pa.array(np.asarray(idx, dtype=np.int64))
 
     def _names_or_none(self, nums: np.ndarray) -> list:
-        names = self._names(np.maximum(nums, 0).tolist())
+        names = self.names(np.maximum(nums, 0).tolist())
         return [None if k < 0 else x for k, x in zip(nums.tolist(), names)]
 
-    def _infos(self, idx: list) -> list:
-        names = self._names(idx)
+    def infos(self, idx: list) -> list:
+        names = self.names(idx)
         shapes, roles = self._shapes, self._roles
         return [TensorInfo(x, shapes[s], roles[r]) for x, s, r in zip(
             names, self._t_shape[idx].tolist(), self._t_role[idx].tolist())]
 
-    def _nodes(self, idx: list) -> list:
+    def nodes(self, idx: list) -> list:
         if not idx:
             return []
         c = self._cols
@@ -589,7 +870,7 @@ class ScannedPlan:
         ol, outs = _gather(self._out_ptr, c["out_num"], rows)
         ins_names = _split(self._names_or_none(ins), il)
         outs_names = _split(self._names_or_none(outs), ol)
-        ops, passes, texts, sources = (self._op_names, self._pass_names, self._attr_texts,
+        ops, passes, texts, sources = (self.op_names, self.pass_names, self._attr_texts,
                                        self._sources)
         return [Node(i, ops[o], passes[p], r, m, tuple(a), tuple(b),
                      _ATTRS_TEXT.decode(texts[t]) or {}, sources[s])
@@ -598,15 +879,15 @@ class ScannedPlan:
                     c["rank"][rows].tolist(), c["mb"][rows].tolist(), ins_names, outs_names,
                     c["attr"][rows].tolist(), c["source"][rows].tolist())]
 
-    def _parts(self, idx: list) -> list:
+    def parts(self, idx: list) -> list:
         if not idx:
             return []
         rows = np.asarray(idx, dtype=np.int64)
         lens, nums = _gather(self._p_ptr, self._s_num, rows)
-        names = _split(self._names(nums.tolist()), lens)
-        slices, scales = self._slices, self._scales
+        names = _split(self.names(nums.tolist()), lens)
+        slices, scales = self._slices, self.scales
         return [LineagePart(slices[s], tuple(x), scales[c]) for s, x, c in zip(
-            self._slice_index[rows].tolist(), names, self._scale_code[rows].tolist())]
+            self._slice_index[rows].tolist(), names, self.scale_code[rows].tolist())]
 
 
 def _ptr(lens: np.ndarray) -> np.ndarray:
@@ -638,28 +919,33 @@ def scan_plan(path: str | os.PathLike) -> ScannedPlan:
     whole). One-line `PlanError`s for what the reading itself meets (a file that cannot be
     read, a record over the length limit) are the ones `iter_records` gives."""
     path = os.fspath(path)
-    sc = _Scan(path)
     with collector_paused():
-        with R.open_binary(path) as f:
-            for base, count, block in _blocks_into(path, f):
-                sc.block(base, count, block)
+        mid = _split_point(path)
+        if mid is not None:
+            return _scan_in_two(path, mid)
+        sc = _Scan(path)
+        sc.read()
         return sc.finish()
 
 
-def _blocks_into(path: str, f):
-    """(lines before, line count, a memoryview of whole lines) per chunk of the file, read
-    into one reused buffer (a new 16 MiB buffer per chunk costs its page faults again: 4
-    s on a 1.5 GB file here). The view is valid until the next item is asked for. The
-    record length limit and its one-line error are `stream._blocks`'."""
+def _blocks_into(path: str, f, size: int | None = None):
+    """(lines before, line count, a memoryview of whole lines) per chunk of the file (of its
+    next `size` bytes), read into one reused buffer (a new 16 MiB buffer per chunk costs its
+    page faults again: 4 s on a 1.5 GB file here). The view is valid until the next item is
+    asked for. The record length limit and its one-line error are `stream._blocks`'."""
     limit = R.byte_limit(R.RECORD_LIMIT_ENV, R.DEFAULT_RECORD_LIMIT)
     buf = bytearray(R._CHUNK)
     start, lineno = 0, 0  # bytes carried over (the start of a line) at the buffer's front
+    left = size
     while True:
         if start == len(buf):  # one line longer than the buffer (within the limit)
             buf = buf + bytearray(len(buf))
         view = memoryview(buf)
+        want = len(buf) if left is None else min(len(buf), start + left)
         try:
-            n = f.readinto(view[start:])
+            n = f.readinto(view[start:want]) if want > start else 0
+            if left is not None:
+                left -= n or 0
         except R.READ_ERRORS as e:
             raise PlanError(f"cannot read plan after line {lineno}: {R._os_reason(e)}",
                             file=path) from None
