@@ -12,12 +12,11 @@ process, so that its peak memory is its own:
   streaming consumer such as the folder pays for reading);
 * load (with --load): `load_plan`, the whole plan as objects;
 * verify (with --verify): `tvsmt.verify.verify_pair` on the files, as `tvsmt verify` does:
-  the units stream from the file into the folder (tvsmt/fold/filesource.py), the plan is
-  never held whole, and the folded pair is verified (two jobs). The file's checks run in a
-  forked second process while this one reads it (`tvsmt.plan.stream.read_checked`);
-  `--inline-check` runs them in the reading process, `--forked-check` always in a second
-  one, `--both` verifies both ways in one run
-  (tvsmt itself forks the checks only when a core is idle: `tvsmt.forked.PARALLEL`).
+  the file is read in one pass into integer columns (tvsmt/plan/scan.py: by two processes,
+  a forked one reading the first part, when a core is idle), folded over them
+  (tvsmt/fold/columns.py) and the folded pair verified (two jobs). `--forked-check` forces the
+  two processes, `--inline-check` one, `--both` verifies both ways in one run (tvsmt itself
+  decides by load: `tvsmt.forked.use_second_core`).
 
 Printed per phase: wall time, CPU time of the process, peak resident memory (for verify, also the
 peak of the process and its workers and solvers together, as the sum of their resident sizes
@@ -73,7 +72,7 @@ elif phase == "verify":
     what = (f"{{rep.verdict}}, folded {{fold.get('kept_units')}} of "
             f"{{fold.get('replicas', 0) * fold.get('micro_batches', 0)}} units, "
             f"{{fold.get('checked', {{}}).get('nodes')}} nodes checked, note {{rep.fold_note}}, "
-            f"checks {{'in a second process' if forked else 'inline'}} "
+            f"read by {{'two processes' if forked else 'one process'}} "
             f"({{'by load' if {parallel!r} is None else 'forced'}}: load {{load0:.2f}} at the "
             f"start, {{os.getloadavg()[0]:.2f}} at the end), "
             f"timings {{rep.timings}}, tree peak {{memory.rss_mb:.0f}} MB rss, "
@@ -112,11 +111,11 @@ def main() -> None:
     ap.add_argument("--verify", action="store_true", help="also verify the pair from the files")
     ap.add_argument("--no-iterate", action="store_true", help="skip the iterate phase")
     ap.add_argument("--inline-check", action="store_true",
-                    help="verify: the file's checks in the reading process, not in a second one")
+                    help="verify: the file read by one process")
     ap.add_argument("--forked-check", action="store_true",
-                    help="verify: the file's checks in a second process, whatever the load")
+                    help="verify: the file read by two processes, whatever the load")
     ap.add_argument("--both", action="store_true",
-                    help="verify twice: checks in a second process, then inline (an A/B in one run)")
+                    help="verify twice: read by two processes, then by one (an A/B in one run)")
     ap.add_argument("--pss-every", type=float, default=0.2,
                     help="verify: seconds between the memory sampler's PSS samples (default "
                          "0.2; 1 or more: also at most 5%% of its time; 0: no sampler, to "

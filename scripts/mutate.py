@@ -476,6 +476,24 @@ MUTATIONS: tuple[Mutation, ...] = (
                "                     {}, sources[s])\n"),),
         ("tests/test_scan.py::test_the_scan_reads_the_plan_iter_records_reads",), fast=True),
     Mutation(
+        "scan-merge-numbers-not-offset",
+        "the one-pass reading by two processes merges the second part's tensor numbers "
+        "without offsetting them by the first part's tensors",
+        "one-pass JSON Lines reading by two processes (the merge)",
+        (Patch("tvsmt/plan/scan.py",
+               '        self.cols["in_num"].append(shifted(cols["in_num"], t0))\n',
+               '        self.cols["in_num"].append(cols["in_num"])\n'),),
+        ("tests/test_scan.py::test_two_halves_read_the_same_plan_wherever_the_file_is_cut",),
+        fast=True),
+    Mutation(
+        "scan-merge-sections-unchecked",
+        "the merge never checks that the second part's sections continue the first's",
+        "one-pass JSON Lines reading by two processes (the merge)",
+        (Patch("tvsmt/plan/scan.py",
+               "            if part.first_section != self.section + 1:\n",
+               "            if False:\n"),),
+        ("tests/test_scan.py::test_a_damage_in_either_half_is_never_scanned",), fast=True),
+    Mutation(
         "object-reader-lax-types",
         "the in-memory reader (reader.plan_from_object, the streamed generator's) converts "
         "with msgspec's lax mode, so a float rank, a boolean dimension or a string number "

@@ -182,7 +182,19 @@ def _damages(lines: list[str]) -> dict[str, list[str]]:
         "single plan with lineages": [lines[0].replace('"parallel"', '"single"')] + lines[1:],
         "unknown record": lines[:node] + ['{"r":"comment"}\n'] + lines[node:],
     }
-    return {name: _with_trailer(x) for name, x in out.items()}
+    damaged = {name: _with_trailer(x) for name, x in out.items()}
+    if "section" in kinds:
+        sec = [i for i, kind in enumerate(kinds) if kind == "section"]
+        swapped = (lines[:sec[1]] + [lines[sec[2]]] + lines[sec[1] + 1:sec[2]]
+                   + [lines[sec[1]]] + lines[sec[2] + 1:])
+        damaged["sections swapped"] = _with_trailer(swapped)
+        # a marker missing, the trailer still counting the header's sections: only the
+        # numbering of the markers shows it
+        gap = _with_trailer(lines[:sec[2]] + lines[sec[2] + 1:])
+        trailer = json.loads(gap[-1])
+        trailer["sections"] = recs[0]["sections"]
+        damaged["section missing"] = gap[:-1] + [json.dumps(trailer) + "\n"]
+    return damaged
 
 
 def _refused(lines: list[str], tmp_path=None) -> str:
@@ -290,16 +302,20 @@ def test_two_halves_read_the_same_plan_wherever_the_file_is_cut(files, monkeypat
             assert_scan_reads_the_plan(path)
 
 
-def test_a_damage_in_either_half_is_never_scanned(files, monkeypatch):
+@pytest.mark.parametrize("source", ["mlp", "units"])
+def test_a_damage_in_either_half_is_never_scanned(files, monkeypatch, source):
     """Whichever half holds the damage, and wherever the cut, the merged reading refuses what
     the record-by-record checks refuse (the checks that span the cut among them: sections,
     the order of lineages, names declared in the other half, the checksum combined)."""
-    lines = _lines(files["mlp"])
+    lines = _lines(files[source])
     damages = _damages(lines)
     for name, bad in damages.items():
         starts = np.cumsum([0] + [len(x.encode()) for x in bad])[:-1]
-        for mid in sorted({int(starts[k]) for k in (1, len(bad) // 3, len(bad) // 2,
-                                                     len(bad) - 1)}):
+        cuts = {1, len(bad) // 3, len(bad) // 2, len(bad) - 1}
+        if name.startswith("section"):  # a cut at each of the first markers (the damage's)
+            cuts |= {k for k, x in enumerate(bad[:-1]) if x.startswith('{"r":"section"')
+                     and k < len(bad) // 3}
+        for mid in sorted(int(starts[k]) for k in cuts):
             _split_at(monkeypatch, mid)
             _refused(bad)
 

@@ -2,8 +2,8 @@
 a terminal's Ctrl-C to its process group), no solver or worker process survives it, the
 caller's pipe closes, and an interrupt ends with 128 + signal and one line, no traceback.
 
-Each run is killed at one moment: while loading (the plan is a FIFO nobody writes), while
-encoding (forked encoding workers alive), while solving with a slow fake solver in the tvsmt
+Each run is killed at one moment: while loading (the plan is a FIFO nobody writes), while a
+forked process reads half of a JSON Lines plan, while encoding (forked encoding workers alive), while solving with a slow fake solver in the tvsmt
 process itself, with several driven by its threads (the default backend), and in loky worker
 processes. Every descendant is found by a tag in its
 environment (solvers and workers inherit it), so orphans re-parented to init are found too.
@@ -59,7 +59,19 @@ def plans(tmp_path_factory):
     fifo = base / "fifo" / "single.json"
     fifo.parent.mkdir()
     os.mkfifo(fifo)
-    return {"profiles": profiles, "llama": llama, "mlp": mlp, "fifo": str(fifo)}
+    # a JSON Lines plan of ~70 MB: read by two processes (tvsmt/plan/scan.py) for a second
+    from tvsmt.frontends.builder import write_plan, write_unit_source
+    from tvsmt.frontends.stream import StreamedPlan
+
+    world = dict(layers=12, dp=8, tp=2, pp=2, mb=8, hidden=16, heads=4, ffn=32, vocab=16,
+                 seq=4)
+    big = StreamedPlan("llama3", **world)
+    (base / "stream").mkdir()
+    stream = (str(write_plan(base / "stream" / "single.json.gz",
+                             generate_pair("llama3", **world)[0])),
+              str(write_unit_source(base / "stream" / "parallel.jsonl", big)))
+    return {"profiles": profiles, "llama": llama, "mlp": mlp, "fifo": str(fifo),
+            "stream": stream}
 
 
 def _tagged(tag: str) -> list[psutil.Process]:
@@ -84,6 +96,8 @@ def _args(moment: str, plans: dict) -> list[str]:
     llama, mlp, sleepy = plans["llama"], plans["mlp"], plans["profiles"]
     if moment == "loading":
         return [plans["fifo"], llama[1]]
+    if moment == "scanning":  # a forked process reads half of the JSON Lines file
+        return [*plans["stream"], "--jobs", "2"]
     if moment == "encoding":  # > 48 stage templates and 2 jobs: forked encoding workers
         return [*llama, "--no-fold", "--jobs", "2"]
     if moment == "solving":  # few obligations: the solver runs under tvsmt itself
@@ -105,7 +119,7 @@ def _reached(moment: str, proc: subprocess.Popen, tag: str, plans: dict) -> bool
         plans["fifo_fd"] = fd  # held open (nothing written) until the run is over
         return True
     procs = _tagged(tag)
-    if moment == "encoding":
+    if moment in ("encoding", "scanning"):
         main = _cmd(psutil.Process(proc.pid))
         return any(p.pid != proc.pid and _cmd(p) == main for p in procs)
     solvers = [p for p in procs if "sleepy_solver" in _cmd(p)]
@@ -121,12 +135,14 @@ CASES = [(m, s) for m in ("loading", "encoding", "workers")
          for s in ("SIGINT", "SIGTERM", "SIGKILL")]
 CASES += [("solving", "SIGKILL"), ("solving", "SIGTERM"), ("workers", "ctrl-c")]
 CASES += [("threads", s) for s in ("SIGINT", "SIGTERM", "SIGKILL", "ctrl-c")]
+CASES += [("scanning", s) for s in ("SIGINT", "SIGTERM", "SIGKILL")]
 
 
 @pytest.mark.parametrize("moment,how", CASES)
 def test_no_child_survives_and_the_pipe_closes(plans, moment, how, tmp_path):
     tag = uuid.uuid4().hex
-    env = dict(os.environ, TVSMT_SIGNAL_TEST=tag)
+    env = dict(os.environ, TVSMT_SIGNAL_TEST=tag, TVSMT_SECOND_CORE="always",
+               TVSMT_SCAN_SPLIT_BYTES="1000000")
     cmd = [sys.executable, "-m", "tvsmt.cli", "verify", *_args(moment, plans), "--no-corpus"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,

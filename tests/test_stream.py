@@ -415,6 +415,12 @@ def test_the_second_core_is_used_only_when_a_core_is_idle(monkeypatch):
         monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
         monkeypatch.setattr(forked_policy, "PARALLEL", forced)
         assert forked_policy.use_second_core() is forked, (running, load, forced)
+    monkeypatch.setattr(forked_policy, "PARALLEL", None)  # from outside: the environment
+    for value, running, forked in (("always", 9, True), ("never", 1, False),
+                                   ("", 1, True), ("", 2, False)):
+        monkeypatch.setenv(forked_policy.SECOND_CORE_ENV, value)
+        monkeypatch.setattr(F, "runnable_now", lambda running=running: running)
+        assert forked_policy.use_second_core() is forked, (value, running)
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     monkeypatch.setattr(forked_policy, "PARALLEL", True)
     assert forked_policy.use_second_core() is False
@@ -527,3 +533,41 @@ def test_streamed_unit_tables_are_the_traced_plans_tables():
                 y = [stream.intern.values[i] for i in y]
             assert x == y, (u, f.name)
         assert parts(loaded, a) == parts(stream, b), u
+
+
+def test_every_slice_is_checked_against_the_single_plan_also_in_units_folded_away(
+        unit_file, tmp_path):
+    """A single plan whose tensor is smaller than the parallel plan's lineages say: the
+    pair is checked over the stream's columns (every part's slice, like the document reader
+    does), so the same one-line input error, found without reading the 3.6M-node file whole
+    (the fold would refuse the pair and send it there)."""
+    from tvsmt.errors import PlanError
+    from tvsmt.frontends.builder import write_plan
+    from tvsmt.plan import load_plan
+    from tvsmt.verify import verify_pair
+
+    s, p = unit_file
+    single, parallel = generate_pair("llama3", **FILE_WORLD)
+    target = next(lin["single"] for lin in parallel["lineages"]
+                  if len(single["tensors"][lin["single"]]["shape"]) == 2
+                  and single["tensors"][lin["single"]]["shape"][0] > 1)
+    shape = single["tensors"][target]["shape"]
+    single["tensors"][target]["shape"] = [shape[0] - 1, *shape[1:]]
+    small = write_plan(tmp_path / "single.json.gz", single)
+    doc = write_plan(tmp_path / "parallel.json.gz", parallel)
+    with pytest.raises(PlanError) as whole:
+        verify_pair(small, doc, _opts())
+    from tvsmt.plan import stream
+
+    def never(*a, **k):
+        raise AssertionError("the file was read whole")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(stream, "read_stream", never)
+    try:
+        with pytest.raises(PlanError) as streamed:
+            verify_pair(small, p, _opts())
+    finally:
+        mp.undo()
+    assert "outside the full shape" in str(whole.value)
+    assert str(streamed.value).replace(p, doc) == str(whole.value)
+    assert load_plan(p)  # the stream itself is sound

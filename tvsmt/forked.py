@@ -1,7 +1,7 @@
 """Work on the machine's second core: one function run in a forked child, its answer as bytes.
 
-The readers use it to take checks or numbering off the critical path of a large load
-(tvsmt.plan.stream.ParallelCheck, tvsmt.plan.numbering.ForkedNumbering), when
+The readers use it to take work off the critical path of a large load (half of a JSON Lines
+file, tvsmt.plan.scan; a document's numbering, tvsmt.plan.numbering.ForkedNumbering), when
 `use_second_core()` says so: the one home of that policy. The child sees the
 parent's memory as it was at the fork, so it needs no arguments sent; it dies with the parent
 (parent-death signal), runs without the cyclic collector, and whatever goes wrong in it ends
@@ -19,20 +19,28 @@ import time
 from collections.abc import Callable
 
 
-# Where the readers' second-core work runs (stream.ParallelCheck's checks, numbering's
+# Where the readers' second-core work runs (scan's first half, numbering's
 # ForkedNumbering): True in a forked process, False in this one, None (the default) in a
 # forked process when a core is idle now (`idle_core`): on a busy machine the second process
 # only adds work (the file is decoded twice), on an idle one it takes the work off the
 # reading's critical path.
 PARALLEL: bool | None = None
+# The same choice from outside (benchmarks, tests of whole runs): "always", "never", or unset
+# (a core idle now). `PARALLEL`, when set, comes first.
+SECOND_CORE_ENV = "TVSMT_SECOND_CORE"
 
 
 def use_second_core() -> bool:
-    """Should a reader fork its second-core work now? (`PARALLEL`; never without fork or a
-    second core.)"""
+    """Should a reader fork its second-core work now? (`PARALLEL`, else $TVSMT_SECOND_CORE;
+    never without fork or a second core.)"""
     if not hasattr(os, "fork") or (os.cpu_count() or 1) < 2:
         return False
-    return idle_core() if PARALLEL is None else PARALLEL
+    if PARALLEL is not None:
+        return PARALLEL
+    forced = os.environ.get(SECOND_CORE_ENV, "").strip().lower()
+    if forced in ("always", "never"):
+        return forced == "always"
+    return idle_core()
 
 
 def idle_core() -> bool:

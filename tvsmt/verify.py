@@ -309,12 +309,15 @@ def verify_stream_file(single_path: str, parallel_path: str, opts: Options,
             return None
     if any(lin.hypothesis for lin in scanned.lineages):
         return None  # inferred lineages are verified from the whole plan (capture/driver.py)
+    header = scanned.header_plan()
+    with timer.phase("load"):
+        check_pair(single, header)  # every part's slice, also those of units folded away
     try:
         with timer.phase("fold"), collector_paused():
-            held = [ColumnPlan(single, scanned.header_plan(), scanned.columns)]
+            held = [ColumnPlan(single, header, scanned.columns)]
     except FoldRefused:
         return None
-    del scanned
+    del scanned, header
     note: list[str] = []
 
     def fold(extra: int):

@@ -647,7 +647,11 @@ def _slices_fit(single: Plan, parallel: Plan) -> bool:
     if (cols is None or len(cols.lineages) != len(lins)
             or not all(map(_IS, cols.lineages, lins))):
         return False
-    n_parts = np.fromiter(map(len, map(_PARTS, lins)), np.int64, len(lins))
+    if cols.part_lineage is not None:  # parts held by the columns only (a scan's)
+        n_parts = np.bincount(np.asarray(cols.part_lineage, dtype=np.int64),
+                              minlength=len(lins))
+    else:
+        n_parts = np.fromiter(map(len, map(_PARTS, lins)), np.int64, len(lins))
     n_slices = len(cols.slices)
     if int(n_parts.sum()) != len(cols.slice_index):
         return False
@@ -663,6 +667,16 @@ def _slices_fit(single: Plan, parallel: Plan) -> bool:
         if len(key) != len(full) or not all(0 <= s < e <= n for (s, e), n in zip(key, full)):
             return False
     return True
+
+
+def _parts_of(plan: Plan, lin: Lineage) -> tuple:
+    """A lineage's parts: its own, or, for a plan whose parts only its columns hold (a JSON
+    Lines scan, tvsmt/plan/scan.py), those built from them."""
+    cols = plan.columns
+    if lin.parts or cols is None or cols.part_lineage is None:
+        return lin.parts
+    rows = np.flatnonzero(np.asarray(cols.part_lineage) == lin.index).tolist()
+    return tuple(cols.parts.take(rows))
 
 
 def check_pair(single: Plan, parallel: Plan) -> None:
@@ -683,10 +697,11 @@ def check_pair(single: Plan, parallel: Plan) -> None:
         lineages_to_check = parallel.lineages
     for lin in lineages_to_check:  # the loop that finds and names the misfit
         full = single.shape(lin.single)
-        for key in dict.fromkeys(map(_SLICE, lin.parts)):  # each distinct slice once
+        parts = _parts_of(parallel, lin)
+        for key in dict.fromkeys(map(_SLICE, parts)):  # each distinct slice once
             ok = len(key) == len(full) and all(0 <= s < e <= n for (s, e), n in zip(key, full))
             if not ok and not (len(full) == 0 and key == ()):
-                j = next(j for j, part in enumerate(lin.parts) if part.slice == key)
+                j = next(j for j, part in enumerate(parts) if part.slice == key)
                 raise PlanError(f"lineage #{lin.index} part {j}: slice "
                                 f"{[list(r) for r in key]} is outside the full shape "
                                 f"{list(full)}", file=parallel.path, tensor=lin.single)

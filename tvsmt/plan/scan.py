@@ -606,6 +606,7 @@ class _Lazy:
 # columns (nothing of the checks depends on where the file was cut: numbers, lines and codes
 # are offset and renumbered, names the second half could not find are left for the end).
 SPLIT_MIN_BYTES = 64 << 20
+SPLIT_ENV = "TVSMT_SCAN_SPLIT_BYTES"  # that size, from outside (benchmarks, tests)
 # The forked process reads this fraction of the file (the first part): this one reads the
 # rest and then merges and checks the whole (scripts/bench_stream.py measures it).
 SPLIT_AT = 0.46
@@ -620,7 +621,7 @@ def _split_point(path: str) -> int | None:
         if not os.path.isfile(path):
             return None
         size = os.path.getsize(path)
-        if size < SPLIT_MIN_BYTES or not use_second_core():
+        if size < R.byte_limit(SPLIT_ENV, SPLIT_MIN_BYTES) or not use_second_core():
             return None
         with open(path, "rb") as f:
             if f.read(2) == R.GZIP_MAGIC:
@@ -647,10 +648,10 @@ def _scan_in_two(path: str, mid: int) -> "ScannedPlan":
         try:
             part = _Scan(path, partial=True)
             part.read(mid)
-        except BaseException:
+            answer = call.answer()
+        except BaseException:  # an error in this half, or Ctrl-C: the other one ends now
             call.stop()
             raise
-        answer = call.answer()
         if answer == _REFUSED:
             raise NotScanned("the first half")
         first = _Part.load(path, fd) if answer == _DONE else None
@@ -806,10 +807,12 @@ class ScannedPlan:
             output_num=out_num)
 
     def header_plan(self) -> Plan:
-        """The parallel plan without its records (world, outputs, lineages' single tensors):
-        what the fold needs besides the columns."""
+        """The plan without its records (world, outputs, lineages' single tensors) and its
+        columns: what the fold needs, and what `reader.check_pair` checks against the single
+        plan (lineage targets, every part's slice inside its target)."""
         h = self.header
-        return Plan(h.path, h.name, h.kind, h.world, {}, [], list(h.outputs), self.lineages)
+        return Plan(h.path, h.name, h.kind, h.world, {}, [], list(h.outputs), self.lineages,
+                    self.columns)
 
 
 class _Records:
