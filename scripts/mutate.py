@@ -494,6 +494,16 @@ MUTATIONS: tuple[Mutation, ...] = (
                "            if False:\n"),),
         ("tests/test_scan.py::test_a_damage_in_either_half_is_never_scanned",), fast=True),
     Mutation(
+        "sum-pattern-unverified",
+        "canonical_inputs gives every sum over units the level of the first sum whose "
+        "pattern hashed alike, without checking the patterns are the same",
+        "sums over units judged once per pattern of units (fold/table.canonical_inputs)",
+        (Patch("tvsmt/fold/table.py",
+               "            levels[these] = np.where(same, level_of[which], -1)\n",
+               "            levels[these] = level_of[which]\n"),),
+        ("tests/test_fold_tables.py::test_sums_over_units_are_grouped_by_pattern_exactly",),
+        fast=True),
+    Mutation(
         "object-reader-lax-types",
         "the in-memory reader (reader.plan_from_object, the streamed generator's) converts "
         "with msgspec's lax mode, so a float rank, a boolean dimension or a string number "

@@ -71,3 +71,47 @@ def test_flattened_plans_units_are_computed_afresh(name):
     flat, known = flatten_with_units(plan, SUM_OPS)
     assert len(flat.nodes) < len(plan.nodes)  # chains of accumulations were flattened
     assert known == node_units(flat, WorldUnits.of(flat.world), SUM_OPS)
+
+
+def _canonical_reference(tab, unit, wu, sum_ops):
+    """canonical_inputs as it was written first: every sum over units one by one through
+    group_row (its level from group_level, its deviations)."""
+    from tvsmt.fold import table as T
+
+    ins, keep, devs = tab.n_in.copy(), np.ones(len(tab.n_in), dtype=bool), []
+    ptr = tab.n_in_ptr
+    for i in T.group_rows(tab, unit, sum_ops, wu).tolist():
+        a, b = int(ptr[i]), int(ptr[i + 1])
+        ins[a], odd = T.group_row(tab.n_in[a:b], unit, wu)
+        devs += odd
+        keep[a + 1:b] = False
+    return ins[keep], np.concatenate([[0], np.cumsum(keep)])[ptr], devs
+
+
+@pytest.mark.parametrize("weights", ["random", "all zero"])
+def test_sums_over_units_are_grouped_by_pattern_exactly(weights, monkeypatch):
+    """canonical_inputs judges the sums of a unit by their pattern of units, the rows found
+    alike by a hash of it; a row unlike its group's first goes through group_row. With every
+    hash equal (all weights zero) every row is in one group: the result is still the
+    row-by-row one, for replica units (sums over replicas and over micro-batches side by
+    side) and instance units of a streamed plan."""
+    from tvsmt.fold import table as T
+    from tvsmt.fold.folder import SUM_OPS
+    from tvsmt.frontends.stream import StreamedPlan
+
+    # as many replicas as micro-batches: sums over replicas and over micro-batches have one
+    # length, so they meet in one group of rows
+    src = StreamedPlan("llama3", layers=2, dp=3, tp=2, pp=2, mb=3, **DIMS)
+    if weights == "all zero":  # (after the plan is traced: its widening uses the levels)
+        monkeypatch.setattr(T, "_WEIGHTS", np.zeros(512, dtype=np.uint64))
+    sum_ops = np.array([src.intern(op) for op in sorted(SUM_OPS)], dtype=np.int64)
+    seen = 0
+    for u in [(0, None), (1, None), (2, None), (1, 2)]:
+        tab = src.table(u)
+        got_devs: list = []
+        got = T.canonical_inputs(tab, u, src.wu, sum_ops, got_devs)
+        want = _canonical_reference(tab, u, src.wu, sum_ops)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), u
+        assert got_devs == want[2]
+        seen += len(got[2])
+    assert seen > 20  # sums there were

@@ -69,6 +69,27 @@ class FoldRefused(Exception):
     """The plan does not have the structure folding needs; verify it unfolded."""
 
 
+@dataclass(frozen=True)
+class SumRefs:
+    """Where the tensors of a lineage part that sums over units live, as arrays: per tensor
+    its replica (-1: it belongs to no unit), micro-batch (-1: a replica unit) and local
+    number. A generator's streamed plan also gives `names(mask)`, the names of the tensors of
+    a boolean mask, and leaves the part's `sum_of` empty: a 405B-sized plan's parts summing
+    every instance name ten million tensors, of which the fold keeps a few thousand."""
+
+    d: np.ndarray
+    m: np.ndarray
+    k: np.ndarray
+    names: Callable[[np.ndarray], tuple] | None = None
+
+    @classmethod
+    def of(cls, refs: list[tuple[Unit | None, int]]) -> "SumRefs":
+        d = np.fromiter((-1 if u is None else u[0] for u, _ in refs), np.int64, len(refs))
+        m = np.fromiter((-1 if u is None or u[1] is None else u[1] for u, _ in refs),
+                        np.int64, len(refs))
+        return cls(d, m, np.fromiter((k for _, k in refs), np.int64, len(refs)))
+
+
 @dataclass
 class UnitRecords:
     """Everything one unit owns, with the positions needed to rebuild a plan."""
@@ -76,8 +97,16 @@ class UnitRecords:
     tensors: list[TensorInfo] = field(default_factory=list)
     nodes: list[tuple[int, Node]] = field(default_factory=list)  # (position in plan, node)
     parts: list[tuple[int, int, LineagePart]] = field(default_factory=list)  # (lineage, pos, part)
-    # global records only: per part, (unit, local number) of each of its tensors
-    part_refs: list[list[tuple[Unit | None, int]]] = field(default_factory=list)
+    # global records only: per part, (unit, local number) of each of its tensors, as a list
+    # of pairs or as `SumRefs`
+    part_refs: list = field(default_factory=list)
+
+    def sum_of(self, j: int) -> tuple:
+        """The tensors of part j (named by its `SumRefs` when the part leaves them out)."""
+        refs = self.part_refs[j] if j < len(self.part_refs) else None
+        if isinstance(refs, SumRefs) and refs.names is not None:
+            return refs.names(np.ones(len(refs.d), dtype=bool))
+        return self.parts[j][2].sum_of
 
 
 @dataclass
@@ -112,27 +141,49 @@ class Canon:
     def __init__(self, wu: WorldUnits):
         self.wu = wu
         self.deviations: list[tuple[int, int]] = []  # as Checker.deviations
+        self._levels: dict = {}  # (id(d), id(m)) -> (d, m, level, keys): arrays shared by parts
 
-    def group(self, refs: list[tuple[Unit | None, int]], where: str) -> np.ndarray | None:
-        """The unit keys (see unit_keys) of a part's tensors, or None when they all belong to
-        one unit (or to none). A sum that does not take one copy of the same tensor from
-        every unit of a level cannot be folded."""
-        units = {u for u, _ in refs}
-        if len(units) <= 1:
+    def group(self, refs, where: str) -> np.ndarray | None:
+        """The unit keys (see unit_keys) of a part's tensors (a list of (unit, local number)
+        pairs, or `SumRefs`), or None when they all belong to one unit (or to none). A sum
+        that does not take one copy of the same tensor from every unit of a level cannot be
+        folded."""
+        if not isinstance(refs, SumRefs):
+            refs = SumRefs.of(refs)
+        d, m, ks = refs.d, refs.m, refs.k
+        key = (id(d), id(m))
+        got = self._levels.get(key)
+        if got is None:
+            got = self._levels[key] = (d, m, *self._level(d, m))
+        level, keys = got[2], got[3]
+        if level == "one":
             return None
-        if None in units:
+        if level == "none":
             raise FoldRefused(f"{where}: a sum over tensors that are not one per replica or "
                               "micro-batch")
-        d = np.array([u[0] for u, _ in refs], dtype=np.int64)
-        m = np.array([-1 if u[1] is None else u[1] for u, _ in refs], dtype=np.int64)
-        level = group_level(list(zip(d.tolist(), m.tolist())), self.wu, -1)
         if level is None or level < 0:
-            raise FoldRefused(f"{where}: a sum over {len(refs)} replicas/micro-batches that "
+            raise FoldRefused(f"{where}: a sum over {len(d)} replicas/micro-batches that "
                               "misses some of them")
-        ks = Counter(k for _, k in refs)
-        k = ks.most_common(1)[0][0]
-        self.deviations += [(int(a), int(b)) for (_, kk), a, b in zip(refs, d, m) if kk != k]
-        return self.unit_keys(d, m)
+        if len(ks) and not (ks == ks[0]).all():
+            # the most common number (the first met among the most common) is the sum's
+            # tensor; every unit giving another deviates
+            values, first, counts = np.unique(ks, return_index=True, return_counts=True)
+            best = np.flatnonzero(counts == counts.max())
+            k = values[best[np.argmin(first[best])]]
+            odd = np.flatnonzero(ks != k)
+            self.deviations += list(zip(d[odd].tolist(), m[odd].tolist()))
+        return keys
+
+    def _level(self, d: np.ndarray, m: np.ndarray):
+        """(group_level of the units, or "one": all in one unit, or "none": a tensor of no
+        unit among several units; their unit keys)."""
+        keys = self.unit_keys(np.maximum(d, 0), m)
+        keys = np.where(d < 0, -1, keys)
+        if len(keys) == 0 or (keys == keys[0]).all():
+            return "one", None
+        if (d < 0).any():
+            return "none", None
+        return group_level(list(zip(d.tolist(), m.tolist())), self.wu, -1), keys
 
     def unit_keys(self, d: np.ndarray, m: np.ndarray) -> np.ndarray:
         """One small integer per unit (d, m), m = -1 for a replica unit."""
@@ -236,17 +287,17 @@ class Checker:
             self.piece_len[ml[fresh]] = length[fresh]
         if (self.fold_dim[ml] != k).any() or (self.piece_len[ml] != length).any():
             return False, None
-        pieces = set((start // length).tolist())
+        pieces = start // length
         still = ~moved
         undecided = still & (self.fold_dim[lins] < 0)
         if undecided.any():  # a frozen copy marks them too: its marks go back to the
             self.nodiff_undecided[lins[undecided]] = True  # parent (source.fold_source)
         same = still & (self.fold_dim[lins] >= 0)
         if same.any():
-            pieces |= set(self.pieces_at(ref[same], lins[same]).tolist())
-        if len(pieces) > 1:
+            pieces = np.concatenate([pieces, self.pieces_at(ref[same], lins[same])])
+        if len(pieces) and (pieces != pieces[0]).any():  # one piece in every lineage
             return False, None
-        return True, (pieces.pop() if pieces else None)
+        return True, (int(pieces[0]) if len(pieces) else None)
 
     def pieces_at(self, slices: np.ndarray, lins: np.ndarray) -> np.ndarray:
         k = self.fold_dim[lins]
@@ -299,6 +350,7 @@ class Folder:
         g.tensors += recs.tensors
         g.nodes += recs.nodes
         g.parts += recs.parts
+        g.part_refs += recs.part_refs
         if recs.nodes:
             raise FoldRefused(f"node {recs.nodes[0][1].id} belongs to no unit")
         if len(recs.part_refs) != len(recs.parts):
@@ -320,8 +372,15 @@ class Folder:
             piece = self.checker.exception_piece(unit, tab)
         self.accept(unit, piece, len(tab.t_shape), len(tab.n_op), len(tab.p_lin))
         if not ok or self.is_default_kept(unit):
-            self.records[unit] = records() if callable(records) else records
+            self.records[unit] = records  # a function giving them: built when needed
         return ok
+
+    def build_records(self) -> None:
+        """Build the records of the units kept so far that were given as functions (a
+        caller may do it while workers check the other units)."""
+        for u, recs in list(self.records.items()):
+            if callable(recs):
+                self.records[u] = recs()
 
     def accept(self, unit: Unit, piece: int | None, tensors: int, nodes: int,
                parts: int) -> None:
@@ -349,6 +408,7 @@ class Folder:
         for u in sorted(odd - set(self.exceptions), key=str):
             raise FoldRefused(f"unit {u} gives a sum over units another tensor than the "
                               "other units, yet is a copy of its representative")
+        self.build_records()
         replicas, kept = self.kept_units()
         for u in sorted((u for u in kept if u not in self.records and u in self.seen),
                         key=str):
@@ -394,8 +454,15 @@ class Folder:
                                           "belongs to a folded-away unit")
                 nodes.append((pos, n))
             for j, (lin, pos, p) in enumerate(recs.parts):
-                sum_of = (keep_global_sum(p.sum_of, self.global_part_units[j]) if glob
-                          else tuple(p.sum_of))
+                refs = recs.part_refs[j] if glob else None
+                if isinstance(refs, SumRefs) and refs.names is not None:
+                    keys = self.global_part_units[j]
+                    sum_of = refs.names(np.ones(len(refs.d), dtype=bool) if keys is None
+                                        else np.isin(keys, kept_keys))
+                elif glob:
+                    sum_of = keep_global_sum(p.sum_of, self.global_part_units[j])
+                else:
+                    sum_of = tuple(p.sum_of)
                 if not sum_of:
                     continue
                 for x in sum_of:

@@ -248,7 +248,8 @@ def _fold_source(source: UnitSource, extra: int, jobs: int) -> Folded:
     size = -(-len(rest) // (4 * jobs))
     chunks = [rest[i:i + size] for i in range(0, len(rest), size)]
     before = list(checker.deviations)
-    results = _check_parallel(view, checker, chunks, jobs)
+    # the kept units' records are built here while the workers check the others
+    results = _check_parallel(view, checker, chunks, jobs, meanwhile=folder.build_records)
     checker.frozen = False
     checker.deviations = before + [x for _, (dev, _) in results for x in dev]
     for _, (_, undecided) in results:
@@ -263,17 +264,24 @@ def _fold_source(source: UnitSource, extra: int, jobs: int) -> Folded:
     return folder.finish(source.records)
 
 
-def _check_parallel(view, checker: Checker, chunks: list[list[Unit]], jobs: int) -> list:
+def _check_parallel(view, checker: Checker, chunks: list[list[Unit]], jobs: int,
+                    meanwhile=None) -> list:
     """Check chunks of units in worker processes: forked where the platform can fork (the
-    workers inherit the source, nothing big is pickled),
-    else loky workers that receive the source pickled."""
+    workers inherit the source, nothing big is pickled; `meanwhile()` runs here while they
+    work), else loky workers that receive the source pickled. Forked workers die with this
+    process (lifeline's fork hook) and are terminated when this call ends, however."""
     global _FORKED
     if "fork" not in multiprocessing.get_all_start_methods():
+        if meanwhile is not None:
+            meanwhile()
         return Parallel(n_jobs=jobs)(delayed(_check_chunk)(view, checker, c) for c in chunks)
     _FORKED = (view, checker)
     try:
-        return Parallel(n_jobs=jobs, backend="multiprocessing")(
-            delayed(_check_forked)(c) for c in chunks)
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            pending = pool.map_async(_check_forked, chunks, chunksize=1)
+            if meanwhile is not None:
+                meanwhile()
+            return pending.get()
     finally:
         _FORKED = None
 

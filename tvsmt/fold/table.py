@@ -153,8 +153,26 @@ class UnitTable:
     p_sum_ptr: np.ndarray
     p_sum: np.ndarray
 
-    def copy(self) -> "UnitTable":
-        return UnitTable(**{f.name: getattr(self, f.name).copy() for f in fields(self)})
+    def copy(self, only: tuple[str, ...] | None = None) -> "UnitTable":
+        """A copy; with `only`, those columns copied and the others shared (read-only: a
+        caller changing only those columns saves copying the references)."""
+        return UnitTable(**{f.name: getattr(self, f.name).copy()
+                            if only is None or f.name in only else getattr(self, f.name)
+                            for f in fields(self)})
+
+
+def trim_slices(tables) -> None:
+    """Slice columns no part of these tables uses (slices are -1 padded to MAX_DIMS
+    dimensions) dropped from all of them alike: the same comparisons over a third of the
+    columns (a 405B-sized plan's units hold 130k parts each). Only for tables that are all
+    a source gives (every unit's table is one of them, moved: moving never writes a column
+    a part does not use)."""
+    tables = list(tables)
+    used = [np.flatnonzero((t.p_slice != -1).any(axis=0)) for t in tables if len(t.p_slice)]
+    width = max((int(u[-1]) + 1 for u in used if len(u)), default=0)
+    width += width % 2
+    for t in tables:
+        t.p_slice = np.ascontiguousarray(t.p_slice[:, :width])
 
 
 def build_table(unit: Unit, tensors: list[TensorInfo], nodes: list[tuple[int, Node]],
@@ -424,6 +442,25 @@ def group_rows(tab: UnitTable, unit: Unit, sum_ops: np.ndarray, wu: WorldUnits) 
     return rows[lo != hi]
 
 
+def _weights(n: int) -> np.ndarray:
+    return np.random.default_rng(7).integers(1, 1 << 63, n, dtype=np.uint64) | np.uint64(1)
+
+
+_WEIGHTS = _weights(512)
+
+
+def _no_level(level: int | None) -> int:
+    return -1 if level is None else level
+
+
+def _ptr0(lens: np.ndarray) -> np.ndarray:
+    """Each segment's start in a concatenation of segments of these lengths."""
+    out = np.zeros(len(lens), dtype=np.int64)
+    if len(lens) > 1:
+        np.cumsum(lens[:-1], out=out[1:])
+    return out
+
+
 def group_row(refs: np.ndarray, unit: Unit, wu: WorldUnits
               ) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """The one row standing for a sum over units, (k, level, 0, GROUP), k the local number
@@ -459,7 +496,7 @@ def canonical_inputs(tab: UnitTable, unit: Unit, wu: WorldUnits, sum_ops: np.nda
     starts, ends = ptr[rows], ptr[rows + 1]
     refs = tab.n_in
     d2, m2 = absolute_units(refs, unit) if len(rows) else (refs[:0, 0], refs[:0, 0])
-    level_of: dict[tuple[bytes, bytes], int | None] = {}
+    levels = np.full(len(rows), -1, dtype=np.int64)  # -1: through group_row
     if len(rows):
         lens = ends - starts
         offsets = np.concatenate([[0], np.cumsum(lens)[:-1]])
@@ -467,24 +504,38 @@ def canonical_inputs(tab: UnitTable, unit: Unit, wu: WorldUnits, sum_ops: np.nda
         sub = refs[idx]
         lo, hi = np.minimum.reduceat(sub, offsets), np.maximum.reduceat(sub, offsets)
         plain = (lo[:, 0] == hi[:, 0]) & (lo[:, 3] == UNIT) & (hi[:, 3] == UNIT)
-    for j, i in enumerate(rows.tolist()):
+        # the plain sums' levels, once per distinct pattern of units (rows of one length
+        # side by side: a replica unit holds thousands of sums over a few patterns)
+        for n in np.unique(lens[plain]).tolist():
+            these = np.flatnonzero(plain & (lens == n))
+            at = starts[these][:, None] + np.arange(n)[None, :]
+            pattern = np.concatenate([d2[at], m2[at]], axis=1)
+            # rows grouped by a hash of their pattern; a row unlike its group's first (a
+            # collision) is left to group_row, so no row is judged by another's pattern
+            weights = _WEIGHTS[:2 * n] if 2 * n <= len(_WEIGHTS) else _weights(2 * n)
+            h = (pattern.astype(np.uint64) * weights).sum(axis=1)
+            _, first, which = np.unique(h, return_index=True, return_inverse=True)
+            which = which.reshape(-1)
+            same = (pattern == pattern[first[which]]).all(axis=1)
+            level_of = np.array([_no_level(group_level(
+                list(zip(pattern[i, :n].tolist(), pattern[i, n:].tolist())), wu, unit[0]))
+                for i in first.tolist()], dtype=np.int64)
+            levels[these] = np.where(same, level_of[which], -1)
+    good = levels >= 0
+    if good.any():
+        a = starts[good]
+        ins[a, 0], ins[a, 1], ins[a, 2], ins[a, 3] = refs[a, 0], levels[good], 0, GROUP
+        span = ends[good] - a - 1
+        drop = np.repeat(a + 1 - _ptr0(span), span) + np.arange(int(span.sum()))
+        keep[drop] = False
+    for j in np.flatnonzero(~good).tolist():  # the others, one by one
         a, b = int(starts[j]), int(ends[j])
-        level = None
-        if plain[j]:
-            key = (d2[a:b].tobytes(), m2[a:b].tobytes())
-            if key not in level_of:
-                level_of[key] = group_level(list(zip(d2[a:b].tolist(), m2[a:b].tolist())),
-                                            wu, unit[0])
-            level = level_of[key]
-        if level is not None and level >= 0:
-            ins[a] = (refs[a, 0], level, 0, GROUP)
-        else:
-            try:
-                ins[a], odd = group_row(refs[a:b], unit, wu)
-                if deviations is not None:
-                    deviations += odd
-            except GroupError as e:
-                raise GroupError(i, str(e)) from None
+        try:
+            ins[a], odd = group_row(refs[a:b], unit, wu)
+            if deviations is not None:
+                deviations += odd
+        except GroupError as e:
+            raise GroupError(int(rows[j]), str(e)) from None
         keep[a + 1:b] = False
     new_ptr = np.concatenate([[0], np.cumsum(keep)])[ptr]
     return ins[keep], new_ptr, rows

@@ -143,6 +143,7 @@ def write_unit_source(path: str | os.PathLike, source) -> str:
     topological; the reader checks it again."""
     import heapq
 
+    from tvsmt.plan.model import replace as replace_struct
     from tvsmt.plan.stream import StreamWriter, node_dict, part_dict
 
     header = source.header
@@ -171,7 +172,9 @@ def write_unit_source(path: str | os.PathLike, source) -> str:
         # part a replica unit lists once per micro-batch counts its copies as micro-batches
         d, m = unit
         copies: dict = {}
-        for lin, pos, p in recs.parts:
+        for j, (lin, pos, p) in enumerate(recs.parts):
+            if recs.part_refs and not p.sum_of:  # a global part named by its SumRefs
+                p = replace_struct(p, sum_of=recs.sum_of(j))
             if m is None:  # copies of one part are equal records
                 c = copies[(lin, p)] = copies.get((lin, p), -1) + 1
             else:
