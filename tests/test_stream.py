@@ -13,6 +13,7 @@ import pytest
 
 from tvsmt import forked as forked_policy
 from tvsmt.fold import LoadedPlan, fold_source
+from tvsmt.fold.folder import SumRefs
 from tvsmt.frontends import generate_pair
 from tvsmt.frontends.stream import StreamedPlan
 from tvsmt.plan import plan_from_dict
@@ -455,7 +456,9 @@ def test_tables_over_the_scanned_columns_are_the_reference_tables(unit_file):
         ra, rb = fast.records(u), slow.records(u)
         assert (ra.tensors, ra.nodes, ra.parts) == (rb.tensors, rb.nodes, rb.parts), u
     ga, gb = fast.global_records(), slow.global_records()
-    assert (ga.tensors, ga.parts, ga.part_refs) == (gb.tensors, gb.parts, gb.part_refs)
+    assert (ga.tensors, ga.parts) == (gb.tensors, gb.parts)
+    assert [r.pairs() if isinstance(r, SumRefs) else r for r in ga.part_refs] == \
+        [r.pairs() if isinstance(r, SumRefs) else r for r in gb.part_refs]
 
 
 class _CountingPlan(StreamedPlan):

@@ -24,7 +24,7 @@ from operator import attrgetter, is_
 import msgspec
 import numpy as np
 
-from tvsmt.fold.folder import SUM_OPS, FoldRefused, UnitRecords
+from tvsmt.fold.folder import SUM_OPS, FoldRefused, SumRefs, UnitRecords
 from tvsmt.fold.source import unit_order
 from tvsmt.fold.table import (
     GLOBAL,
@@ -585,10 +585,16 @@ class ColumnPlan:
             recs.tensors = _take(self._infos, t.tolist())
         pidx = self._unit_parts.get(_GLOBAL_KEY, np.zeros(0, dtype=np.int64)).tolist()
         recs.parts = self._part_records(pidx)
-        s_ptr, s_num = self._p_sum
-        tk, num = self._tunit.tolist(), self._num.tolist()
-        recs.part_refs = [[(self.unit_of(tk[x]), num[x])
-                           for x in s_num[s_ptr[i]:s_ptr[i + 1]].tolist()] for i in pidx]
+        # where each part's tensors live, as arrays (SumRefs): a 3.6M-node plan's global
+        # parts name 336k tensors, a Python pair each cost the fold 2 s
+        lens, xs = _gather(*self._p_sum, np.asarray(pidx, dtype=np.int64))
+        keys = self._tunit[xs]
+        glob, r = keys == _GLOBAL_KEY, keys % self.stride
+        d = np.where(glob, -1, keys // self.stride)
+        m = np.where(glob | (r == 0), -1, r - 1)
+        cuts = np.cumsum(lens)[:-1]
+        recs.part_refs = [SumRefs(a, b, c) for a, b, c in zip(
+            np.split(d, cuts), np.split(m, cuts), np.split(self._num[xs], cuts))]
         return recs
 
     def units(self) -> list[Unit]:

@@ -82,6 +82,11 @@ class SumRefs:
     k: np.ndarray
     names: Callable[[np.ndarray], tuple] | None = None
 
+    def pairs(self) -> list[tuple[Unit | None, int]]:
+        """The (unit, local number) of each tensor (what `of` takes)."""
+        return [(None if d < 0 else (d, None if m < 0 else m), k)
+                for d, m, k in zip(self.d.tolist(), self.m.tolist(), self.k.tolist())]
+
     @classmethod
     def of(cls, refs: list[tuple[Unit | None, int]]) -> "SumRefs":
         d = np.fromiter((-1 if u is None else u[0] for u, _ in refs), np.int64, len(refs))
