@@ -209,8 +209,8 @@ def instance_table(unit: Unit, tensors: list[TensorInfo], nodes: list[tuple[int,
                    ins: list[tuple], outs: list[tuple], local: dict[str, int],
                    outside: Callable[[str], tuple], intern: Interner,
                    codes: tuple[np.ndarray, np.ndarray] | None = None) -> UnitTable:
-    """`build_table` over columns, for a unit of many nodes (a streamed file's units,
-    tvsmt/fold/filesource.py): the same table (tests/test_stream.py compares them), built
+    """`build_table` over columns, for a unit of many nodes (a loaded plan's units,
+    `loaded_table`): the same table (tests/test_fold_tables.py compares them), built
     with one dict lookup per name and numpy instead of a Python loop per node. `local`: the
     unit's tensors by local number; `outside(x)`: the reference of any other tensor;
     `codes`: the local numbers of the inputs and of the outputs (-1: not the unit's), when

@@ -391,7 +391,7 @@ def _fast_lineage(raw, index: int, shapes_of, slices: dict) -> Lineage:
 
 def built_lineage(raw, index: int, keys=None, sums=None) -> Lineage:
     """The `Lineage` of a typed lineage record whose parts' slices and tensors were checked
-    (here by `_fast_lineage`, or in another process: stream.iter_unchecked); `keys`/`sums`:
+    (by `_fast_lineage`); `keys`/`sums`:
     the parts' slices and tensor lists when the caller has them. `_Reject` on a zero scale
     denominator or an `aligned` that does not fit."""
     raw_parts = raw.parts
