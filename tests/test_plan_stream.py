@@ -21,6 +21,7 @@ from tvsmt.fold import fold_plans
 from tvsmt.frontends.builder import write_plan, write_unit_source
 from tvsmt.frontends.generator import generate_pair
 from tvsmt.plan import Lineage, Node, TensorInfo, load_plan, plan_from_dict
+from tvsmt.plan.scan import scan_plan
 from tvsmt.plan.stream import Section, StreamHeader, StreamWriter, iter_records
 
 
@@ -218,9 +219,18 @@ def test_a_bad_lineage_is_worded_by_the_reference_validator(tmp_path):
 
 
 def test_record_size_limit(tmp_path, monkeypatch):
-    monkeypatch.setenv("TVSMT_MAX_RECORD_BYTES", "100")
+    """The first line longer than the limit is named, by the record-by-record reading and by
+    the one-pass scan alike."""
     path = write_plan(tmp_path / "p.jsonl", parallel_mlp())
-    expect_error(path, "longer than the limit", "TVSMT_MAX_RECORD_BYTES")
+    with open(path, "rb") as f:
+        lengths = [len(line) - 1 for line in f]
+    limit = sorted(lengths)[len(lengths) // 2]  # about half the lines are longer
+    first = next(k for k, n in enumerate(lengths) if n > limit) + 1
+    monkeypatch.setenv("TVSMT_MAX_RECORD_BYTES", str(limit))
+    expect_error(path, f"line {first}: record longer than the limit", "TVSMT_MAX_RECORD_BYTES")
+    with pytest.raises(PlanError) as e:
+        scan_plan(str(path))
+    assert f"line {first}: record longer than the limit" in str(e.value)
 
 
 def test_zeros_as_a_stream_are_refused_at_once(tmp_path, monkeypatch):

@@ -47,7 +47,7 @@ from tvsmt.plan import reader as R
 from tvsmt.plan.model import Dim, Lineage, LineagePart, Node, Plan, PlanColumns, TensorInfo
 from tvsmt.plan.numbering import ABSENT
 from tvsmt.plan.schema import HeaderRec, SectionRec, TrailerRec
-from tvsmt.plan.stream import StreamHeader, _header, _whole_block
+from tvsmt.plan.stream import StreamHeader, _header, _whole_block, check_line_lengths
 
 
 class NotScanned(Exception):
@@ -960,13 +960,7 @@ def _blocks_into(path: str, f, size: int | None = None):
         cut = buf.rfind(b"\n", 0, end) + 1
         if cut:
             if cut > limit:  # a line of it may be longer than the limit
-                ends = np.flatnonzero(np.frombuffer(buf, np.uint8, cut) == 10)
-                lengths = np.diff(ends, prepend=-1) - 1
-                if int(lengths.max()) > limit:
-                    k = int(np.flatnonzero(lengths > limit)[0])
-                    raise PlanError(f"line {lineno + k + 1}: record longer than the limit of "
-                                    f"{limit} bytes (set {R.RECORD_LIMIT_ENV} to raise it)",
-                                    file=path)
+                check_line_lengths(view[:cut], limit, lineno, path)
             count = buf.count(b"\n", 0, cut)
             yield lineno, count, view[:cut]
             lineno += count

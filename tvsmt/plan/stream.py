@@ -166,6 +166,18 @@ class _Lines:
         return self._lines()[k]
 
 
+def check_line_lengths(body, limit: int, lineno: int, path: str) -> int:
+    """The number of lines of `body` (whole lines, each ending in a newline), or the one-line
+    error naming the first longer than `limit` bytes (`lineno`: the lines before `body`)."""
+    ends = np.flatnonzero(np.frombuffer(body, np.uint8) == 10)
+    lengths = np.diff(ends, prepend=-1) - 1
+    if len(lengths) and int(lengths.max()) > limit:
+        k = int(np.flatnonzero(lengths > limit)[0])
+        raise PlanError(f"line {lineno + k + 1}: record longer than the limit of {limit} bytes "
+                        f"(set {R.RECORD_LIMIT_ENV} to raise it)", file=path)
+    return len(ends)
+
+
 def _blocks(path: str, f) -> Iterator[tuple[int, _Lines, bytes]]:
     """(number of lines before, the lines, their bytes with newlines) per chunk read,
     refusing over-long lines (their lengths from the newlines' offsets, in numpy)."""
@@ -187,14 +199,7 @@ def _blocks(path: str, f) -> Iterator[tuple[int, _Lines, bytes]]:
             if len(body) <= limit:  # no line of it can be longer: only count them
                 count = body.count(b"\n")
             else:
-                ends = np.flatnonzero(np.frombuffer(body, np.uint8) == 10)
-                lengths = np.diff(ends, prepend=-1) - 1
-                if int(lengths.max()) > limit:
-                    k = int(np.flatnonzero(lengths > limit)[0])
-                    raise PlanError(f"line {lineno + k + 1}: record longer than the limit of "
-                                    f"{limit} bytes (set {R.RECORD_LIMIT_ENV} to raise it)",
-                                    file=path)
-                count = len(ends)
+                count = check_line_lengths(body, limit, lineno, path)
             yield lineno, _Lines(body, count), body
             lineno += count
         if len(carry) > limit:
