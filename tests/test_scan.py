@@ -50,6 +50,17 @@ def files(tmp_path_factory):
     }
 
 
+def same_items(got, want, what: str) -> None:
+    """`list(got) == list(want)`, failing on the first difference with a short message (in CI
+    mode pytest explains a failed `==` of two long lists by a full diff, quadratic in their
+    length: minutes for these)."""
+    got, want = list(got), list(want)
+    for k, (a, b) in enumerate(zip(got, want)):
+        if a != b:
+            pytest.fail(f"{what}[{k}]: {a!r:.500} != {b!r:.500}", pytrace=False)
+    assert len(got) == len(want), f"{what}: {len(got)} items, expected {len(want)}"
+
+
 def assert_scan_reads_the_plan(path: str) -> None:
     """Columns, records built on demand and header: those of `read_stream` and
     `build_columns` on the same file."""
@@ -60,16 +71,19 @@ def assert_scan_reads_the_plan(path: str) -> None:
     for name in ARRAYS:
         assert np.array_equal(np.asarray(getattr(cols, name)), np.asarray(getattr(ref, name))), \
             name
-    assert cols.slices == ref.slices
+    same_items(cols.slices, ref.slices, "slices")
     nodes = list(cols.nodes)  # every record built back from the columns
-    assert nodes == plan.nodes
-    assert [(n.attrs, n.source) for n in nodes] == [(n.attrs, n.source) for n in plan.nodes]
-    assert list(cols.infos) == list(plan.tensors.values())
-    assert list(cols.tids) == list(plan.tensors)
-    assert list(cols.parts) == [p for lin in plan.lineages for p in lin.parts]
-    assert [cols.op_names[k] for k in cols.op_code] == [n.op for n in plan.nodes]
-    assert [cols.pass_names[k] for k in cols.pass_code] == [n.pass_ for n in plan.nodes]
-    assert [cols.shapes[k] for k in cols.shape_code] == [t.shape for t in plan.tensors.values()]
+    same_items(nodes, plan.nodes, "nodes")
+    same_items([(n.attrs, n.source) for n in nodes], [(n.attrs, n.source) for n in plan.nodes],
+               "nodes' attributes and sources")
+    same_items(cols.infos, plan.tensors.values(), "tensors")
+    same_items(cols.tids, plan.tensors, "tensor ids")
+    same_items(cols.parts, [p for lin in plan.lineages for p in lin.parts], "lineage parts")
+    same_items([cols.op_names[k] for k in cols.op_code], [n.op for n in plan.nodes], "ops")
+    same_items([cols.pass_names[k] for k in cols.pass_code], [n.pass_ for n in plan.nodes],
+               "passes")
+    same_items([cols.shapes[k] for k in cols.shape_code],
+               [t.shape for t in plan.tensors.values()], "shapes")
     header = got.header_plan()
     assert (header.kind, header.name, header.world, header.outputs) == \
         (plan.kind, plan.name, plan.world, plan.outputs)
