@@ -476,6 +476,12 @@ class ColumnPlan:
         d, r = divmod(int(k), self.stride)
         return (d, None if r == 0 else r - 1)
 
+    def units_of(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`unit_of` over an array of keys, as `SumRefs` holds units: (replica or -1 for
+        global, micro-batch or -1 for none)."""
+        glob, r = keys == _GLOBAL_KEY, keys % self.stride
+        return np.where(glob, -1, keys // self.stride), np.where(glob | (r == 0), -1, r - 1)
+
     # -- every table's columns at once (table.loaded_table)
 
     def _refs(self, reader_key, xs: np.ndarray) -> np.ndarray:
@@ -588,10 +594,7 @@ class ColumnPlan:
         # where each part's tensors live, as arrays (SumRefs): a 3.6M-node plan's global
         # parts name 336k tensors, a Python pair each cost the fold 2 s
         lens, xs = _gather(*self._p_sum, np.asarray(pidx, dtype=np.int64))
-        keys = self._tunit[xs]
-        glob, r = keys == _GLOBAL_KEY, keys % self.stride
-        d = np.where(glob, -1, keys // self.stride)
-        m = np.where(glob | (r == 0), -1, r - 1)
+        d, m = self.units_of(self._tunit[xs])
         cuts = np.cumsum(lens)[:-1]
         recs.part_refs = [SumRefs(a, b, c) for a, b, c in zip(
             np.split(d, cuts), np.split(m, cuts), np.split(self._num[xs], cuts))]

@@ -391,9 +391,8 @@ def _fast_lineage(raw, index: int, shapes_of, slices: dict) -> Lineage:
 
 def built_lineage(raw, index: int, keys=None, sums=None) -> Lineage:
     """The `Lineage` of a typed lineage record whose parts' slices and tensors were checked
-    (by `_fast_lineage`); `keys`/`sums`:
-    the parts' slices and tensor lists when the caller has them. `_Reject` on a zero scale
-    denominator or an `aligned` that does not fit."""
+    (by `_fast_lineage`); `keys`/`sums`: the parts' slices and tensor lists when the caller
+    has them. `_Reject` on a zero scale denominator or an `aligned` that does not fit."""
     raw_parts = raw.parts
     if type(raw_parts[0]) is LineagePart:  # a document's parts: decoded as the model's
         parts = tuple(raw_parts)

@@ -960,8 +960,9 @@ def _blocks_into(path: str, f, size: int | None = None):
         cut = buf.rfind(b"\n", 0, end) + 1
         if cut:
             if cut > limit:  # a line of it may be longer than the limit
-                check_line_lengths(view[:cut], limit, lineno, path)
-            count = buf.count(b"\n", 0, cut)
+                count = check_line_lengths(view[:cut], limit, lineno, path)
+            else:
+                count = buf.count(b"\n", 0, cut)
             yield lineno, count, view[:cut]
             lineno += count
         start = end - cut
