@@ -21,7 +21,7 @@ from tvsmt.fold import fold_plans
 from tvsmt.frontends.builder import write_plan, write_unit_source
 from tvsmt.frontends.generator import generate_pair
 from tvsmt.plan import Lineage, Node, TensorInfo, load_plan, plan_from_dict
-from tvsmt.plan.scan import scan_plan
+from tvsmt.plan.scan import NotScanned, scan_plan
 from tvsmt.plan.stream import Section, StreamHeader, StreamWriter, iter_records
 
 
@@ -337,3 +337,64 @@ def test_equal_hashes_of_different_node_ids_are_no_error(tmp_path, monkeypatch):
     assert len(load_plan(good).nodes) == len(parallel_mlp()["nodes"])
     bad = write_plan(tmp_path / "bad.jsonl", _with_a_second_node_named(parallel_mlp(), "n3@1"))
     expect_error(bad, "node id used twice", "n3@1")
+
+
+# ------------------------------------------------------------------ both forms refuse alike
+# Found by a differential fuzz of the readers (the document's fast path, plan_from_dict, the
+# JSON Lines record-by-record reading and its one-pass scan): the JSON Lines readers took a
+# node outside the world that the document reader refuses, and crashed (an internal error)
+# on a rank beyond 64 bits and on an undeclared tensor named "".
+
+
+def _verify_exit(tmp_path, parallel_path: str) -> tuple[int, str]:
+    single = write_plan(tmp_path / "single.jsonl", single_mlp())
+    r = CliRunner().invoke(main, ["verify", single, parallel_path, "--no-corpus"])
+    return r.exit_code, r.output
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("rank", 4, "rank 4, outside the world's 4 ranks"),
+    ("rank", -1, "rank -1, outside"),
+    ("mb", 1, "micro-batch 1, outside the world's 1"),
+    ("mb", -2, "micro-batch -2, outside"),
+    ("mb", -2**63 - 1, "micro-batch -9223372036854775809"),
+])
+def test_a_node_outside_the_world_is_an_input_error_in_both_forms(tmp_path, field, value,
+                                                                  words):
+    plan = parallel_mlp()
+    node = plan["nodes"][3]
+    node[field] = value
+    document = write_plan(tmp_path / "p.json", plan)
+    with pytest.raises(PlanError):
+        load_plan(document)
+    stream = write_plan(tmp_path / "p.jsonl", plan)
+    lines = open(stream, encoding="utf-8").read().splitlines()
+    at = next(k for k, x in enumerate(lines, 1) if f'"id":"{node["id"]}"' in x)
+    expect_error(stream, f"line {at}", node["id"], words)
+    with pytest.raises(NotScanned):  # the one-pass scan leaves the wording to the above
+        scan_plan(stream)
+    code, out = _verify_exit(tmp_path, stream)
+    assert code == 2 and f"line {at}" in out and node["id"] in out and "Traceback" not in out
+
+
+@pytest.mark.parametrize("world,words", [({"dp": 0, "tp": 2}, "world.dp must be"),
+                                         ({"dp": 2, "tp": "2"}, "world.tp must be"),
+                                         ({"dp": 2, "tp": 2, "ranks": 5}, "world.ranks is 5")])
+def test_a_header_whose_world_is_no_world_is_an_input_error(tmp_path, world, words):
+    plan = parallel_mlp()
+    plan["world"] = world
+    stream = write_plan(tmp_path / "p.jsonl", plan)
+    expect_error(stream, "line 1", words)
+    code, out = _verify_exit(tmp_path, stream)
+    assert code == 2 and words in out
+
+
+def test_an_undeclared_tensor_named_the_empty_string_is_an_input_error(tmp_path):
+    """"" is a name like any other (only null is no tensor): the fast block check once let
+    it through to a crash."""
+    plan = parallel_mlp()
+    plan["nodes"][2]["outputs"] = [""]
+    stream = write_plan(tmp_path / "p.jsonl", plan)
+    expect_error(stream, plan["nodes"][2]["id"], "undeclared tensor")
+    code, out = _verify_exit(tmp_path, stream)
+    assert code == 2 and "undeclared tensor" in out and "Traceback" not in out

@@ -450,13 +450,25 @@ def world_problem(world: dict, ranks: Any, mbs: Any) -> str | None:
     total = size["dp"] * size["tp"] * size["pp"]
     if "ranks" in world and (type(world["ranks"]) is not int or world["ranks"] != total):
         return f"world.ranks is {world['ranks']!r}, not dp*tp*pp = {total}"
+    return placement_problem(ranks, mbs, (total, size["mb"]))
+
+
+def world_extent(world: dict) -> tuple[int, int]:
+    """(ranks, micro-batches) of a world that `world_problem` accepts."""
+    return (world.get("dp", 1) * world.get("tp", 1) * world.get("pp", 1), world.get("mb", 1))
+
+
+def placement_problem(ranks: Any, mbs: Any, extent: tuple[int, int]) -> str | None:
+    """Why nodes of these ranks and micro-batches do not run in a world of `extent`
+    (`world_extent`), or None."""
+    total, n_mb = extent
     ranks, mbs = list(ranks), list(mbs)
     if ranks and (min(ranks) < 0 or max(ranks) >= total):
         bad = next(r for r in ranks if not 0 <= r < total)
         return f"a node runs on rank {bad}, outside the world's {total} ranks"
-    if mbs and (min(mbs) < -1 or max(mbs) >= size["mb"]):
-        bad = next(m for m in mbs if not -1 <= m < size["mb"])
-        return f"a node runs on micro-batch {bad}, outside the world's {size['mb']}"
+    if mbs and (min(mbs) < -1 or max(mbs) >= n_mb):
+        bad = next(m for m in mbs if not -1 <= m < n_mb)
+        return f"a node runs on micro-batch {bad}, outside the world's {n_mb}"
     return None
 
 

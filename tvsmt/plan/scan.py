@@ -381,8 +381,11 @@ class _Scan:
                 self.n_in += len(flat)
             else:
                 self.n_out += len(flat)
-        cols["rank"].append(np.fromiter(map(_RANK, recs), np.int64, n))
-        cols["mb"].append(np.fromiter(map(_MB, recs), np.int64, n))
+        try:
+            cols["rank"].append(np.fromiter(map(_RANK, recs), np.int64, n))
+            cols["mb"].append(np.fromiter(map(_MB, recs), np.int64, n))
+        except OverflowError:  # beyond 64 bits: outside any world
+            raise NotScanned("a rank or micro-batch beyond 64 bits") from None
         cols["op"].append(_codes(self.ops, map(_OP, recs), n))
         cols["pass"].append(_codes(self.passes, map(_PASS, recs), n))
         cols["attr"].append(_codes(self.attr_texts, map(bytes, map(_ATTRS, recs)), n))
@@ -458,6 +461,10 @@ class _Scan:
         pa, pc = self.pa, self.pc
         cols = {k: _cat(v) for k, v in self.cols.items()}
         self.cols = {}  # the blocks' pieces, freed
+        if len(cols["rank"]) and R.placement_problem(
+                (cols["rank"].min(), cols["rank"].max()), (cols["mb"].min(), cols["mb"].max()),
+                R.world_extent(h.world)) is not None:
+            raise NotScanned("a node outside the world")
         table = (pa.chunked_array(self.names, pa.large_string()).combine_chunks()
                  if self.names else pa.array([], pa.large_string()))
         self._check_distinct(_cat(self.t_hash), table, "a tensor declared twice")

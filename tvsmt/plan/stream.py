@@ -104,6 +104,7 @@ class _State:
     shape_pool: dict = field(default_factory=dict)  # one tuple per distinct shape
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("tensor", "node", "lineage", "section"), 0))
+    extent: tuple[int, int] = (0, 0)  # the header's world: ranks, micro-batches
 
     def shapes_of(self, ids) -> list:
         """The declared shapes of these tensor ids (None: undeclared), for
@@ -286,6 +287,7 @@ def _records_unguarded(path: str, f, gc_was: bool, build: bool = True,
         start = 0
         if header is None and end and type(recs[0]) is HeaderRec:
             header = _header(recs[0], path)
+            st.extent = R.world_extent(header.world)
             yield header
             start = 1
         if header is not None and not phase:
@@ -309,6 +311,7 @@ def _records_unguarded(path: str, f, gc_was: bool, build: bool = True,
                     raise PlanError(f"line {base + k + 1}: the first record must be the "
                                     f"header, not {name}", file=path)
                 header = _header(rec, path)
+                st.extent = R.world_extent(header.world)
                 yield header
             elif kind is NodeRec or kind is NodeText:
                 if phase:
@@ -398,6 +401,8 @@ def _fast_block(recs: list, end: int, st: _State, section: int, get_op, build: b
     ops = set(map(_OP, nrecs)) - st.ops
     if any(get_op(op) is None for op in ops) or not set(map(_PASS, nrecs)) <= _PASS_SET:
         return None
+    if R.placement_problem(map(_RANK, nrecs), map(_MB, nrecs), st.extent) is not None:
+        return None
     ins_col = list(map(_INPUTS, nrecs))
     outs_col = list(map(_OUTPUTS, nrecs))
     npos = np.array(pos[NodeRec], dtype=np.int64)
@@ -411,8 +416,8 @@ def _fast_block(recs: list, end: int, st: _State, section: int, get_op, build: b
         if bool((decl >= at).any()):
             return None
         old = list(compress(flat, (decl < 0).tolist()))
-        if not all(map(shapes.__contains__, filter(None, old))):
-            return None
+        if not all(map(shapes.__contains__, (t for t in old if t is not None))):
+            return None  # (an id may be "": only null is no tensor)
     # outputs: SSA, and nothing written that an earlier node (in any block) read
     writer = dict(zip(flat_out, out_node.tolist()))
     writer.pop(None, None)
@@ -478,6 +483,9 @@ def _header(rec: HeaderRec, path: str) -> StreamHeader:
     world = rec.world or {}
     if not isinstance(world, dict):
         raise PlanError("'world' must be an object", file=path)
+    problem = R.world_problem(world, (), ())
+    if problem is not None:
+        raise PlanError(f"line 1: {problem}", file=path)
     if type(rec.plan_id) is not str or not rec.plan_id:
         raise PlanError("line 1: the header needs a string 'plan_id'", file=path)
     if type(rec.sections) is not int or rec.sections < 0:
@@ -522,6 +530,9 @@ def _node(rec: NodeRec, st: _State, path: str, lineno: int, get_op) -> Node:
     if rec.pass_ not in R.PASSES:
         raise PlanError(f"line {lineno}: 'pass' must be fw, bw or null, not {rec.pass_!r}",
                         file=path, node=nid)
+    problem = R.placement_problem((rec.rank,), (rec.mb,), st.extent)
+    if problem is not None:
+        raise PlanError(f"line {lineno}: {problem}", file=path, node=nid)
     shapes, written = st.shapes, st.written
     for t in rec.inputs:
         if t is not None and t not in written:
