@@ -125,6 +125,31 @@ def test_bad_plan_one_line_error_exit_2(tmp_path, mutate):
         assert w in err, (w, err)
 
 
+@pytest.mark.parametrize("where", ["attrs", "world", "outputs", "lineages"])
+@pytest.mark.parametrize("value", [0, False, ""], ids=repr)
+def test_a_false_value_is_no_null(tmp_path, where, value):
+    """Only null (or no key) means the default: a 0, false or "" where an object or a list
+    belongs is a wrong type, refused by both readings (the reference validator once took
+    any false value for the default; found by tests/test_reader_agreement.py)."""
+    s, p = single_mlp(), parallel_mlp()
+    if where == "attrs":
+        node(p, "n2@1")["attrs"] = value
+    else:
+        p[where] = value
+    with pytest.raises(PlanError, match="must be"):
+        plan_from_dict(json.loads(json.dumps(p)), "parallel")
+    result = run_cli(tmp_path, s, p)
+    assert result.exit_code == 2 and "must be" in result.output, result.output
+    if where == "world":  # (a null world is one rank: this plan's nodes are outside it)
+        return
+    if where == "attrs":
+        node(p, "n2@1")["attrs"] = None
+    else:
+        p[where] = None
+    plan = plan_from_dict(json.loads(json.dumps(p)), "parallel")  # null: the default
+    assert where != "attrs" or next(n for n in plan.nodes if n.id == "n2@1").attrs == {}
+
+
 def test_unmodified_pair_passes_the_same_path(tmp_path):
     result = run_cli(tmp_path, single_mlp(), parallel_mlp())
     assert result.exit_code == 0, result.output

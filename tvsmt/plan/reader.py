@@ -203,7 +203,7 @@ def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None) -> Pl
     if (doc.format != FORMAT or doc.version != VERSION or type(doc.version) is not int
             or doc.kind not in KINDS or type(doc.kind) is not str):
         raise _Reject
-    world = doc.world or {}
+    world = _or_default(doc.world, {})
     if not isinstance(world, dict):
         raise _Reject
     # Dimensions (0..2**53) and roles (strings) were checked by the decoder; a tensor's id is
@@ -472,6 +472,12 @@ def placement_problem(ranks: Any, mbs: Any, extent: tuple[int, int]) -> str | No
     return None
 
 
+def _or_default(value: Any, default: Any) -> Any:
+    """An optional field's value, its default when null or absent. Only null: a 0, false or
+    "" where an object or list belongs is a wrong type, not an absent value."""
+    return default if value is None else value
+
+
 def _int_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool)
                                            for v in value)
@@ -490,7 +496,7 @@ def plan_from_dict(data: Any, path: str = "<memory>") -> Plan:
     _require(kind in KINDS, f"kind must be 'single' or 'parallel', not {kind!r}", path)
     for key, typ in (("tensors", dict), ("nodes", list)):
         _require(isinstance(data.get(key), typ), f"'{key}' must be a JSON {typ.__name__}", path)
-    world = data.get("world") or {}
+    world = _or_default(data.get("world"), {})
     _require(isinstance(world, dict), "'world' must be an object", path)
 
     tensors: dict[str, TensorInfo] = {}
@@ -545,7 +551,7 @@ def plan_from_dict(data: Any, path: str = "<memory>") -> Plan:
                 raise PlanError(f"tensor written twice (also by {writer[t]}): the plan is not "
                                 "SSA", file=path, node=nid, tensor=t)
             writer[t] = nid
-        attrs = raw.get("attrs") or {}
+        attrs = _or_default(raw.get("attrs"), {})
         rank, mb = raw.get("rank", 0), raw.get("mb", 0)
         if not (isinstance(attrs, dict) and type(rank) is int and type(mb) is int):
             raise PlanError("'attrs' must be an object and rank/mb ints", file=path, node=nid)
@@ -566,13 +572,13 @@ def plan_from_dict(data: Any, path: str = "<memory>") -> Plan:
                 raise PlanError(f"reads a tensor written by {what} (cycle or nodes out of "
                                 "topological order)", file=path, node=n.id, tensor=t)
 
-    outputs = data.get("outputs") or []
+    outputs = _or_default(data.get("outputs"), [])
     _require(isinstance(outputs, list), "'outputs' must be a list of tensor ids", path)
     for t in outputs:
         _require(isinstance(t, str) and t in tensors, "output is not a declared tensor", path,
                  tensor=str(t))
 
-    raw_lineages = data.get("lineages") or []
+    raw_lineages = _or_default(data.get("lineages"), [])
     _require(isinstance(raw_lineages, list), "'lineages' must be a list", path)
     cache: dict = {}
     lineages = [_lineage(raw, i, tensors, path, cache) for i, raw in enumerate(raw_lineages)]

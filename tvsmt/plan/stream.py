@@ -480,7 +480,7 @@ def _header(rec: HeaderRec, path: str) -> StreamHeader:
                         file=path)
     if rec.kind not in R.KINDS or type(rec.kind) is not str:
         raise PlanError(f"kind must be 'single' or 'parallel', not {rec.kind!r}", file=path)
-    world = rec.world or {}
+    world = R._or_default(rec.world, {})
     if not isinstance(world, dict):
         raise PlanError("'world' must be an object", file=path)
     problem = R.world_problem(world, (), ())
