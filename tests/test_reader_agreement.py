@@ -1,7 +1,8 @@
 """The four readings of a plan agree, checked by a differential fuzz.
 
-* The document form is read by the typed fast path (`decode_document`) and by the
-  reference validator (`plan_from_dict`), on the same text.
+* The document form is read by the typed fast path (`decode_document`), by the same checks
+  on a plan already in memory (`plan_from_object`, the generator's) and by the reference
+  validator (`plan_from_dict`), on the same text.
 * The JSON Lines form is read record by record (`read_stream`) and in one pass over columns
   (`scan_plan`), on the same records.
 
@@ -29,7 +30,7 @@ from handmade import parallel_mlp, single_mlp
 from test_scan import assert_scan_reads_the_plan
 
 from tvsmt.errors import TvsmtError
-from tvsmt.plan.reader import _ANY, decode_document, plan_from_dict
+from tvsmt.plan.reader import _ANY, decode_document, plan_from_dict, plan_from_object
 from tvsmt.plan.scan import NotScanned, scan_plan
 from tvsmt.plan.stream import read_stream
 
@@ -155,11 +156,12 @@ def test_every_reading_agrees_with_the_reference(tmp_path, chunk):
             reference = ("error", "")
         except Exception as e:  # the generic decoder refuses the text (a lone surrogate)
             reference = ("error", str(e))
-        fast = _outcome(lambda: decode_document(text, "p"))
-        assert fast[0] == reference[0], (where, fast[1] if fast[0] == "error" else "",
-                                         reference[1] if reference[0] == "error" else "")
-        if fast[0] == "plan":
-            _same(fast[1], reference[1])
+        for fast in (_outcome(lambda: decode_document(text, "p")),
+                     _outcome(lambda: plan_from_object(_ANY.decode(text), "p"))):
+            assert fast[0] == reference[0], (where, fast[1] if fast[0] == "error" else "",
+                                             reference[1] if reference[0] == "error" else "")
+            if fast[0] == "plan":
+                _same(fast[1], reference[1])
         checked["document"] += 1
         records = _records(plan) if isinstance(plan, dict) else None
         if records is None:
