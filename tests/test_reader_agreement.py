@@ -193,3 +193,50 @@ if __name__ == "__main__":
     plan, done = damaged(int(sys.argv[1]))
     print(done)
     print(json.dumps(plan)[:2000])
+
+
+def _shuffled_records(seed: int) -> tuple[list[dict], list[str]]:
+    """A valid plan's records (header first) with one to three records moved, copied or
+    dropped: damages only the JSON Lines form can have (its order rules); the trailer is
+    written to match, so only those rules can refuse them."""
+    rng = random.Random(seed)
+    records = _records(rng.choice(BASES)())
+    done = []
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        i = rng.randrange(1, len(records))
+        kind = rng.random()
+        if kind < 0.5:
+            j = rng.randrange(1, len(records))
+            records.insert(j, records.pop(i))
+            done.append(f"moved {i} to {j}")
+        elif kind < 0.8:
+            records.insert(rng.randrange(1, len(records) + 1), copy.deepcopy(records[i]))
+            done.append(f"copied {i}")
+        else:
+            records.pop(i)
+            done.append(f"dropped {i}")
+    return records, done
+
+
+@pytest.mark.parametrize("chunk", [range(k, k + 200) for k in range(0, 600, 200)],
+                         ids=lambda r: f"seeds {r.start}-{r.stop - 1}")
+def test_the_scan_takes_only_what_the_records_reading_takes(tmp_path, chunk):
+    outcomes = {"plan": 0, "error": 0}
+    for seed in chunk:
+        records, done = _shuffled_records(seed)
+        where = f"seed {seed}: {done}"
+        path = str(tmp_path / f"p{seed}.jsonl")
+        _write_stream(path, records)
+        stream = _outcome(lambda: read_stream(path))
+        outcomes[stream[0]] += 1
+        try:
+            scan_plan(path)
+        except NotScanned:
+            continue
+        except TvsmtError as e:
+            assert stream[0] == "error", (where, str(e))
+            continue
+        assert stream[0] == "plan", (where, "scanned a file the records reading refuses",
+                                     stream[1])
+        assert_scan_reads_the_plan(path)
+    assert outcomes["plan"] >= 10 and outcomes["error"] >= 50, outcomes
