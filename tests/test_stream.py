@@ -428,6 +428,22 @@ def test_the_second_core_is_used_only_when_a_core_is_idle(monkeypatch):
     assert forked_policy.use_second_core() is False
 
 
+def test_a_busy_instant_is_looked_at_again_before_it_stands(monkeypatch):
+    """One sample of a busy machine is not enough to read alone: it is taken again, up to
+    BUSY_SAMPLES in all, and the fewest tasks runnable decide."""
+    from tvsmt import forked as F
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(F, "PARALLEL", None)
+    monkeypatch.delenv(F.SECOND_CORE_ENV, raising=False)
+    for samples, idle in (([1], True), ([2, 1], True), ([3, 2, 1], True), ([2, 2, 2], False),
+                          ([2, 2, 2, 1], False), ([4, 3, 2], False)):
+        taken = iter(samples)
+        monkeypatch.setattr(F, "runnable_now", lambda: next(taken))
+        assert F.use_second_core() is idle, samples
+        assert len(list(taken)) == max(0, len(samples) - F.BUSY_SAMPLES), samples
+
+
 def test_tables_over_the_scanned_columns_are_the_reference_tables(unit_file):
     """The units, tables and records of the file folded from its columns are those of the
     node-by-node split of the loaded plan (source.LoadedPlan, the reference), column for
