@@ -1,11 +1,19 @@
 #!/usr/bin/env python3
-"""Verify every real plan pair in ../shared/plans, each in its own child process, and print
-per plan: verdict (and the README's expected one), tvsmt's wall time (loading included), the
-ratio to the 8-rank llama3-ly2-dp2pp2tp2mb2 fixture measured in the same run (the fixture is
-run again just before every plan and the ratio taken to that neighbouring run, so that the
-other helpers' changing load moves both sides of a ratio alike), peak memory
-(the child and its solver processes), whether it was folded (units checked) and the
-reference verifier's time as quoted in ../shared/plans/README.md.
+"""Verify every real plan pair in ../shared/plans and print per plan: verdict (and the
+README's expected one), tvsmt's time, the ratio to the 8-rank llama3-ly2-dp2pp2tp2mb2 fixture
+measured in the same run (the fixture is run again just before every plan and the ratio taken
+to that neighbouring run, so that the machine's changing load moves both sides of a ratio
+alike), peak memory (of any one process: tvsmt, its workers, its solvers), whether it was
+folded (units checked) and the reference verifier's time as quoted in
+../shared/plans/README.md.
+
+Two times per plan, each from its own child process:
+
+* **command**: the wall time of `python -m tvsmt verify --no-corpus -j JOBS`, from starting
+  the process to its exit: what a user waits for (the interpreter's start, the imports and
+  the end of the process included);
+* **in-process**: `verify_pair` timed inside a child that has already imported tvsmt (no
+  start, no imports; the loaded plans are freed before it returns, as a library caller's are).
 
 Issue 12's target: every real plan of 64 ranks or more at most 5x the 8-rank fixture and
 under 4 GB.
@@ -13,7 +21,7 @@ under 4 GB.
     python scripts/bench_real.py [--jobs 2] [--only NAME ...] [--json out.json] [--repeat N]
 
 `--repeat N`: the fixture and each plan are run N times, alternating, and each side's
-fastest run is kept (the other helpers' load comes in spikes of a few seconds that land on
+fastest run is kept (the machine's other load comes in spikes of a few seconds that land on
 one side of a ratio; the fastest of a few alternating runs is the least disturbed of each).
 """
 
@@ -74,7 +82,44 @@ def child(folder: str, jobs: int) -> None:
     print("BENCH " + json.dumps(row, default=str))
 
 
+def command(name: str, jobs: int) -> dict:
+    """`python -m tvsmt verify` on one pair: its wall time, peak memory, and from its JSON
+    report the verdict, fold and phase timings."""
+    import os
+    import tempfile
+    import time
+
+    folder = PLANS / name
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        err = Path(tmp) / "stderr"
+        with open(err, "wb") as err_file:
+            t0 = time.perf_counter()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tvsmt", "verify", "--no-corpus", "-j", str(jobs),
+                 "--report", str(report), str(folder / "single.json.gz"),
+                 str(folder / "parallel.json.gz")],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err_file, cwd=tmp)
+            _, status, usage = os.wait4(proc.pid, 0)
+            seconds = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        row: dict = {"seconds": seconds, "peak_mb": usage.ru_maxrss / 1024,
+                     "exit": proc.returncode}
+        if proc.returncode == 2:
+            row.update(verdict="input error",
+                       error=(err.read_text().strip().splitlines() or [""])[-1][:120])
+        elif report.exists():
+            got = json.loads(report.read_text())
+            row.update(verdict=got.get("verdict"), fold=got.get("fold"),
+                       fold_note=got.get("fold_note"), timings=got.get("timings"))
+        else:
+            row.update(verdict=f"crashed (exit {proc.returncode})",
+                       error=(err.read_text().strip().splitlines() or [""])[-1][:120])
+    return row
+
+
 def run(name: str, jobs: int) -> dict:
+    """`verify_pair` timed in a child process (`child`)."""
     proc = subprocess.run([sys.executable, __file__, "--child", str(PLANS / name),
                            "--jobs", str(jobs)], capture_output=True, text=True)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH ")), None)
@@ -111,42 +156,56 @@ def main() -> int:
     if args.only:
         names = [n for n in names if n in args.only or n == BASELINE]
     names.sort(key=lambda n: (n != BASELINE, table.get(n, ("", "", 0))[2], n))
-    rows = {}
-    base_of: dict[str, float] = {}  # plan -> the fixture's time in the run just before it
-    verdicts: dict[str, set] = {}  # plan -> the verdicts of its runs (--repeat)
+    measures = {"command": command, "in-process": run}
+    rows: dict[str, dict[str, dict]] = {m: {} for m in measures}  # measure -> plan -> row
+    base_of: dict[str, dict[str, float]] = {m: {} for m in measures}  # the fixture's, before
+    verdicts: dict[str, set] = {}  # plan -> the verdicts of all its runs
     for name in names:
         for _ in range(max(1, args.repeat)):
-            if name != BASELINE:
-                base = run(BASELINE, args.jobs).get("seconds")
-                if base is not None and (base_of.get(name) is None or base < base_of[name]):
-                    base_of[name] = base
-            row = run(name, args.jobs)
-            verdicts.setdefault(name, set()).add(row.get("verdict"))
-            best = rows.get(name, {}).get("seconds")
-            if best is None or (row.get("seconds") is not None and row["seconds"] < best):
-                rows[name] = row
-        if len(verdicts[name]) > 1:  # never hide a run that disagrees behind a faster one
-            rows[name]["verdict"] = "unstable: " + "/".join(sorted(map(str, verdicts[name])))
-        print(f"... {name}: {rows[name].get('verdict')} "
-              f"{rows[name].get('seconds', 0):.1f} s", file=sys.stderr, flush=True)
-    base_of[BASELINE] = rows.get(BASELINE, {}).get("seconds")
-    for name, secs in base_of.items():
-        if name in rows:
-            rows[name]["baseline_seconds"] = secs
-    print(f"| plan | ranks | verdict (expected) | tvsmt (s) | x {BASELINE} | peak MB | folded "
-          "| reference (s) |")
-    print("| --- | ---: | --- | ---: | ---: | ---: | --- | ---: |")
+            for measure, how in measures.items():
+                if name != BASELINE:
+                    base = how(BASELINE, args.jobs).get("seconds")
+                    best = base_of[measure].get(name)
+                    if base is not None and (best is None or base < best):
+                        base_of[measure][name] = base
+                row = how(name, args.jobs)
+                verdicts.setdefault(name, set()).add(row.get("verdict"))
+                best = rows[measure].get(name, {}).get("seconds")
+                if best is None or (row.get("seconds") is not None and row["seconds"] < best):
+                    rows[measure][name] = row
+        for measure in measures:
+            if len(verdicts[name]) > 1:  # never hide a run that disagrees behind a faster one
+                rows[measure][name]["verdict"] = "unstable: " + "/".join(
+                    sorted(map(str, verdicts[name])))
+        print(f"... {name}: {rows['command'][name].get('verdict')} "
+              f"{rows['command'][name].get('seconds', 0):.1f} s (command), "
+              f"{rows['in-process'][name].get('seconds', 0):.1f} s (in-process)",
+              file=sys.stderr, flush=True)
+    for measure in measures:
+        base_of[measure][BASELINE] = rows[measure].get(BASELINE, {}).get("seconds")
+        for name, secs in base_of[measure].items():
+            if name in rows[measure]:
+                rows[measure][name]["baseline_seconds"] = secs
+
+    def timing(measure: str, name: str) -> tuple[str, str]:
+        secs = rows[measure][name].get("seconds")
+        base = base_of[measure].get(name)
+        if secs is None:
+            return "-", "-"
+        return f"{secs:.1f}", f"{secs / base:.1f} ({base:.1f} s)" if base else "-"
+
+    print(f"| plan | ranks | verdict (expected) | command (s) | x {BASELINE} | in-process (s) "
+          "| x fixture | peak MB | folded | reference (s) |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
     for name in names:
-        r = rows[name]
+        r = rows["command"][name]
         expected, ref, ranks = table.get(name, ("?", "?", 0))
-        secs = r.get("seconds")
-        base = base_of.get(name)
-        ratio = f"{secs / base:.1f} ({base:.1f} s)" if secs and base else "-"
         mark = "" if r.get("verdict") == expected else " **MISMATCH**"
-        print(f"| `{name}` | {ranks} | {r.get('verdict')} ({expected}){mark} | "
-              f"{secs:.1f} | {ratio} | {r.get('peak_mb', 0):.0f} | {folded(r)} | {ref} |"
-              if secs is not None else
-              f"| `{name}` | {ranks} | {r.get('verdict')} ({expected}) | - | - | - | - | {ref} |")
+        cmd_s, cmd_x = timing("command", name)
+        inp_s, inp_x = timing("in-process", name)
+        peak = max(rows[m][name].get("peak_mb", 0) for m in measures)
+        print(f"| `{name}` | {ranks} | {r.get('verdict')} ({expected}){mark} | {cmd_s} | "
+              f"{cmd_x} | {inp_s} | {inp_x} | {peak:.0f} | {folded(r)} | {ref} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
     return 0

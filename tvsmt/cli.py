@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from tvsmt import heap
 from tvsmt.cli_checks import Seconds, check_backend
 from tvsmt.errors import InputError, InternalError, SolverFailure, StructuralViolation
 from tvsmt.report.report import (
@@ -18,7 +19,6 @@ from tvsmt.report.report import (
 from tvsmt.solving.types import DEFAULT_BACKEND
 from tvsmt.textsafe import plain
 
-
 EXIT_CODES_HELP = """\b
 Exit codes (every command):
   0  equivalent (verify, report), or the command succeeded
@@ -28,6 +28,8 @@ Exit codes (every command):
      (one line on stderr naming the file, node or tensor)
   3  inconclusive: a solver timeout, `unknown`, or solvers that disagree (never a pass)
   4  internal error: a bug in tvsmt (one line on stderr; TVSMT_DEBUG=1 shows the traceback)
+  128+n  stopped by signal n: 130 Ctrl-C, 143 SIGTERM (its solvers and workers killed);
+     141: the reader of the output went away (`tvsmt plan bugs | head -1`)
 """
 
 
@@ -42,9 +44,20 @@ class Cli(click.Group):
     and worker processes are killed, and the exit code is 128 + the signal number."""
 
     def main(self, args=None, *a, **kw):
+        program = args is None
+        if program:  # the process ends with the command: nothing needs freeing (heap.py)
+            heap.end_quickly()
+        try:
+            return self._main(program, args, *a, **kw)
+        except SystemExit as e:
+            if program:
+                heap.end_process(e.code)
+            raise
+
+    def _main(self, program: bool, args, *a, **kw):
         from tvsmt.solving.lifeline import activate
 
-        with activate(program=args is None):
+        with activate(program=program):
             try:
                 return super().main(args, *a, **dict(kw, standalone_mode=False))
             except _NO_ARGS_IS_HELP as e:  # `tvsmt` alone: the help, as click shows it
@@ -78,6 +91,10 @@ class Cli(click.Group):
             sys.exit(code)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except BrokenPipeError:
+            if not _output_gone():
+                raise
+            sys.exit(EXIT_OUTPUT_GONE)
         except Exception as e:  # a bug in tvsmt: one line and exit 4, never a pass
             if os.environ.get("TVSMT_DEBUG"):
                 raise
@@ -85,6 +102,28 @@ class Cli(click.Group):
                 f"{type(e).__module__}.{type(e).__name__}"
             _fail(f"internal error ({what}: {e}); this is a bug in tvsmt, please report it "
                   "(TVSMT_DEBUG=1 shows where)", EXIT_INTERNAL)
+
+
+EXIT_OUTPUT_GONE = 128 + 13  # as if SIGPIPE had ended the command (a shell's 141)
+
+
+def _output_gone() -> bool:
+    """Whether the reader of standard output has gone (`tvsmt plan bugs | head -1`). If so,
+    the rest of the output goes to /dev/null, so that nothing fails again at exit; the
+    command then ends quietly, as a program ended by SIGPIPE does. A broken pipe to anything
+    else (a solver) is not this, and stays an internal error."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        if not any(ev & select.POLLERR for _, ev in poll.poll(0)):
+            return False
+        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    except (AttributeError, OSError, ValueError):  # no real stdout (CliRunner): not this
+        return False
+    return True
 
 
 def _fail(message: str, code: int) -> None:

@@ -17,7 +17,7 @@ from typing import NamedTuple
 from tvsmt.encoding.obligations import (PARALLEL_TEMPLATES, StageOutcome,  # noqa: F401
                                         build_obligations, encode_one)
 from tvsmt.graph import Graph
-from tvsmt.heap import collector_paused, plans_frozen
+from tvsmt.heap import collector_paused, leave_to_exit, plans_frozen
 from tvsmt.lineage import check_output_coverage, check_plan_shapes, unclaimed_sinks
 from tvsmt.plan import Plan, load_plan
 from tvsmt.plan.reader import check_pair
@@ -256,6 +256,7 @@ def verify_pair(single_path: str, parallel_path: str, opts: Options | None = Non
             return report
     with timer.phase("load"):
         pair = PlanPair.load(single_path, parallel_path)
+    leave_to_exit(pair)  # a command frees nothing at its end (heap.py)
     with plans_frozen():
         return _verify_loaded(pair, opts, timer)
 

@@ -1,0 +1,107 @@
+"""How the `tvsmt` command ends (tvsmt/heap.py `end_process`, tvsmt/cli.py).
+
+Run as a program, a command ends its process without the interpreter's teardown and without
+freeing the plans it loaded (`leave_to_exit`): what `atexit` registered still runs, the
+output is complete, the exit code is the command's. Called from Python (click's CliRunner,
+a library caller), nothing of this happens: the plans are freed as usual. A reader of the
+output that goes away ends the command quietly with 141."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import weakref
+
+from click.testing import CliRunner
+from handmade import parallel_mlp, single_mlp
+
+from tvsmt import heap
+from tvsmt.cli import main
+from tvsmt.frontends import write_pair_dicts
+from tvsmt.frontends.mutations import apply
+
+
+def _python(code: str, *args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                          text=True, timeout=120, check=False, **kw)
+
+
+class _Thing:
+    pass
+
+
+def test_a_library_caller_frees_what_is_left_to_exit():
+    assert heap._left_to_exit is None  # no command of this process ends it
+    thing = _Thing()
+    gone = weakref.ref(thing)
+    heap.leave_to_exit(thing)
+    del thing
+    gc.collect()
+    assert gone() is None
+
+
+def test_a_command_keeps_what_is_left_to_exit_and_ends_with_its_code():
+    code = """if True:
+        import atexit, gc, sys, weakref
+        from tvsmt import heap
+        class Thing: pass
+        atexit.register(lambda: print("atexit ran", file=sys.stderr, flush=True))
+        heap.end_quickly()
+        thing = Thing(); kept = weakref.ref(thing)
+        heap.leave_to_exit(thing); del thing; gc.collect()
+        print("kept" if kept() is not None else "freed")
+        print("unflushed", end="")  # end_process flushes it
+        heap.end_process(int(sys.argv[1]))
+        print("not reached")
+    """
+    run = _python(code, "3")
+    assert run.returncode == 3, run.stderr
+    assert run.stdout == "kept\nunflushed"
+    assert "atexit ran" in run.stderr
+    message = _python("from tvsmt import heap; heap.end_process('gave up')")
+    assert message.returncode == 1 and message.stderr.strip() == "gave up"
+
+
+def test_a_running_thread_gets_the_ordinary_exit():
+    code = """if True:
+        import threading, time
+        from tvsmt import heap
+        t = threading.Thread(target=time.sleep, args=(0.5,)); t.start()
+        heap.end_process(5)
+        print("returned")
+    """
+    run = _python(code)
+    assert run.stdout.strip() == "returned" and run.returncode == 0, run.stderr
+
+
+def test_the_command_line_output_report_and_code_survive_the_quick_end(tmp_path):
+    """`python -m tvsmt verify` on a pair with a violation ends through `end_process`: the
+    report file, stdout and the exit code are those of the same command run by CliRunner."""
+    broken, _ = apply(parallel_mlp(dp=2, tp=2), "drop-allreduce-keep-dataflow")
+    single, bad = write_pair_dicts(tmp_path / "bad", single_mlp(), broken)
+    report = tmp_path / "r.json"
+    env = dict(os.environ, TVSMT_PROGRESS="")
+    run = subprocess.run([sys.executable, "-m", "tvsmt", "verify", single, bad,
+                          "--no-corpus", "--report", str(report), "-j", "1"], check=False,
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert run.returncode == 1, run.stderr
+    assert json.loads(report.read_text())["verdict"] == "violation"
+    assert f"report written to {report}" in run.stdout
+    same = CliRunner().invoke(main, ["verify", single, bad, "--no-corpus", "-j", "1"])
+    assert same.exit_code == 1
+    assert same.output.splitlines()[0] == run.stdout.splitlines()[0]
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    read, write = os.pipe()
+    os.close(read)  # every write to stdout fails: EPIPE
+    try:
+        run = subprocess.run([sys.executable, "-m", "tvsmt", "plan", "bugs"], stdout=write,
+                             stderr=subprocess.PIPE, text=True, timeout=120, check=False)
+    finally:
+        os.close(write)
+    assert run.returncode == 141
+    assert run.stderr == ""
