@@ -15,6 +15,7 @@ import subprocess
 import sys
 import weakref
 
+import pytest
 from click.testing import CliRunner
 from handmade import parallel_mlp, single_mlp
 
@@ -95,13 +96,26 @@ def test_the_command_line_output_report_and_code_survive_the_quick_end(tmp_path)
     assert same.output.splitlines()[0] == run.stdout.splitlines()[0]
 
 
-def test_a_reader_that_goes_away_ends_the_command_quietly():
+@pytest.mark.parametrize("args", [["plan", "bugs"], ["--version"], ["--help"]])
+def test_output_that_cannot_be_written_is_one_line_never_a_traceback(args):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system (a device every write to fails: ENOSPC)")
+    with open("/dev/full", "w") as full:
+        run = subprocess.run([sys.executable, "-m", "tvsmt", *args], stdout=full,
+                             stderr=subprocess.PIPE, text=True, timeout=120, check=False)
+    assert run.returncode == 2
+    assert run.stderr == "tvsmt: error: cannot write the output: No space left on device\n"
+
+
+@pytest.mark.parametrize("args", [["plan", "bugs"], ["--version"]])
+def test_a_reader_gone_before_any_output_ends_the_command_quietly(args):
+    """A command ends with 141; --version and --help are click's own, which ends them with 1
+    (quietly too)."""
     read, write = os.pipe()
-    os.close(read)  # every write to stdout fails: EPIPE
+    os.close(read)
     try:
-        run = subprocess.run([sys.executable, "-m", "tvsmt", "plan", "bugs"], stdout=write,
+        run = subprocess.run([sys.executable, "-m", "tvsmt", *args], stdout=write,
                              stderr=subprocess.PIPE, text=True, timeout=120, check=False)
     finally:
         os.close(write)
-    assert run.returncode == 141
-    assert run.stderr == ""
+    assert (run.returncode, run.stderr) == (1 if args == ["--version"] else 141, "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -25,7 +26,7 @@ Exit codes (every command):
   1  violation: a counterexample, or a claim the plans cannot support
      (replay: a recorded verdict was not reproduced, or a corpus file is damaged)
   2  input error: a malformed plan, report or corpus, or a bad option
-     (one line on stderr naming the file, node or tensor)
+     (one line on stderr naming the file, node or tensor); output that cannot be written
   3  inconclusive: a solver timeout, `unknown`, or solvers that disagree (never a pass)
   4  internal error: a bug in tvsmt (one line on stderr; TVSMT_DEBUG=1 shows the traceback)
   128+n  stopped by signal n: 130 Ctrl-C, 143 SIGTERM (its solvers and workers killed);
@@ -48,11 +49,14 @@ class Cli(click.Group):
         if program:  # the process ends with the command: nothing needs freeing (heap.py)
             heap.end_quickly()
         try:
-            return self._main(program, args, *a, **kw)
+            done = self._main(program, args, *a, **kw)
         except SystemExit as e:
             if program:
-                heap.end_process(e.code)
+                heap.end_process(_flushed(e.code))
             raise
+        if program:  # --version, --help: click returns their code
+            heap.end_process(_flushed(done if isinstance(done, int) else 0))
+        return done
 
     def _main(self, program: bool, args, *a, **kw):
         from tvsmt.solving.lifeline import activate
@@ -60,6 +64,11 @@ class Cli(click.Group):
         with activate(program=program):
             try:
                 return super().main(args, *a, **dict(kw, standalone_mode=False))
+            except OSError as e:  # writing --help or --version, before any command runs
+                code = _cannot_write(e)
+                if code is None:
+                    raise
+                sys.exit(code)
             except _NO_ARGS_IS_HELP as e:  # `tvsmt` alone: the help, as click shows it
                 e.show()
                 sys.exit(e.exit_code)
@@ -91,11 +100,10 @@ class Cli(click.Group):
             sys.exit(code)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
-        except BrokenPipeError:
-            if not _output_gone():
-                raise
-            sys.exit(EXIT_OUTPUT_GONE)
         except Exception as e:  # a bug in tvsmt: one line and exit 4, never a pass
+            code = _cannot_write(e)
+            if code is not None:  # ... unless it is the output that cannot be written
+                sys.exit(code)
             if os.environ.get("TVSMT_DEBUG"):
                 raise
             what = type(e).__name__ if type(e).__module__ == "builtins" else \
@@ -126,8 +134,43 @@ def _output_gone() -> bool:
     return True
 
 
+# Errors of writing that are the environment's (a full disk, a quota, a device), never a bug
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
+
+
+def _cannot_write(e: BaseException) -> int | None:
+    """The exit code of a command whose output cannot be written, None for any other error:
+    a reader that went away ends it quietly (141); a full disk or a failing device is one
+    line and an input error, as a report file that cannot be written is."""
+    if isinstance(e, BrokenPipeError):
+        return EXIT_OUTPUT_GONE if _output_gone() else None
+    if isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:
+        _say(f"error: cannot write the output: {e.strerror}")
+        return EXIT_INPUT_ERROR
+    return None
+
+
+def _flushed(code):
+    """The exit code once standard output is flushed (what is still buffered is written at
+    the end): a command that succeeded but whose output could not be written did not."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError) as e:
+        failed = _cannot_write(e)
+        if failed is not None and code in (0, None):
+            return failed
+    return code
+
+
+def _say(message: str) -> None:
+    try:
+        click.echo(f"tvsmt: {plain(message)}", err=True)
+    except OSError:  # stderr cannot be written either: the exit code still tells
+        pass
+
+
 def _fail(message: str, code: int) -> None:
-    click.echo(f"tvsmt: {plain(message)}", err=True)
+    _say(message)
     sys.exit(code)
 
 

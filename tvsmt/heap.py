@@ -75,7 +75,8 @@ def leave_to_exit(obj) -> None:
     will end the process without the interpreter's teardown (`end_process`): freeing a loaded
     128-rank plan object by object takes about 0.4 s, which ending the process does not.
     Outside such a command (tvsmt used as a library, the tests) it does nothing, and `obj`
-    is freed as usual."""
+    is freed as usual. Meant for what a command loads once (`tvsmt verify` one pair, the
+    demo two small ones): everything left stays until the end."""
     if _left_to_exit is not None:
         _left_to_exit.append(obj)
 
