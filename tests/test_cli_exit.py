@@ -119,3 +119,18 @@ def test_a_reader_gone_before_any_output_ends_the_command_quietly(args):
     finally:
         os.close(write)
     assert (run.returncode, run.stderr) == (1 if args == ["--version"] else 141, "")
+
+
+@pytest.mark.parametrize("closed", [1, 2])
+def test_a_command_started_with_a_standard_stream_closed_keeps_its_exit_code(tmp_path, closed):
+    """Started with stdout or stderr closed (a daemon's way), the verdict's exit code stands:
+    0 for an equivalent pair, 1 for a violation, 2 for a missing file; nothing crashes."""
+    ok = write_pair_dicts(tmp_path / "ok", single_mlp(), parallel_mlp(dp=2, tp=2))
+    broken, _ = apply(parallel_mlp(dp=2, tp=2), "drop-allreduce-keep-dataflow")
+    bad = write_pair_dicts(tmp_path / "bad", single_mlp(), broken)
+    for pair, code in ((ok, 0), (bad, 1), ((ok[0], str(tmp_path / "missing.json")), 2)):
+        run = subprocess.run([sys.executable, "-m", "tvsmt", "verify", *pair, "--no-corpus",
+                              "-j", "1"], preexec_fn=lambda: os.close(closed), cwd=tmp_path,
+                             capture_output=False, stdin=subprocess.DEVNULL, timeout=300,
+                             check=False)
+        assert run.returncode == code, pair

@@ -154,7 +154,8 @@ def _flushed(code):
     """The exit code once standard output is flushed (what is still buffered is written at
     the end): a command that succeeded but whose output could not be written did not."""
     try:
-        sys.stdout.flush()
+        if sys.stdout is not None:  # None: started with standard output closed
+            sys.stdout.flush()
     except (OSError, ValueError) as e:
         failed = _cannot_write(e)
         if failed is not None and code in (0, None):
@@ -192,7 +193,8 @@ def _progress_bar():
 
     return Progress("[progress.description]{task.description}", BarColumn(),
                     MofNCompleteColumn(), TimeElapsedColumn(), transient=True,
-                    disable=not sys.stderr.isatty() and not os.environ.get("TVSMT_PROGRESS"),
+                    disable=sys.stderr is None  # started with stderr closed
+                    or (not sys.stderr.isatty() and not os.environ.get("TVSMT_PROGRESS")),
                     console=__import__("rich.console").console.Console(stderr=True))
 
 
