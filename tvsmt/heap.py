@@ -5,6 +5,9 @@ the oldest generation re-scans them all, and the fold and the encoding allocate 
 trigger many: that scanning was a third of the fold of a 327k-node plan. Frozen
 (`gc.freeze`), they are left out of collections; reference counting still frees everything,
 and they are unfrozen when the outermost `plans_frozen` ends, so nothing outlives a run.
+
+A command (tvsmt/cli.py) goes one step further: its process ends right after, so it frees
+nothing at all (`leave_to_exit`, `end_process`).
 """
 
 from __future__ import annotations
