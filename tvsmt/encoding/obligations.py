@@ -173,6 +173,10 @@ def build_obligations(single: Plan, parallel: Plan, stages: list[Stage], timer: 
         del first  # the signatures are big tuples: none stays for the collector to scan
     reps = sorted(set(rep_of))
     jobs = (os.cpu_count() or 1) if jobs is None else jobs
+    # made before the workers are forked: the first backend imports pysmt and the solver
+    # bindings it probes (0.14 s), which the workers then inherit instead of each importing
+    # them again (scripts/phase_costs.py's encoding and solving rows)
+    be = SymbolicBackend.fresh()
     done: dict[int, StageOutcome] = {}
     serial_reason = ""
     if jobs > 1 and len(reps) >= PARALLEL_TEMPLATES:
@@ -180,7 +184,6 @@ def build_obligations(single: Plan, parallel: Plan, stages: list[Stage], timer: 
             done = _encode_parallel(single, parallel, stages, reps, jobs, timer)
         else:
             serial_reason = "this platform cannot fork: templates encoded serially"
-    be = SymbolicBackend.fresh()
     outcomes = []
     for k, (stage, i) in enumerate(zip(stages, rep_of)):
         if i == k and k not in done:
