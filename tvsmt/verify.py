@@ -254,11 +254,114 @@ def verify_pair(single_path: str, parallel_path: str, opts: Options | None = Non
         report = verify_stream_file(single_path, parallel_path, opts, timer)
         if report is not None:
             return report
+    if opts.fold and fold_in_child(parallel_path):
+        report = _verify_folded_in_child(single_path, parallel_path, opts, timer)
+        if report is not None:
+            return report
     with timer.phase("load"):
         pair = PlanPair.load(single_path, parallel_path)
     leave_to_exit(pair)  # a command frees nothing at its end (heap.py)
     with plans_frozen():
         return _verify_loaded(pair, opts, timer)
+
+
+# A plan document at least this large (decompressed) is loaded and folded in a forked
+# process, and only the folded pair comes back (pickled: our own child's bytes, never a
+# user's). This process then never holds the whole plan: the 128-rank MoE plan's 3.4M
+# objects are not freed one by one at the end (0.4 s, most of it page faults on memory the
+# encoding workers' fork had made copy-on-write), and those workers fork from a small
+# process. $TVSMT_FOLD_IN_CHILD: "always" or "never" (tests, benchmarks).
+FOLD_IN_CHILD_MIN_BYTES = 8 << 20
+FOLD_IN_CHILD_ENV = "TVSMT_FOLD_IN_CHILD"
+
+
+def fold_in_child(parallel_path: str) -> bool:
+    """Load and fold this parallel plan in a forked process? (Its size, decompressed.)"""
+    import os
+
+    forced = os.environ.get(FOLD_IN_CHILD_ENV, "").strip().lower()
+    if not hasattr(os, "fork") or forced == "never":
+        return False
+    if forced == "always":
+        return True
+    from tvsmt.plan.reader import text_size
+
+    size = text_size(str(parallel_path))
+    return size is not None and size >= FOLD_IN_CHILD_MIN_BYTES
+
+
+def _load_and_fold(single_path: str, parallel_path: str) -> bytes:
+    """In the forked process: load the pair and fold it (a second time when the first fold
+    has exceptions, as `_through_fold` may ask); the folds (or the refusal's words) and the
+    phases' times, pickled. An input error, inferred lineages, anything unusual: no answer
+    (the parent then does it all itself, and words the error)."""
+    import pickle
+
+    from tvsmt.fold import FoldRefused, fold_plans
+
+    timer = Timer()
+    with timer.phase("load"):
+        pair = PlanPair.load(single_path, parallel_path)
+    leave_to_exit(pair)  # freed with the process, after the answer (tvsmt/forked.py)
+    if any(lin.hypothesis for lin in pair.parallel.lineages):
+        return b""  # inferred lineages are verified from the whole plan (_verify_loaded)
+    folds: list = []
+    for extra in (0, 1):
+        try:
+            with timer.phase("fold"):
+                folded = fold_plans(pair.single, pair.parallel, extra)
+        except FoldRefused as e:
+            folds.append(str(e))
+            break
+        folds.append(folded)
+        if not folded.info.exceptions:
+            break
+    return pickle.dumps((folds, timer.timings), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _verify_folded_in_child(single_path: str, parallel_path: str, opts: Options,
+                            timer: Timer) -> Report | None:
+    """`verify_pair` with the load and the fold in a forked process (`fold_in_child`); None
+    when the child gives no answer (the caller then loads the pair here)."""
+    import pickle
+    import time
+
+    from tvsmt.fold import FoldRefused
+    from tvsmt.forked import ForkedCall
+
+    t0 = time.perf_counter()
+    # imported here, before the fork: the child inherits it, and this process needs it too
+    import tvsmt.fold  # noqa: F401
+
+    call = ForkedCall(lambda: _load_and_fold(single_path, parallel_path))
+    try:
+        data = call.answer()
+    except BaseException:  # Ctrl-C while waiting: the child ends now, not with this process
+        call.stop()
+        raise
+    if not data:
+        return None
+    with collector_paused():
+        folds, phases = pickle.loads(data)
+    for name, seconds in phases.items():
+        timer.add(name, seconds)
+    # forking, sending the folds and reading them back count as loading
+    timer.add("load", max(0.0, time.perf_counter() - t0 - sum(phases.values())))
+
+    def fold(extra: int):
+        got = folds[extra]
+        if isinstance(got, str):
+            raise FoldRefused(got)
+        return got
+
+    def whole() -> Report:  # the fold refused: the pair is read here after all
+        with timer.phase("load"):
+            pair = PlanPair.load(single_path, parallel_path)
+        leave_to_exit(pair)
+        return verify_unfolded(pair.single, pair.parallel, opts, timer)
+
+    with plans_frozen():
+        return _through_fold(fold, whole, opts, timer, verify_unfolded)
 
 
 def _verify_loaded(pair: PlanPair, opts: Options, timer: Timer) -> Report:

@@ -92,6 +92,25 @@ def open_binary(path: str):
     return f
 
 
+def text_size(path: str) -> int | None:
+    """About how many bytes a plan file's text has, cheaply: a regular file's size, or for
+    gzip its trailer's size of the last member (modulo 2**32, so never less than the file
+    itself); None when it cannot tell (not a regular file, unreadable). An estimate for
+    choosing how to read, never a check."""
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            if f.read(2) != GZIP_MAGIC or st.st_size < 20:
+                return st.st_size
+            f.seek(-4, os.SEEK_END)
+            isize = int.from_bytes(f.read(4), "little")
+    except OSError:
+        return None
+    return max(isize, st.st_size)
+
+
 def is_stream(path: str, head: bytes) -> bool:
     return path.endswith(STREAM_SUFFIXES) or head.lstrip().startswith(STREAM_START)
 

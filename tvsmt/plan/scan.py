@@ -676,7 +676,10 @@ _REFUSED, _DONE = b"refused", b"done"
 
 def _first_half(path: str, mid: int, fd: int) -> bytes:
     """In the forked process: the lines before `mid` read, the state written to `fd`."""
+    from tvsmt.heap import leave_to_exit
+
     sc = _Scan(path)
+    leave_to_exit(sc)  # freed with the process, after the answer
     try:
         sc.read(0, mid)
     except (NotScanned, PlanError):

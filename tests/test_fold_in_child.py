@@ -1,0 +1,162 @@
+"""A large plan document is loaded and folded in a forked process, and only the folded pair
+comes back (tvsmt/verify.py `fold_in_child`). That is a shortcut of the pipeline's plumbing,
+so it must change nothing a user sees: the same report as the load in this process, bugs in
+units the fold drops still caught, the second fold and the refusal still taken, input errors
+worded the same, a failing child replaced by this process's own load, and no process left
+behind."""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+
+import pytest
+from test_fold import DIMS, PER_REPLICA, WORLD, _dropped_placement
+
+from tvsmt import forked
+from tvsmt import verify as V
+from tvsmt.errors import PlanError
+from tvsmt.frontends import generate_pair
+from tvsmt.frontends.builder import write_plan
+from tvsmt.verify import Options, verify_pair
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return generate_pair("llama3", **WORLD, **DIMS)
+
+
+def _write(tmp_path, single: dict, parallel: dict) -> tuple[str, str]:
+    return (write_plan(tmp_path / "single.json.gz", single),
+            write_plan(tmp_path / "parallel.json.gz", parallel))
+
+
+def _verify(paths, how: str, monkeypatch) -> V.Report:
+    monkeypatch.setenv(V.FOLD_IN_CHILD_ENV, how)
+    return verify_pair(*paths, Options(jobs=1))
+
+
+def _same(a, b) -> None:
+    """Two reports of one pair agree (but for times)."""
+    assert (a.verdict, a.fold, a.fold_note, a.stages_total, a.stage_templates,
+            a.obligations_unique) == (b.verdict, b.fold, b.fold_note, b.stages_total,
+                                      b.stage_templates, b.obligations_unique)
+    assert [row[:5] for row in a.stages] == [row[:5] for row in b.stages]
+    assert [f.message for f in a.failures] == [f.message for f in b.failures]
+
+
+@pytest.fixture
+def children(monkeypatch):
+    """The pids of the processes ForkedCall starts during the test."""
+    pids: list[int] = []
+    plain = forked.ForkedCall.__init__
+
+    def init(self, fn):
+        plain(self, fn)
+        pids.append(self.pid)
+
+    monkeypatch.setattr(forked.ForkedCall, "__init__", init)
+    return pids
+
+
+def _gone(pid: int) -> bool:
+    """Has `pid` (a child of this process) ended and been collected, by `answer()` or by
+    the thread it starts for a child that answered before it had ended?"""
+    for t in threading.enumerate():
+        if t.name == f"tvsmt-reap-{pid}":
+            t.join(30)
+    try:
+        os.waitpid(pid, os.WNOHANG)  # (0, 0): still running; (pid, status): left a zombie
+    except ChildProcessError:
+        return True
+    return False
+
+
+def test_the_threshold_and_the_switch(tmp_path, pair, monkeypatch):
+    paths = _write(tmp_path, *pair)
+    monkeypatch.delenv(V.FOLD_IN_CHILD_ENV, raising=False)
+    assert not V.fold_in_child(paths[1])  # a small plan is loaded here
+    monkeypatch.setattr(V, "FOLD_IN_CHILD_MIN_BYTES", 1000)
+    assert V.fold_in_child(paths[1])  # the text's size, from the gzip trailer
+    monkeypatch.setenv(V.FOLD_IN_CHILD_ENV, "never")
+    assert not V.fold_in_child(paths[1])
+    monkeypatch.setattr(V, "FOLD_IN_CHILD_MIN_BYTES", 1 << 40)
+    monkeypatch.setenv(V.FOLD_IN_CHILD_ENV, "always")
+    assert V.fold_in_child(paths[1])
+
+
+def test_the_same_report_as_a_load_here(tmp_path, pair, monkeypatch, children):
+    paths = _write(tmp_path, *pair)
+    here = _verify(paths, "never", monkeypatch)
+    assert children == []
+    there = _verify(paths, "always", monkeypatch)
+    assert len(children) == 1 and _gone(children[0])
+    assert there.verdict == "equivalent" and there.fold["replicas"] == WORLD["dp"]
+    _same(there, here)
+    assert there.timings["load"] > 0 and there.timings["fold"] > 0
+
+
+@pytest.mark.parametrize("bug", ["grad-scale-wrong", "drop-allreduce-keep-dataflow"])
+def test_a_bug_in_a_folded_away_unit_is_caught(tmp_path, pair, monkeypatch, children, bug):
+    broken, _ = _dropped_placement(pair[1], bug)
+    paths = _write(tmp_path, pair[0], broken)
+    there = _verify(paths, "always", monkeypatch)
+    assert children and there.verdict == "violation", there.fold_note
+    _same(there, _verify(paths, "never", monkeypatch))
+
+
+def test_the_second_fold_comes_from_the_child(tmp_path, pair, monkeypatch, children):
+    """A unit that is not a copy (a residual add with its operands swapped): the child folds
+    twice, and the second fold is the one the report shows."""
+    broken = copy.deepcopy(pair[1])
+    node = next(n for n in broken["nodes"] if n["op"] == "add" and n["pass"] == "fw"
+                and n["rank"] // PER_REPLICA == 3 and n["mb"] == 3
+                and len(set(n["inputs"])) == 2)
+    node["inputs"] = node["inputs"][::-1]
+    paths = _write(tmp_path, pair[0], broken)
+    there = _verify(paths, "always", monkeypatch)
+    assert there.verdict == "equivalent" and len(children) == 1
+    assert there.fold["exceptions"] == ["replica 3 micro-batch 3"]
+    assert there.fold["second_fold"]["extra"] == 1
+    _same(there, _verify(paths, "never", monkeypatch))
+
+
+def test_a_refused_fold_is_verified_unfolded_here(tmp_path, pair, monkeypatch, children):
+    broken = copy.deepcopy(pair[1])
+    red = next(n for n in broken["nodes"] if n["op"] == "reducer"
+               and n["rank"] // PER_REPLICA == 2 and len(n["inputs"]) > 1)
+    red["inputs"] = red["inputs"][:-1]
+    paths = _write(tmp_path, pair[0], broken)
+    there = _verify(paths, "always", monkeypatch)
+    assert len(children) == 1 and "misses" in there.fold_note
+    assert there.verdict == "violation"
+    _same(there, _verify(paths, "never", monkeypatch))
+
+
+def test_a_malformed_plan_is_worded_as_by_a_load_here(tmp_path, pair, monkeypatch):
+    broken = copy.deepcopy(pair[1])
+    broken["nodes"][7]["inputs"].append("no-such-tensor")
+    paths = _write(tmp_path, pair[0], broken)
+    errors = []
+    for how in ("always", "never"):
+        with pytest.raises(PlanError) as e:
+            _verify(paths, how, monkeypatch)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] and "no-such-tensor" in errors[0]
+
+
+@pytest.mark.parametrize("failure", ["raises", "dies"])
+def test_a_failing_child_is_replaced_by_a_load_here(tmp_path, pair, monkeypatch, children,
+                                                    failure):
+    def broken_child(single_path, parallel_path):
+        if failure == "dies":
+            os._exit(3)
+        raise MemoryError
+
+    monkeypatch.setattr(V, "_load_and_fold", broken_child)
+    broken, _ = _dropped_placement(pair[1], "grad-scale-wrong")
+    paths = _write(tmp_path, pair[0], broken)
+    there = _verify(paths, "always", monkeypatch)
+    assert len(children) == 1 and _gone(children[0])
+    assert there.verdict == "violation" and there.fold["exceptions"]
