@@ -557,6 +557,15 @@ MUTATIONS: tuple[Mutation, ...] = (
          "test_a_child_that_does_not_answer_for_these_names_leaves_the_numbering_here",),
         fast=True),
     Mutation(
+        "fold-child-second-fold-is-first",
+        "a plan loaded and folded in a forked process: the parent takes the child's first "
+        "fold again where the second (one more uniform replica and micro-batch) is asked for",
+        "loading and folding in a forked process (tvsmt/verify.py fold_in_child)",
+        (Patch("tvsmt/verify.py", "        got = folds[extra]\n",
+               "        got = folds[0]\n"),),
+        ("tests/test_fold_in_child.py::test_the_second_fold_comes_from_the_child",),
+        fast=True),
+    Mutation(
         "attr-text-codes-ignore-text",
         "the forked reader codes every node's attributes alike (not by their text), so the "
         "fold gives every node of an op the first one's semantic attributes",
