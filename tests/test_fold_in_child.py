@@ -86,12 +86,27 @@ def test_the_threshold_and_the_switch(tmp_path, pair, monkeypatch):
     assert V.fold_in_child(paths[1])
 
 
-def test_the_same_report_as_a_load_here(tmp_path, pair, monkeypatch, children):
+@pytest.fixture
+def loads_here(monkeypatch):
+    """How many times this process loads a pair (the forked child's loads are its own)."""
+    count = [0]
+    plain = V.PlanPair.load.__func__
+
+    def load(cls, *paths):
+        count[0] += 1
+        return plain(cls, *paths)
+
+    monkeypatch.setattr(V.PlanPair, "load", classmethod(load))
+    return count
+
+
+def test_the_same_report_as_a_load_here(tmp_path, pair, monkeypatch, children, loads_here):
     paths = _write(tmp_path, *pair)
     here = _verify(paths, "never", monkeypatch)
-    assert children == []
+    assert children == [] and loads_here == [1]
     there = _verify(paths, "always", monkeypatch)
     assert len(children) == 1 and _gone(children[0])
+    assert loads_here == [1]  # the child loaded and folded it
     assert there.verdict == "equivalent" and there.fold["replicas"] == WORLD["dp"]
     _same(there, here)
     assert there.timings["load"] > 0 and there.timings["fold"] > 0
@@ -160,3 +175,23 @@ def test_a_failing_child_is_replaced_by_a_load_here(tmp_path, pair, monkeypatch,
     there = _verify(paths, "always", monkeypatch)
     assert len(children) == 1 and _gone(children[0])
     assert there.verdict == "violation" and there.fold["exceptions"]
+
+
+def test_an_answer_holding_anything_else_is_refused(tmp_path, pair, monkeypatch, children,
+                                                    loads_here):
+    """Only a folded pair's own records are rebuilt from the child's answer: one that names
+    any other class (here a function that would run a command) is not unpickled, and the
+    pair is loaded here instead."""
+    import pickle
+
+    class Trap:
+        def __reduce__(self):
+            return (os.system, ("echo unpickled > " + str(tmp_path / "ran"),))
+
+    monkeypatch.setattr(V, "_load_and_fold",
+                        lambda *paths: pickle.dumps(([Trap()], {"load": 0.0})))
+    paths = _write(tmp_path, *pair)
+    there = _verify(paths, "always", monkeypatch)
+    assert len(children) == 1 and loads_here == [1]
+    assert not (tmp_path / "ran").exists()
+    assert there.verdict == "equivalent" and there.fold["replicas"] == WORLD["dp"]

@@ -290,6 +290,33 @@ def fold_in_child(parallel_path: str) -> bool:
     return size is not None and size >= FOLD_IN_CHILD_MIN_BYTES
 
 
+# What the forked process's answer may hold, and all an unpickler here will build from it:
+# the folded pair's own records (pickle keeps them exactly: tuples, Fractions, attributes).
+# The bytes come from a process this one forked, through a pipe only the two hold; a user's
+# pickle is never read, and any other class in the answer refuses it (then the pair is
+# loaded here).
+_FOLD_RECORDS = frozenset({
+    ("tvsmt.plan.model", "Plan"), ("tvsmt.plan.model", "Node"),
+    ("tvsmt.plan.model", "TensorInfo"), ("tvsmt.plan.model", "Lineage"),
+    ("tvsmt.plan.model", "LineagePart"), ("tvsmt.plan.model", "Aligned"),
+    ("tvsmt.fold.folder", "Folded"), ("tvsmt.fold.folder", "FoldInfo"),
+    ("fractions", "Fraction")})
+
+
+def _folds_from(data: bytes):
+    """The child's answer: (folds, phase times); UnpicklingError for anything else."""
+    import io
+    import pickle
+
+    class Records(pickle.Unpickler):
+        def find_class(self, module: str, name: str):
+            if (module, name) not in _FOLD_RECORDS:
+                raise pickle.UnpicklingError(f"{module}.{name} is not a folded plan's record")
+            return super().find_class(module, name)
+
+    return Records(io.BytesIO(data)).load()
+
+
 def _load_and_fold(single_path: str, parallel_path: str) -> bytes:
     """In the forked process: load the pair and fold it (a second time when the first fold
     has exceptions, as `_through_fold` may ask); the folds (or the refusal's words) and the
@@ -341,8 +368,11 @@ def _verify_folded_in_child(single_path: str, parallel_path: str, opts: Options,
         raise
     if not data:
         return None
-    with collector_paused():
-        folds, phases = pickle.loads(data)
+    try:
+        with collector_paused():
+            folds, phases = _folds_from(data)
+    except pickle.UnpicklingError:
+        return None
     for name, seconds in phases.items():
         timer.add(name, seconds)
     # forking, sending the folds and reading them back count as loading
