@@ -86,6 +86,43 @@ def test_the_threshold_and_the_switch(tmp_path, pair, monkeypatch):
     assert V.fold_in_child(paths[1])
 
 
+def test_a_plan_with_nothing_to_fold_is_read_once(tmp_path, monkeypatch, children,
+                                                   loads_here):
+    """Its world (2 replicas, 2 micro-batches), read from the start of the file, keeps it
+    here: a child would read it only to refuse the fold, and this process read it again."""
+    s, p = generate_pair("llama3", **dict(WORLD, dp=2, mb=2), **DIMS)
+    paths = _write(tmp_path, s, p)
+    monkeypatch.delenv(V.FOLD_IN_CHILD_ENV, raising=False)
+    monkeypatch.setattr(V, "FOLD_IN_CHILD_MIN_BYTES", 1000)
+    assert not V.fold_in_child(paths[1])
+    report = verify_pair(*paths, Options(jobs=1))
+    assert report.verdict == "equivalent" and "nothing to fold" in report.fold_note
+    assert children == [] and loads_here == [1]
+
+
+@pytest.mark.parametrize("text,world", [
+    (b'{"format":"x","world":{"dp":4,"mb":8,"model":{"a":{"b":1}}},"tensors":{}}',
+     {"dp": 4, "mb": 8, "model": {"a": {"b": 1}}}),
+    (b'{"world" :  {"dp": 16}}', {"dp": 16}),
+    (b'{"tensors":{},"world":7}', None),  # not an object
+    (b'{"world":{"dp":4', None),  # cut short
+    (b'{"tensors":{"t":{"shape":[1]}}}', None),  # no world
+    (b'{"name":"world","x":{"dp":4}}', None),  # the word, not the key
+])
+def test_the_world_hint(tmp_path, text, world):
+    from tvsmt.plan.reader import world_hint
+
+    plain = tmp_path / "p.json"
+    plain.write_bytes(text)
+    packed = tmp_path / "p.json.gz"
+    packed.write_bytes(__import__("gzip").compress(text))
+    assert world_hint(str(plain)) == world == world_hint(str(packed))
+    late = tmp_path / "late.json"  # beyond the window: no hint
+    late.write_bytes(b'{"pad":"' + b"x" * (1 << 16) + b'",' + text[1:])
+    assert world_hint(str(late)) is None
+    assert world_hint(str(tmp_path / "missing.json")) is None
+
+
 @pytest.fixture
 def loads_here(monkeypatch):
     """How many times this process loads a pair (the forked child's loads are its own)."""

@@ -276,7 +276,8 @@ FOLD_IN_CHILD_ENV = "TVSMT_FOLD_IN_CHILD"
 
 
 def fold_in_child(parallel_path: str) -> bool:
-    """Load and fold this parallel plan in a forked process? (Its size, decompressed.)"""
+    """Load and fold this parallel plan in a forked process? (Its size, decompressed, and
+    whether it has anything to fold.)"""
     import os
 
     forced = os.environ.get(FOLD_IN_CHILD_ENV, "").strip().lower()
@@ -284,10 +285,16 @@ def fold_in_child(parallel_path: str) -> bool:
         return False
     if forced == "always":
         return True
-    from tvsmt.plan.reader import text_size
+    from tvsmt.fold.units import WorldUnits
+    from tvsmt.plan.reader import text_size, world_hint
 
     size = text_size(str(parallel_path))
-    return size is not None and size >= FOLD_IN_CHILD_MIN_BYTES
+    if size is None or size < FOLD_IN_CHILD_MIN_BYTES:
+        return False
+    # a plan with nothing to fold would be read twice (by the child, then here): its world,
+    # when the start of the file tells it, decides
+    world = world_hint(str(parallel_path))
+    return world is None or not WorldUnits.of(world).nothing_to_fold()
 
 
 # What the forked process's answer may hold, and all an unpickler here will build from it:

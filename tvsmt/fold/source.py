@@ -305,6 +305,5 @@ def loaded_source(single: Plan, parallel: Plan) -> "UnitSource":
 
 
 def _check_foldable(parallel: Plan, extra: int) -> None:
-    wu = WorldUnits.of(parallel.world)
-    if wu.dp <= 2 + extra and wu.mb <= 2 + extra:
+    if WorldUnits.of(parallel.world).nothing_to_fold(extra):
         raise FoldRefused("nothing to fold: at most 2 replicas and 2 micro-batches")

@@ -63,6 +63,10 @@ class WorldUnits:
         mesh = Mesh(get("dp"), get("pp"), get("tp"))
         return cls(mesh.dp, get("mb"), mesh.per_replica)
 
+    def nothing_to_fold(self, extra: int = 0) -> bool:
+        """At most 2 (+ `extra`) replicas and micro-batches: a fold would keep them all."""
+        return self.dp <= 2 + extra and self.mb <= 2 + extra
+
     def instance_units(self) -> list[Unit]:
         return [(d, m) for d in range(self.dp) for m in range(self.mb)]
 

@@ -111,6 +111,32 @@ def text_size(path: str) -> int | None:
     return max(isize, st.st_size)
 
 
+def world_hint(path: str, window: int = 1 << 16) -> dict | None:
+    """The plan's `world` object when the first `window` bytes of its text hold it (where
+    tvsmt's writers and the nnScaler export put it, before the tensors), else None. A hint
+    for choosing how to read, never a check: the reader decodes the world itself."""
+    try:
+        with open_binary(path) as f:
+            head = f.read(window)
+    except (PlanError, *READ_ERRORS):
+        return None
+    at = head.find(b'"world"')
+    start = head.find(b"{", at) if at >= 0 else -1
+    if start < 0 or head[at + 7:start].strip() != b":":
+        return None
+    end = head.find(b"}", start)
+    for _ in range(64):  # the first closing brace that ends a JSON object (nested ones too)
+        if end < 0:
+            return None
+        try:
+            world = msgspec.json.decode(head[start:end + 1])
+        except msgspec.DecodeError:
+            end = head.find(b"}", end + 1)
+            continue
+        return world if isinstance(world, dict) else None
+    return None
+
+
 def is_stream(path: str, head: bytes) -> bool:
     return path.endswith(STREAM_SUFFIXES) or head.lstrip().startswith(STREAM_START)
 
