@@ -198,12 +198,16 @@ def test_a_malformed_plan_is_worded_as_by_a_load_here(tmp_path, pair, monkeypatc
     assert errors[0] == errors[1] and "no-such-tensor" in errors[0]
 
 
-@pytest.mark.parametrize("failure", ["raises", "dies"])
+@pytest.mark.parametrize("failure", ["raises", "dies", "cut short"])
 def test_a_failing_child_is_replaced_by_a_load_here(tmp_path, pair, monkeypatch, children,
                                                     failure):
+    plain = V._load_and_fold
+
     def broken_child(single_path, parallel_path):
         if failure == "dies":
             os._exit(3)
+        if failure == "cut short":
+            return plain(single_path, parallel_path)[:-200]
         raise MemoryError
 
     monkeypatch.setattr(V, "_load_and_fold", broken_child)

@@ -6,8 +6,8 @@ file, tvsmt.plan.scan; a document's numbering, tvsmt.plan.numbering.ForkedNumber
 parent's memory as it was at the fork, so it needs no arguments sent; it dies with the parent
 (parent-death signal), runs without the cyclic collector, frees nothing it leaves to its exit
 (`heap.leave_to_exit`: the answer is not held up by freeing a large result object by object),
-and whatever goes wrong in it ends as an answer of no bytes: the caller then does the work itself. Nothing the child says is
-trusted further than the caller checks it.
+and whatever goes wrong in it ends as an answer of no bytes: the caller then does the work
+itself. Nothing the child says is trusted further than the caller checks it.
 """
 
 from __future__ import annotations
