@@ -218,10 +218,39 @@ def test_a_failing_child_is_replaced_by_a_load_here(tmp_path, pair, monkeypatch,
     assert there.verdict == "violation" and there.fold["exceptions"]
 
 
+def test_the_answer_brings_back_exactly_the_folded_pair(pair):
+    """The folds travel as typed MessagePack: what comes back equals a fold here, down to
+    the types of attribute values (tuple or list) and exact lineage scales."""
+    from tvsmt.fold import fold_plans
+    from tvsmt.plan import plan_from_dict
+
+    broken = copy.deepcopy(pair[1])  # with an exception: both folds travel
+    node = next(n for n in broken["nodes"] if n["op"] == "add" and n["pass"] == "fw"
+                and n["rank"] // PER_REPLICA == 3 and n["mb"] == 3
+                and len(set(n["inputs"])) == 2)
+    node["inputs"] = node["inputs"][::-1]
+    single, parallel = plan_from_dict(pair[0], "s"), plan_from_dict(broken, "p")
+    folds = [fold_plans(single, parallel, 0), fold_plans(single, parallel, 1), "refused: why"]
+    got, phases = V._FoldAnswer.decode(V._FoldAnswer.encode(folds, {"load": 1.5}))
+    assert got == folds and phases == {"load": 1.5}
+
+    def kinds(x):
+        if isinstance(x, dict):
+            return {k: kinds(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return type(x), [kinds(v) for v in x]
+        return type(x)
+
+    for a, b in zip(folds[:2], got[:2]):
+        for plan, back in ((a.single, b.single), (a.parallel, b.parallel)):
+            assert [kinds(n.attrs) for n in plan.nodes] == [kinds(n.attrs) for n in back.nodes]
+            assert [repr(x) for x in plan.lineages] == [repr(x) for x in back.lineages]
+
+
 def test_an_answer_holding_anything_else_is_refused(tmp_path, pair, monkeypatch, children,
                                                     loads_here):
-    """Only a folded pair's own records are rebuilt from the child's answer: one that names
-    any other class (here a function that would run a command) is not unpickled, and the
+    """Only a folded pair's own records are built from the child's answer: anything else
+    (here a pickle of a function that would run a command) is refused, never run, and the
     pair is loaded here instead."""
     import pickle
 

@@ -11,6 +11,7 @@ folding included. What a verdict means is decided in one place, tvsmt/policy.py.
 from __future__ import annotations
 
 from collections.abc import Callable
+from fractions import Fraction
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -266,11 +267,11 @@ def verify_pair(single_path: str, parallel_path: str, opts: Options | None = Non
 
 
 # A plan document at least this large (decompressed) is loaded and folded in a forked
-# process, and only the folded pair comes back (pickled: our own child's bytes, never a
-# user's). This process then never holds the whole plan: the 128-rank MoE plan's 3.4M
-# objects are not freed one by one at the end (0.4 s, most of it page faults on memory the
-# encoding workers' fork had made copy-on-write), and those workers fork from a small
-# process. $TVSMT_FOLD_IN_CHILD: "always" or "never" (tests, benchmarks).
+# process, and only the folded pair comes back (`_FoldAnswer`). This process then never holds
+# the whole plan: the 128-rank MoE plan's 3.4M objects are not freed one by one at the end
+# (0.4 s, most of it page faults on memory the encoding workers' fork had made
+# copy-on-write), and those workers fork from a small process. $TVSMT_FOLD_IN_CHILD: "always"
+# or "never" (tests, benchmarks).
 FOLD_IN_CHILD_MIN_BYTES = 8 << 20
 FOLD_IN_CHILD_ENV = "TVSMT_FOLD_IN_CHILD"
 
@@ -297,40 +298,46 @@ def fold_in_child(parallel_path: str) -> bool:
     return world is None or not WorldUnits.of(world).nothing_to_fold()
 
 
-# What the forked process's answer may hold, and all an unpickler here will build from it:
-# the folded pair's own records (pickle keeps them exactly: tuples, Fractions, attributes).
-# The bytes come from a process this one forked, through a pipe only the two hold; a user's
-# pickle is never read, and any other class in the answer refuses it (then the pair is
-# loaded here).
-_FOLD_RECORDS = frozenset({
-    ("tvsmt.plan.model", "Plan"), ("tvsmt.plan.model", "Node"),
-    ("tvsmt.plan.model", "TensorInfo"), ("tvsmt.plan.model", "Lineage"),
-    ("tvsmt.plan.model", "LineagePart"), ("tvsmt.plan.model", "Aligned"),
-    ("tvsmt.fold.folder", "Folded"), ("tvsmt.fold.folder", "FoldInfo"),
-    ("fractions", "Fraction")})
+class _FoldAnswer:
+    """The forked process's answer: its folds (a `Folded`, or the refusal's words) and its
+    phases' times, as MessagePack decoded by msgspec into the typed records themselves
+    (exact: tests/test_fold_in_child.py compares them with a fold in this process). Nothing
+    but a folded pair's records can come out of it; anything else is refused (DecodeError,
+    ValidationError) and the pair is then loaded here. Lineage scales travel as text."""
 
+    @staticmethod
+    def _encode_scale(obj):
+        if isinstance(obj, Fraction):
+            return str(obj)
+        raise NotImplementedError(f"{type(obj).__name__} in a folded pair")
 
-def _folds_from(data: bytes):
-    """The child's answer: (folds, phase times); UnpicklingError for anything else."""
-    import io
-    import pickle
+    @staticmethod
+    def _decode_scale(kind: type, obj):
+        if kind is Fraction and isinstance(obj, str):
+            return Fraction(obj)
+        raise NotImplementedError(kind)
 
-    class Records(pickle.Unpickler):
-        def find_class(self, module: str, name: str):
-            if (module, name) not in _FOLD_RECORDS:
-                raise pickle.UnpicklingError(f"{module}.{name} is not a folded plan's record")
-            return super().find_class(module, name)
+    @classmethod
+    def encode(cls, folds: list, phases: dict[str, float]) -> bytes:
+        import msgspec
 
-    return Records(io.BytesIO(data)).load()
+        return msgspec.msgpack.encode((folds, phases), enc_hook=cls._encode_scale)
+
+    @classmethod
+    def decode(cls, data: bytes) -> tuple[list, dict[str, float]]:
+        import msgspec
+
+        from tvsmt.fold import Folded
+
+        return msgspec.msgpack.decode(data, type=tuple[list[Folded | str], dict[str, float]],
+                                      dec_hook=cls._decode_scale)
 
 
 def _load_and_fold(single_path: str, parallel_path: str) -> bytes:
     """In the forked process: load the pair and fold it (a second time when the first fold
-    has exceptions, as `_through_fold` may ask); the folds (or the refusal's words) and the
-    phases' times, pickled. An input error, inferred lineages, anything unusual: no answer
-    (the parent then does it all itself, and words the error)."""
-    import pickle
-
+    has exceptions, as `_through_fold` may ask): `_FoldAnswer`. An input error, inferred
+    lineages, anything unusual: no answer (the parent then does it all itself, and words the
+    error)."""
     from tvsmt.fold import FoldRefused, fold_plans
 
     timer = Timer()
@@ -350,15 +357,16 @@ def _load_and_fold(single_path: str, parallel_path: str) -> bytes:
         folds.append(folded)
         if not folded.info.exceptions:
             break
-    return pickle.dumps((folds, timer.timings), protocol=pickle.HIGHEST_PROTOCOL)
+    return _FoldAnswer.encode(folds, timer.timings)
 
 
 def _verify_folded_in_child(single_path: str, parallel_path: str, opts: Options,
                             timer: Timer) -> Report | None:
     """`verify_pair` with the load and the fold in a forked process (`fold_in_child`); None
     when the child gives no answer (the caller then loads the pair here)."""
-    import pickle
     import time
+
+    import msgspec
 
     # tvsmt.fold imported before the fork: the child inherits it (0.1-0.25 s each otherwise)
     from tvsmt.fold import FoldRefused
@@ -375,8 +383,8 @@ def _verify_folded_in_child(single_path: str, parallel_path: str, opts: Options,
         return None
     try:
         with collector_paused():
-            folds, phases = _folds_from(data)
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError):  # e.g. cut short
+            folds, phases = _FoldAnswer.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):  # e.g. cut short
         return None
     for name, seconds in phases.items():
         timer.add(name, seconds)
