@@ -11,8 +11,8 @@ folding included. What a verdict means is decided in one place, tvsmt/policy.py.
 from __future__ import annotations
 
 from collections.abc import Callable
-from fractions import Fraction
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import NamedTuple
 
 from tvsmt.encoding.obligations import (PARALLEL_TEMPLATES, StageOutcome,  # noqa: F401
