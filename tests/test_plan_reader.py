@@ -388,6 +388,23 @@ def test_a_plan_read_from_a_pipe(tmp_path, gz):
     assert len(plan.nodes) == len(parallel_mlp()["nodes"])
 
 
+def test_the_size_of_a_pipe_is_not_known_and_asking_does_not_open_it(tmp_path):
+    """`text_size` (which chooses how to read) must not open a FIFO: with no writer yet the
+    open blocks, and with one it would take the reader's place or its first bytes."""
+    import os
+    import threading
+
+    from tvsmt.plan.reader import text_size
+
+    fifo = tmp_path / "plan.fifo"
+    os.mkfifo(fifo)
+    answer = []
+    t = threading.Thread(target=lambda: answer.append(text_size(str(fifo))), daemon=True)
+    t.start()
+    t.join(10)
+    assert answer == [None]
+
+
 def _first_tensor(p):
     return next(iter(p["tensors"].values()))
 
