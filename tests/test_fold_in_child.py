@@ -14,7 +14,7 @@ import threading
 import pytest
 from test_fold import DIMS, PER_REPLICA, WORLD, _dropped_placement
 
-from tvsmt import forked, heap
+from tvsmt import forked
 from tvsmt import verify as V
 from tvsmt.errors import PlanError
 from tvsmt.frontends import generate_pair
@@ -156,31 +156,6 @@ def test_a_bug_in_a_folded_away_unit_is_caught(tmp_path, pair, monkeypatch, chil
     there = _verify(paths, "always", monkeypatch)
     assert children and there.verdict == "violation", there.fold_note
     _same(there, _verify(paths, "never", monkeypatch))
-
-
-@pytest.mark.skipif(not heap._thp_on_request(), reason="needs glibc and huge pages on request")
-def test_a_child_whose_heap_is_in_huge_pages_reports_the_same(tmp_path, pair, monkeypatch,
-                                                              children):
-    """The child marks its heap for huge pages (here for a small plan) and still catches a
-    bug in a folded-away unit, with the report of a load here."""
-    from tvsmt.plan import reader
-
-    def marking(text_bytes):
-        marked = heap.huge_pages_for_heap(text_bytes)
-        if marked:  # in the child: this process never ends soon (a test)
-            (tmp_path / f"marked-{os.getpid()}").touch()
-        return marked
-
-    monkeypatch.setattr(heap, "HUGE_HEAP_MIN_BYTES", 0)
-    monkeypatch.setattr(reader, "huge_pages_for_heap", marking)
-    broken, _ = _dropped_placement(pair[1], "grad-scale-wrong")
-    paths = _write(tmp_path, pair[0], broken)
-    there = _verify(paths, "always", monkeypatch)
-    assert len(children) == 1 and (tmp_path / f"marked-{children[0]}").exists()
-    assert there.verdict == "violation"
-    here = _verify(paths, "never", monkeypatch)
-    assert not list(tmp_path.glob(f"marked-{os.getpid()}"))
-    _same(there, here)
 
 
 def test_the_second_fold_comes_from_the_child(tmp_path, pair, monkeypatch, children):

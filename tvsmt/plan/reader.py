@@ -38,7 +38,7 @@ from isal import igzip, isal_zlib
 from msgspec.structs import force_setattr
 
 from tvsmt.errors import PlanError, UnsupportedOperator
-from tvsmt.heap import collector_paused, huge_pages_for_heap
+from tvsmt.heap import collector_paused
 from tvsmt.plan.model import (MAX_DIM, Aligned, Lineage, LineagePart, Node, Plan, PlanColumns,
                               TensorInfo)
 from tvsmt.plan.numbering import UNDECLARED, ForkedNumbering, Numbering
@@ -181,8 +181,6 @@ def load_plan(path: str | os.PathLike) -> Plan:
                 from tvsmt.plan.stream import read_stream
 
                 return read_stream(path, f)
-            # first: the text's blocks, freed once joined, then hold the decoded plan
-            huge_pages_for_heap(text_size(path) or 0)
             text = read_document(path, f, byte_limit(PLAN_LIMIT_ENV, DEFAULT_PLAN_LIMIT))
     except READ_ERRORS as e:
         raise PlanError(f"cannot read plan: {_os_reason(e)}", file=path) from None
