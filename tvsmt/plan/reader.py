@@ -98,12 +98,10 @@ def text_size(path: str) -> int | None:
     itself); None when it cannot tell (not a regular file, unreadable). An estimate for
     choosing how to read, never a check."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # before opening: a FIFO's open blocks
+        st = os.stat(path)  # before opening: a FIFO's open blocks (and takes its data)
+        if not stat.S_ISREG(st.st_mode):
             return None
         with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                return None
             if f.read(2) != GZIP_MAGIC or st.st_size < 20:
                 return st.st_size
             f.seek(-4, os.SEEK_END)
