@@ -566,6 +566,17 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_fold_in_child.py::test_the_second_fold_comes_from_the_child",),
         fast=True),
     Mutation(
+        "fold-child-guess-unconfirmed",
+        "the folded pair the forked process guessed before checking every unit is judged "
+        "without comparing it with the pair it answered",
+        "encoding the forked process's early guess of the folded pair (tvsmt/verify.py "
+        "_Ahead)",
+        (Patch("tvsmt/verify.py",
+               "        return not isinstance(fold, str) and fold[0] == self.blob\n",
+               "        return True\n"),),
+        ("tests/test_fold_in_child.py::test_a_guess_that_is_not_the_answer_is_never_judged",),
+        fast=True),
+    Mutation(
         "attr-text-codes-ignore-text",
         "the forked reader codes every node's attributes alike (not by their text), so the "
         "fold gives every node of an op the first one's semantic attributes",

@@ -52,8 +52,8 @@ def children(monkeypatch):
     pids: list[int] = []
     plain = forked.ForkedCall.__init__
 
-    def init(self, fn):
-        plain(self, fn)
+    def init(self, fn, **kw):
+        plain(self, fn, **kw)
         pids.append(self.pid)
 
     monkeypatch.setattr(forked.ForkedCall, "__init__", init)
@@ -137,24 +137,89 @@ def loads_here(monkeypatch):
     return count
 
 
-def test_the_same_report_as_a_load_here(tmp_path, pair, monkeypatch, children, loads_here):
+@pytest.fixture
+def aheads(monkeypatch):
+    """The first fold's pairs this process prepared ahead (the child's guesses, sent before
+    it checked the other units), and those whose preparation it used."""
+    seen = {"prepared": [], "used": []}
+    prepare, finish = V._Ahead.prepare.__func__, V._Ahead.finish
+
+    def prepared(cls, blob, opts):
+        got = prepare(cls, blob, opts)
+        seen["prepared"].append(got)
+        return got
+
+    def used(self, opts, timer):
+        seen["used"].append(self)
+        return finish(self, opts, timer)
+
+    monkeypatch.setattr(V._Ahead, "prepare", classmethod(prepared))
+    monkeypatch.setattr(V._Ahead, "finish", used)
+    return seen
+
+
+def test_the_same_report_as_a_load_here(tmp_path, pair, monkeypatch, children, loads_here,
+                                        aheads):
     paths = _write(tmp_path, *pair)
     here = _verify(paths, "never", monkeypatch)
-    assert children == [] and loads_here == [1]
+    assert children == [] and loads_here == [1] and aheads["prepared"] == []
     there = _verify(paths, "always", monkeypatch)
     assert len(children) == 1 and _gone(children[0])
     assert loads_here == [1]  # the child loaded and folded it
     assert there.verdict == "equivalent" and there.fold["replicas"] == WORLD["dp"]
     _same(there, here)
     assert there.timings["load"] > 0 and there.timings["fold"] > 0
+    # the child's guess was the pair it answered: encoded while it checked the other units
+    assert len(aheads["prepared"]) == 1 and aheads["used"] == aheads["prepared"]
 
 
 @pytest.mark.parametrize("bug", ["grad-scale-wrong", "drop-allreduce-keep-dataflow"])
-def test_a_bug_in_a_folded_away_unit_is_caught(tmp_path, pair, monkeypatch, children, bug):
+def test_a_bug_in_a_folded_away_unit_is_caught(tmp_path, pair, monkeypatch, children, bug,
+                                               aheads):
     broken, _ = _dropped_placement(pair[1], bug)
     paths = _write(tmp_path, pair[0], broken)
     there = _verify(paths, "always", monkeypatch)
     assert children and there.verdict == "violation", there.fold_note
+    assert aheads["used"] == []  # a guess made before the bug was met is never judged
+    _same(there, _verify(paths, "never", monkeypatch))
+
+
+@pytest.mark.parametrize("guess", ["wrong", "refused"])
+def test_a_guess_that_is_not_the_answer_is_never_judged(tmp_path, pair, monkeypatch,
+                                                        children, aheads, guess):
+    """The child's early guess of the folded pair (here made wrong on purpose: a lineage
+    scale doubled, which would be a violation) is prepared, then dropped because the pair
+    answered is not the same bytes: the verdict is the answered pair's. And a guess the
+    child cannot make (the fold refuses it so early) changes nothing."""
+    from fractions import Fraction
+
+    from tvsmt.fold import folder
+    from tvsmt.plan.model import replace
+
+    finish = folder.Folder.finish
+
+    def guessing(self, fetch=None, complete=True):
+        got = finish(self, fetch, complete)
+        if complete:
+            return got
+        if guess == "refused":
+            raise folder.FoldRefused("no guess")
+        lin = got.parallel.lineages[0]
+        parts = (replace(lin.parts[0], scale=lin.parts[0].scale * Fraction(2)),
+                 *lin.parts[1:])
+        got.parallel.lineages[0] = folder.Lineage(lin.index, lin.single, parts, lin.aligned)
+        return got
+
+    monkeypatch.setattr(folder.Folder, "finish", guessing)
+    paths = _write(tmp_path, *pair)
+    there = _verify(paths, "always", monkeypatch)
+    assert len(children) == 1 and _gone(children[0])
+    assert there.verdict == "equivalent", [f.message for f in there.failures]
+    assert len(aheads["prepared"]) == (guess == "wrong") and aheads["used"] == []
+    if guess == "wrong":  # the guess alone would have been a violation
+        ahead = aheads["prepared"][0]
+        assert V.solve_and_judge(ahead.prepared, ahead.single, ahead.parallel,
+                                 Options(jobs=1), V.Timer()).verdict == "violation"
     _same(there, _verify(paths, "never", monkeypatch))
 
 
@@ -203,11 +268,11 @@ def test_a_failing_child_is_replaced_by_a_load_here(tmp_path, pair, monkeypatch,
                                                     failure):
     plain = V._load_and_fold
 
-    def broken_child(single_path, parallel_path):
+    def broken_child(single_path, parallel_path, note=None):
         if failure == "dies":
             os._exit(3)
         if failure == "cut short":
-            return plain(single_path, parallel_path)[:-200]
+            return plain(single_path, parallel_path, note)[:-200]
         raise MemoryError
 
     monkeypatch.setattr(V, "_load_and_fold", broken_child)

@@ -17,8 +17,8 @@ import os
 import select
 import signal
 import time
-from collections.abc import Callable
-
+from collections.abc import Callable, Sequence
+from typing import Any
 
 # Where the readers' second-core work runs (scan's first half, numbering's
 # ForkedNumbering): True in a forked process, False in this one, None (the default) in a
@@ -80,26 +80,44 @@ def runnable_now() -> int | None:
         return None
 
 
-class ForkedCall:
-    """`fn()` in a forked child; `answer()` waits for the bytes it returned."""
+# In a forked call's child: the write ends of the pipes to its parent. Its own forked calls
+# close them, so that the parent sees their end when this process closes them.
+_FOR_PARENT: list[int] = []
 
-    def __init__(self, fn: Callable[[], bytes]):
+
+class ForkedCall:
+    """`fn()` in a forked child; `answer()` waits for the bytes it returned.
+
+    With `notes=True`, `fn(note)` may also tell the caller things before it returns:
+    `note(data)` sends `data` at once, and `next_note()` waits for it. The caller uses them to
+    start its own next work early (e.g. tvsmt.verify starts its solvers' setup while the
+    child folds); a note is a hint, never an answer."""
+
+    def __init__(self, fn: Callable[..., bytes], notes: bool = False):
         from tvsmt.heap import end_quickly
         from tvsmt.solving.lifeline import die_with_parent
 
         parent = os.getpid()
         r, w = os.pipe()
+        nr, nw = os.pipe() if notes else (-1, -1)
         pid = os.fork()
         if pid == 0:  # pragma: no cover (the child's coverage is not collected)
             try:
                 os.close(r)
+                if notes:
+                    os.close(nr)
+                for fd in _FOR_PARENT:  # a forked call's own forked call: its parent's
+                    os.close(fd)  # pipes end when its parent has written them
+                _FOR_PARENT[:] = [w] + ([nw] if notes else [])
                 die_with_parent(parent)
                 gc.disable()
                 end_quickly()  # ends with os._exit: what fn leaves to the exit is not freed
                 try:
-                    data = memoryview(fn())
+                    data = memoryview(fn(lambda note: _send_note(nw, note)) if notes else fn())
                 except BaseException:  # anything: no answer, the parent does the work
                     data = memoryview(b"")
+                if notes:  # no more notes: a parent waiting for one goes on to the answer,
+                    os.close(nw)  # which it would otherwise never read (a full pipe)
                 while data:
                     data = data[os.write(w, data):]
                 # the answer is complete now: ending the process first would make the
@@ -108,8 +126,25 @@ class ForkedCall:
             finally:
                 os._exit(0)
         os.close(w)
+        if notes:
+            os.close(nw)
         self.pid: int | None = pid
         self._fd = r
+        self._notes = nr
+
+    def next_note(self) -> bytes | None:
+        """The child's next note, once it has sent it whole; None when it sends no more
+        (it has ended, or failed, or closed the channel: `answer()` then says how it
+        ended)."""
+        if self._notes < 0:
+            return None
+        head = _read_exactly(self._notes, 8)
+        size = int.from_bytes(head, "little") if len(head) == 8 else -1
+        data = _read_exactly(self._notes, size) if size >= 0 else b""
+        if size < 0 or len(data) != size:
+            self._close_notes()
+            return None
+        return data
 
     def answer(self, patience: float | None = None) -> bytes | None:
         """All the child wrote (b"" when it failed or died first), once it has ended; None
@@ -131,6 +166,11 @@ class ForkedCall:
         self._reap(wait=False)
         return b"".join(chunks)
 
+    def _close_notes(self) -> None:
+        if self._notes >= 0:
+            os.close(self._notes)
+            self._notes = -1
+
     def stop(self) -> None:
         """Kill the child (if it still runs) and reap it."""
         if self.pid is not None:
@@ -146,6 +186,7 @@ class ForkedCall:
         128-rank plan), which this process need not wait for, so a daemon thread collects
         it."""
         os.close(self._fd)
+        self._close_notes()
         pid, self.pid = self.pid, None
         if wait or os.waitpid(pid, os.WNOHANG)[0]:
             if wait:
@@ -155,3 +196,64 @@ class ForkedCall:
 
         threading.Thread(target=os.waitpid, args=(pid, 0), daemon=True,
                          name=f"tvsmt-reap-{pid}").start()
+
+
+def _send_note(fd: int, data: bytes) -> None:
+    """In the child: one note, its length first (8 bytes, little-endian)."""
+    view = memoryview(len(data).to_bytes(8, "little") + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    """`size` bytes from a pipe, fewer only when its writer closed it first."""
+    chunks, left = [], size
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+# What `fork_map`'s workers call, set while it runs: a forked worker finds it in the memory
+# it inherited, so neither the function nor the data it closes over is ever pickled.
+_FORK_TASK: Callable[[Any], Any] | None = None
+
+
+def _run_fork_task(item: Any) -> Any:
+    return _FORK_TASK(item)
+
+
+def fork_map(fn: Callable[[Any], Any], items: Sequence, jobs: int,
+             meanwhile: Callable[[], None] | None = None) -> list:
+    """`[fn(x) for x in items]`, computed by `jobs` forked worker processes (a
+    multiprocessing pool, one item at a time) that inherit this process's memory: `fn` and
+    the plans it reads are never pickled, only the items and the results. `meanwhile()`
+    runs here while the workers work. The workers die with this process (lifeline's fork
+    hook) and are terminated when this call ends, however it ends. Only where the platform
+    can fork (the callers check `can_fork_workers()`).
+
+    Not joblib's multiprocessing backend: it starts a resource-tracker interpreter on every
+    call (a second Python importing joblib, 0.3 s of CPU on this 2-core machine, taken from
+    the workers), which scripts/bench_real.py measured at 0.15 s of wall time per run."""
+    import multiprocessing
+
+    global _FORK_TASK
+    _FORK_TASK = fn
+    try:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            pending = pool.map_async(_run_fork_task, items, chunksize=1)
+            if meanwhile is not None:
+                meanwhile()
+            return pending.get()
+    finally:
+        _FORK_TASK = None
+
+
+def can_fork_workers() -> bool:
+    """Can `fork_map` run here?"""
+    import multiprocessing
+
+    return "fork" in multiprocessing.get_all_start_methods()

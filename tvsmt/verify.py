@@ -10,6 +10,7 @@ folding included. What a verdict means is decided in one place, tvsmt/policy.py.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -129,7 +130,14 @@ def prepare(single: Plan, parallel: Plan, opts: Options, timer: Timer) -> Prepar
 
 def verify_unfolded(single: Plan, parallel: Plan, opts: Options, timer: Timer) -> Report:
     """Verify the pair as it is (no folding): prepare, solve, judge every stage."""
-    report, failures, outcomes, unique = prepare(single, parallel, opts, timer)
+    return solve_and_judge(prepare(single, parallel, opts, timer), single, parallel, opts,
+                           timer)
+
+
+def solve_and_judge(prepared: Prepared, single: Plan, parallel: Plan, opts: Options,
+                    timer: Timer) -> Report:
+    """Solve a prepared pair's obligations and judge every stage."""
+    report, failures, outcomes, unique = prepared
     with timer.phase("solving"):
         results = solve_obligations(unique, outcomes, parallel, opts, report)
     with timer.phase("report"):
@@ -299,10 +307,12 @@ def fold_in_child(parallel_path: str) -> bool:
 
 
 class _FoldAnswer:
-    """The forked process's answer: its folds (a `Folded`, or the refusal's words) and its
-    phases' times, as MessagePack decoded by msgspec into the typed records themselves
-    (exact: tests/test_fold_in_child.py compares them with a fold in this process). Nothing
-    but a folded pair's records can come out of it; anything else is refused (DecodeError,
+    """The forked process's answer: its folds and its phases' times, as MessagePack decoded
+    by msgspec into the typed records themselves (exact: tests/test_fold_in_child.py
+    compares them with a fold in this process). A fold is its folded pair, as MessagePack
+    bytes of their own (`encode_pair`: what `_load_and_fold`'s pair note sends ahead, so
+    that the two compare as bytes), and its `FoldInfo`; or the refusal's words. Nothing but
+    a folded pair's records can come out of it; anything else is refused (DecodeError,
     ValidationError) and the pair is then loaded here. Lineage scales travel as text."""
 
     @staticmethod
@@ -318,39 +328,74 @@ class _FoldAnswer:
         raise NotImplementedError(kind)
 
     @classmethod
+    def encode_pair(cls, folded) -> bytes:
+        import msgspec
+
+        return msgspec.msgpack.encode((folded.single, folded.parallel),
+                                      enc_hook=cls._encode_scale)
+
+    @classmethod
+    def decode_pair(cls, data: bytes) -> tuple[Plan, Plan]:
+        import msgspec
+
+        return msgspec.msgpack.decode(data, type=tuple[Plan, Plan], dec_hook=cls._decode_scale)
+
+    @classmethod
     def encode(cls, folds: list, phases: dict[str, float]) -> bytes:
         import msgspec
 
-        return msgspec.msgpack.encode((folds, phases), enc_hook=cls._encode_scale)
+        sent = [f if isinstance(f, str) else (cls.encode_pair(f), f.info) for f in folds]
+        return msgspec.msgpack.encode((sent, phases), enc_hook=cls._encode_scale)
+
+    @classmethod
+    def decode_raw(cls, data: bytes) -> tuple[list, dict[str, float]]:
+        """(per fold: (its pair's bytes, its FoldInfo) or the refusal's words, phases)."""
+        import msgspec
+
+        from tvsmt.fold.folder import FoldInfo
+
+        return msgspec.msgpack.decode(
+            data, type=tuple[list[tuple[bytes, FoldInfo] | str], dict[str, float]])
 
     @classmethod
     def decode(cls, data: bytes) -> tuple[list, dict[str, float]]:
-        import msgspec
-
+        """(per fold: a `Folded` or the refusal's words, phases)."""
         from tvsmt.fold import Folded
 
-        return msgspec.msgpack.decode(data, type=tuple[list[Folded | str], dict[str, float]],
-                                      dec_hook=cls._decode_scale)
+        folds, phases = cls.decode_raw(data)
+        return [f if isinstance(f, str) else Folded(*cls.decode_pair(f[0]), f[1])
+                for f in folds], phases
 
 
-def _load_and_fold(single_path: str, parallel_path: str) -> bytes:
+# The forked process's notes (ForkedCall's): the pair is read and the fold begins; the
+# folded pair the first fold will give if the units not yet checked are copies
+# (fold_source's `ahead`), after this tag.
+LOADED_NOTE, AHEAD_NOTE = b"loaded", b"ahead:"
+
+
+def _load_and_fold(single_path: str, parallel_path: str, note=None) -> bytes:
     """In the forked process: load the pair and fold it (a second time when the first fold
     has exceptions, as `_through_fold` may ask): `_FoldAnswer`. An input error, inferred
     lineages, anything unusual: no answer (the parent then does it all itself, and words the
-    error)."""
+    error). With `note` (ForkedCall's notes): LOADED_NOTE once the pair is read, then
+    AHEAD_NOTE and the first fold's pair as soon as its kept units are checked."""
     from tvsmt.fold import FoldRefused, fold_plans
 
     timer = Timer()
     with timer.phase("load"):
         pair = PlanPair.load(single_path, parallel_path)
     leave_to_exit(pair)  # freed with the process, after the answer (tvsmt/forked.py)
+    if note is not None:
+        note(LOADED_NOTE)
     if any(lin.hypothesis for lin in pair.parallel.lineages):
         return b""  # inferred lineages are verified from the whole plan (_verify_loaded)
     folds: list = []
     for extra in (0, 1):
         try:
             with timer.phase("fold"):
-                folded = fold_plans(pair.single, pair.parallel, extra)
+                folded = fold_plans(pair.single, pair.parallel, extra, ahead=(
+                    None if note is None or extra else
+                    lambda guess: note(AHEAD_NOTE + _FoldAnswer.encode_pair(guess))))
         except FoldRefused as e:
             folds.append(str(e))
             break
@@ -358,6 +403,27 @@ def _load_and_fold(single_path: str, parallel_path: str) -> bytes:
         if not folded.info.exceptions:
             break
     return _FoldAnswer.encode(folds, timer.timings)
+
+
+def prepare_phases_after_load(opts: Options) -> None:
+    """Import and probe, ahead of time, what the phases after loading will need: pysmt and
+    the solver bindings it probes, the solver profiles, their binaries and versions, the
+    worker pool. Called while another process folds the plan, on the core the fold leaves
+    idle; without it, the same 0.1-0.2 s are spent after the fold. Changes nothing the
+    phases compute, and fails silently: a phase that needs what failed here raises its own
+    error later."""
+    with contextlib.suppress(Exception):  # a hint only: the phases raise their own errors
+        import multiprocessing.pool  # noqa: F401 (fork_map's pool)
+
+        from tvsmt.ops import SymbolicBackend
+        from tvsmt.solving import corpus, runner  # noqa: F401 (solve_obligations imports them)
+        from tvsmt.solving.profiles import get_profile, require_binary, solver_version
+
+        SymbolicBackend.fresh()  # the first one imports pysmt and probes its solvers
+        for name in _solver_names(opts):
+            profile = get_profile(name)
+            require_binary(profile)
+            solver_version(profile)  # cached for this process
 
 
 def _verify_folded_in_child(single_path: str, parallel_path: str, opts: Options,
@@ -369,12 +435,20 @@ def _verify_folded_in_child(single_path: str, parallel_path: str, opts: Options,
     import msgspec
 
     # tvsmt.fold imported before the fork: the child inherits it (0.1-0.25 s each otherwise)
-    from tvsmt.fold import FoldRefused
+    from tvsmt.fold import Folded, FoldRefused
     from tvsmt.forked import ForkedCall
 
     t0 = time.perf_counter()
-    call = ForkedCall(lambda: _load_and_fold(single_path, parallel_path))
+    call = ForkedCall(lambda note: _load_and_fold(single_path, parallel_path, note), notes=True)
+    ahead = None
     try:
+        note = call.next_note()
+        if note == LOADED_NOTE:
+            # the fold runs on one core: the other one sets up what comes after it
+            prepare_phases_after_load(opts)
+            note = call.next_note()
+        if note is not None and note.startswith(AHEAD_NOTE):
+            ahead = _Ahead.prepare(note[len(AHEAD_NOTE):], opts)
         data = call.answer()
     except BaseException:  # Ctrl-C while waiting: the child ends now, not with this process
         call.stop()
@@ -383,19 +457,34 @@ def _verify_folded_in_child(single_path: str, parallel_path: str, opts: Options,
         return None
     try:
         with collector_paused():
-            folds, phases = _FoldAnswer.decode(data)
+            folds, phases = _FoldAnswer.decode_raw(data)
     except (msgspec.DecodeError, msgspec.ValidationError):  # e.g. cut short
         return None
     for name, seconds in phases.items():
         timer.add(name, seconds)
     # forking, sending the folds and reading them back count as loading
-    timer.add("load", max(0.0, time.perf_counter() - t0 - sum(phases.values())))
+    timer.add("load", max(0.0, time.perf_counter() - t0 - sum(phases.values())
+                          - (ahead.seconds if ahead is not None else 0.0)))
+    if ahead is not None and not (folds and ahead.is_pair_of(folds[0])):
+        ahead = None  # the guess was not the first fold's pair: not used
+    decoded: dict[int, Folded] = {}
 
-    def fold(extra: int):
+    def fold(extra: int) -> Folded:
         got = folds[extra]
         if isinstance(got, str):
             raise FoldRefused(got)
-        return got
+        if extra not in decoded:
+            if extra == 0 and ahead is not None:  # its pair is the guess, already here
+                decoded[0] = Folded(ahead.single, ahead.parallel, got[1])
+            else:
+                with collector_paused():
+                    decoded[extra] = Folded(*_FoldAnswer.decode_pair(got[0]), got[1])
+        return decoded[extra]
+
+    def run(single: Plan, parallel: Plan, opts: Options, timer: Timer) -> Report:
+        if ahead is not None and parallel is ahead.parallel:
+            return ahead.finish(opts, timer)
+        return verify_unfolded(single, parallel, opts, timer)
 
     def whole() -> Report:  # the fold refused: the pair is read here after all
         with timer.phase("load"):
@@ -404,7 +493,46 @@ def _verify_folded_in_child(single_path: str, parallel_path: str, opts: Options,
         return verify_unfolded(pair.single, pair.parallel, opts, timer)
 
     with plans_frozen():
-        return _through_fold(fold, whole, opts, timer, verify_unfolded)
+        return _through_fold(fold, whole, opts, timer, run)
+
+
+class _Ahead:
+    """The first fold's pair as the forked process guessed it before checking every unit
+    (AHEAD_NOTE), prepared (stages cut, obligations encoded) while that process checks the
+    rest. Used only when the pair of the first fold it answers is the same bytes: then it
+    is the same pair, and preparing it again would compute the same obligations. Else it is
+    dropped (a unit not a copy, a refusal: the answer's folds are verified as they come)."""
+
+    def __init__(self, blob: bytes, single: Plan, parallel: Plan, prepared: Prepared,
+                 timer: Timer, seconds: float):
+        self.blob, self.single, self.parallel = blob, single, parallel
+        self.prepared, self.timer, self.seconds = prepared, timer, seconds
+
+    @classmethod
+    def prepare(cls, blob: bytes, opts: Options) -> "_Ahead | None":
+        import time
+
+        import msgspec
+
+        t0 = time.perf_counter()
+        try:
+            with collector_paused():
+                single, parallel = _FoldAnswer.decode_pair(blob)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        timer = Timer()
+        with plans_frozen():
+            prepared = prepare(single, parallel, opts, timer)
+        return cls(blob, single, parallel, prepared, timer, time.perf_counter() - t0)
+
+    def is_pair_of(self, fold) -> bool:
+        """Is this the pair of the answer's fold (bytes and FoldInfo, or a refusal)?"""
+        return not isinstance(fold, str) and fold[0] == self.blob
+
+    def finish(self, opts: Options, timer: Timer) -> Report:
+        for name, seconds in self.timer.timings.items():
+            timer.add(name, seconds)
+        return solve_and_judge(self.prepared, self.single, self.parallel, opts, timer)
 
 
 def _verify_loaded(pair: PlanPair, opts: Options, timer: Timer) -> Report:

@@ -12,7 +12,6 @@ the outcome says so (`ObligationSet.serial_reason`).
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from dataclasses import dataclass, field
 
@@ -20,6 +19,7 @@ from tvsmt.encoding.concrete import Evaluation, evaluate_at_random
 from tvsmt.encoding.smtlib import Printed, print_obligation
 from tvsmt.encoding.stage import StageFormula, encode_stage
 from tvsmt.errors import StructuralViolation
+from tvsmt.forked import can_fork_workers, fork_map
 from tvsmt.ops import SymbolicBackend
 from tvsmt.plan import Plan
 from tvsmt.report.failures import stage_failure, underivable
@@ -88,12 +88,8 @@ def encode_one(stage: Stage, single: Plan, parallel: Plan, be: SymbolicBackend,
     return out
 
 
-_WORK: tuple | None = None  # (single, parallel, stages), inherited by forked workers
-
-
-def _encode_chunk(indices: list[int]):
+def _encode_chunk(single: Plan, parallel: Plan, stages: list[Stage], indices: list[int]):
     """Worker side: encode some template stages; results travel back as plain data."""
-    single, parallel, stages = _WORK
     be, timer, out = SymbolicBackend.fresh(), Timer(), []
     for i in indices:
         o = encode_one(stages[i], single, parallel, be, timer)
@@ -138,19 +134,11 @@ def _chunks(stages: list[Stage], reps: list[int], n: int) -> list[list[int]]:
 
 def _encode_parallel(single: Plan, parallel: Plan, stages: list[Stage], reps: list[int],
                      jobs: int, timer: Timer) -> dict[int, StageOutcome]:
-    """Encode the template stages in forked worker processes (joblib, multiprocessing):
-    the workers inherit the loaded plans instead of receiving them pickled."""
-    import joblib
-
-    global _WORK
-    _WORK = (single, parallel, stages)
+    """Encode the template stages in forked worker processes (tvsmt.forked.fork_map): the
+    workers inherit the loaded plans instead of receiving them pickled."""
     chunks = _chunks(stages, reps, jobs * 4)
-    try:
-        with timer.phase("encoding (wall)"):
-            results = joblib.Parallel(n_jobs=jobs, backend="multiprocessing")(
-                joblib.delayed(_encode_chunk)(c) for c in chunks)
-    finally:
-        _WORK = None
+    with timer.phase("encoding (wall)"):
+        results = fork_map(lambda c: _encode_chunk(single, parallel, stages, c), chunks, jobs)
     done: dict[int, StageOutcome] = {}
     for items, timings in results:
         for phase, secs in timings.items():  # time spent in each phase, over all workers
@@ -180,7 +168,7 @@ def build_obligations(single: Plan, parallel: Plan, stages: list[Stage], timer: 
     done: dict[int, StageOutcome] = {}
     serial_reason = ""
     if jobs > 1 and len(reps) >= PARALLEL_TEMPLATES:
-        if "fork" in multiprocessing.get_all_start_methods():
+        if can_fork_workers():
             done = _encode_parallel(single, parallel, stages, reps, jobs, timer)
         else:
             serial_reason = "this platform cannot fork: templates encoded serially"

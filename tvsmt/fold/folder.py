@@ -404,9 +404,14 @@ class Folder:
         units |= set(self.exceptions)
         return replicas, units
 
-    def finish(self, fetch: Callable[[Unit], UnitRecords] | None = None) -> Folded:
+    def finish(self, fetch: Callable[[Unit], UnitRecords] | None = None,
+               complete: bool = True) -> Folded:
         """Build the folded pair. Units kept only because their replica holds an exception
-        were compared and dropped earlier; `fetch` gives their records again."""
+        were compared and dropped earlier; `fetch` gives their records again.
+        `complete=False`: before every unit has been added, the pair these units give if
+        the others turn out copies (source.fold_source's `ahead`); the check that the units'
+        pieces tile the batch, which needs them all, is left out. Calling it changes nothing
+        a later `finish()` computes."""
         wu = self.wu
         odd = {(d, None if m < 0 else m)
                for d, m in self.checker.deviations + self.canon.deviations}
@@ -423,7 +428,7 @@ class Folder:
         kept = sorted((u for u in kept if u in self.records),
                       key=lambda u: (u[0], -1 if u[1] is None else u[1]))
         instance_kept = sorted(u for u in kept if u[1] is not None)
-        pieces = self._pieces(instance_kept)
+        pieces = self._pieces(instance_kept, complete)
         kept_tensors: dict[str, TensorInfo] = {}
         for recs in [self.global_records] + [self.records[u] for u in kept]:
             for t in recs.tensors:
@@ -498,8 +503,9 @@ class Folder:
                         str(factor), self.extra)
         return Folded(single, parallel, info)
 
-    def _pieces(self, instance_kept: list[Unit]) -> dict[int, int]:
-        """Old piece index -> new (packed) index, after checking that pieces tile the batch."""
+    def _pieces(self, instance_kept: list[Unit], complete: bool = True) -> dict[int, int]:
+        """Old piece index -> new (packed) index, after checking that pieces tile the batch
+        (`complete`; else only the kept units' pieces are known)."""
         wu = self.wu
         chk = self.checker
         if not (chk.fold_dim >= 0).any():
@@ -513,7 +519,7 @@ class Folder:
             raise FoldRefused("the representative unit holds several pieces of the batch")
         self.piece[REPRESENTATIVE] = rep_pieces.pop()
         allp = [self.piece.get(u) for u in wu.instance_units()]
-        if None in allp or sorted(allp) != list(range(wu.dp * wu.mb)):
+        if complete and (None in allp or sorted(allp) != list(range(wu.dp * wu.mb))):
             raise FoldRefused("the replicas' and micro-batches' pieces of the batch do not "
                               "tile it")
         old = sorted(self.piece[u] for u in instance_kept)

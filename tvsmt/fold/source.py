@@ -17,15 +17,14 @@ fix each lineage's batch dimension), then the rest, in worker processes when `jo
 
 from __future__ import annotations
 
-import multiprocessing
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 from itertools import chain
 from operator import attrgetter
 from typing import Protocol
 
 import numpy as np
-from joblib import Parallel, delayed
 
 from tvsmt.fold.folder import SUM_OPS, Checker, Folded, Folder, FoldRefused, UnitRecords
 from tvsmt.fold.table import Interner, UnitTable, loaded_table
@@ -39,6 +38,7 @@ from tvsmt.fold.units import (
     assign_units,
     node_units,
 )
+from tvsmt.forked import can_fork_workers, fork_map
 from tvsmt.heap import collector_paused, plans_frozen
 from tvsmt.plan.model import Node, Plan
 
@@ -200,14 +200,10 @@ class LoadedPlan:
         return None  # tables are built from records here: no parallel checking
 
 
-_FORKED: tuple | None = None  # (view, checker), inherited by forked checking workers
-
-
-def _check_forked(units: list[Unit]) -> tuple[list[tuple], list]:
-    """Worker side of a forked check: the source and checker come from the parent's memory
-    (copy on write) instead of being pickled once per chunk."""
-    view, checker = _FORKED
-    return _check_chunk(view, checker, units)
+def _check_forked(view, checker: Checker) -> Callable[[list[Unit]], tuple[list[tuple], list]]:
+    """The check of one chunk in a forked worker: the source and checker come from the
+    parent's memory (copy on write) instead of being pickled once per chunk."""
+    return lambda units: _check_chunk(view, checker, units)
 
 
 def _check_chunk(view, checker: Checker, units: list[Unit]) -> tuple[list[tuple], list]:
@@ -220,16 +216,26 @@ def _check_chunk(view, checker: Checker, units: list[Unit]) -> tuple[list[tuple]
     return out, (checker.deviations[start:], np.flatnonzero(checker.nodiff_undecided))
 
 
-def fold_source(source: UnitSource, extra: int = 0, jobs: int = 1) -> Folded:
+Ahead = Callable[[Folded], None]
+
+
+def fold_source(source: UnitSource, extra: int = 0, jobs: int = 1,
+                ahead: Ahead | None = None) -> Folded:
     """Fold a unit source (raises FoldRefused when the plan does not fit). The source's
     records are frozen for the cyclic collector (tvsmt/heap.py): the fold allocates enough
     to trigger many collections, and a forked worker's collection would write to (so copy)
-    every page of them."""
+    every page of them.
+
+    `ahead(folded)`: called with the pair this fold will give if every unit not yet checked
+    turns out a copy, as soon as the kept units are checked (`Folder.finish(complete=False)`),
+    so that a caller may start encoding it while the other units are checked. A guess, never
+    a result: only the pair returned is one (tvsmt/verify.py uses the guess only when the
+    returned pair is the same, byte for byte)."""
     with plans_frozen():
-        return _fold_source(source, extra, jobs)
+        return _fold_source(source, extra, jobs, ahead)
 
 
-def _fold_source(source: UnitSource, extra: int, jobs: int) -> Folded:
+def _fold_source(source: UnitSource, extra: int, jobs: int, ahead: Ahead | None) -> Folded:
     _check_foldable(source.header, extra)
     folder = Folder(source.single, source.header, source.intern, extra)
     folder.add_global(source.global_records())
@@ -238,6 +244,13 @@ def _fold_source(source: UnitSource, extra: int, jobs: int) -> Folded:
     rest = [u for u in units if not folder.is_default_kept(u)]
     for u in first:
         folder.add_unit(u, source.table(u), lambda u=u: source.records(u))
+    if ahead is not None and rest:
+        try:
+            guess = folder.finish(source.records, complete=False)
+        except FoldRefused:
+            guess = None  # the whole check will say why, or refuse it later
+        if guess is not None:
+            ahead(guess)
     view = source.worker_view() if jobs > 1 and len(rest) >= 8 * jobs else None
     if view is None:
         for u in rest:
@@ -270,27 +283,22 @@ def _check_parallel(view, checker: Checker, chunks: list[list[Unit]], jobs: int,
     workers inherit the source, nothing big is pickled; `meanwhile()` runs here while they
     work), else loky workers that receive the source pickled. Forked workers die with this
     process (lifeline's fork hook) and are terminated when this call ends, however."""
-    global _FORKED
-    if "fork" not in multiprocessing.get_all_start_methods():
+    if not can_fork_workers():
         if meanwhile is not None:
             meanwhile()
+        from joblib import Parallel, delayed
+
         return Parallel(n_jobs=jobs)(delayed(_check_chunk)(view, checker, c) for c in chunks)
-    _FORKED = (view, checker)
-    try:
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            pending = pool.map_async(_check_forked, chunks, chunksize=1)
-            if meanwhile is not None:
-                meanwhile()
-            return pending.get()
-    finally:
-        _FORKED = None
+    return fork_map(_check_forked(view, checker), chunks, jobs, meanwhile)
 
 
-def fold_plans(single: Plan, parallel: Plan, extra: int = 0) -> Folded:
-    """Fold a loaded pair (raises FoldRefused when the plan does not fit)."""
+def fold_plans(single: Plan, parallel: Plan, extra: int = 0,
+               ahead: Ahead | None = None) -> Folded:
+    """Fold a loaded pair (raises FoldRefused when the plan does not fit); `ahead`: see
+    `fold_source`."""
     _check_foldable(parallel, extra)  # before splitting the plan into units
     with plans_frozen(), collector_paused():
-        return fold_source(loaded_source(single, parallel), extra)
+        return fold_source(loaded_source(single, parallel), extra, ahead=ahead)
 
 
 def loaded_source(single: Plan, parallel: Plan) -> "UnitSource":
