@@ -521,8 +521,11 @@ class _Ahead:
         except (msgspec.DecodeError, msgspec.ValidationError):
             return None
         timer = Timer()
-        with plans_frozen():
-            prepared = prepare(single, parallel, opts, timer)
+        try:
+            with plans_frozen():
+                prepared = prepare(single, parallel, opts, timer)
+        except Exception:  # noqa: BLE001 - a guess only: the answered pair meets it again
+            return None
         return cls(blob, single, parallel, prepared, timer, time.perf_counter() - t0)
 
     def is_pair_of(self, fold) -> bool:
