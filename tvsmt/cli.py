@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+from typing import NoReturn
 
 import click
 
@@ -82,6 +83,15 @@ class Cli(click.Group):
 
     def invoke(self, ctx):
         try:
+            done = self._invoke(ctx)
+        except SystemExit:
+            _stop_if_interrupted()
+            raise
+        _stop_if_interrupted()
+        return done
+
+    def _invoke(self, ctx):
+        try:
             return super().invoke(ctx)
         except InputError as e:
             _fail(f"error: {e}", EXIT_INPUT_ERROR)
@@ -92,12 +102,7 @@ class Cli(click.Group):
         except InternalError as e:
             _fail(f"internal error: {e}", EXIT_INTERNAL)
         except KeyboardInterrupt as e:
-            from tvsmt.solving.lifeline import acknowledge
-
-            acknowledge()
-            code = getattr(e, "exit_code", 130)
-            click.echo("tvsmt: interrupted" + (" (SIGTERM)" if code == 143 else ""), err=True)
-            sys.exit(code)
+            _interrupted(getattr(e, "exit_code", 130))
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as e:  # a bug in tvsmt: one line and exit 4, never a pass
@@ -168,6 +173,26 @@ def _say(message: str) -> None:
         click.echo(f"tvsmt: {plain(message)}", err=True)
     except OSError:  # stderr cannot be written either: the exit code still tells
         pass
+
+
+def _interrupted(code: int) -> NoReturn:
+    """The command was interrupted (Ctrl-C: 130, SIGTERM: 143): one line, that exit code."""
+    from tvsmt.solving.lifeline import acknowledge
+
+    acknowledge()
+    click.echo("tvsmt: interrupted" + (" (SIGTERM)" if code == 143 else ""), err=True)
+    sys.exit(code)
+
+
+def _stop_if_interrupted() -> None:
+    """A signal received while the command ran, which it never acted on (the interrupt was
+    swallowed and the command ended before it came again), still ends the run as
+    interrupted: never with the command's own exit code."""
+    from tvsmt.solving.lifeline import unacknowledged
+
+    signum = unacknowledged()
+    if signum:
+        _interrupted(128 + signum)
 
 
 def _fail(message: str, code: int) -> None:

@@ -208,6 +208,14 @@ def acknowledge() -> None:
     _state["acknowledged"] = True
 
 
+def unacknowledged() -> int:
+    """The signal received that the command has not acted on yet, or 0. An interrupt Python
+    swallowed (raised in an at-fork hook while a worker pool forks) is raised again only
+    after REDELIVER_SECONDS: a command that ends before then must still end as interrupted
+    (the CLI asks this when its command returns)."""
+    return 0 if _state["acknowledged"] else _state["received"]
+
+
 def _grace(signum: int) -> None:
     """Python drops an exception raised where it cannot propagate (an at-fork hook, a
     destructor): raise the interrupt again until the command acts on it, then bound the
