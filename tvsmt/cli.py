@@ -83,12 +83,9 @@ class Cli(click.Group):
 
     def invoke(self, ctx):
         try:
-            done = self._invoke(ctx)
-        except SystemExit:
+            return self._invoke(ctx)
+        finally:  # however the command ended (its exit code is a SystemExit)
             _stop_if_interrupted()
-            raise
-        _stop_if_interrupted()
-        return done
 
     def _invoke(self, ctx):
         try:

@@ -237,7 +237,8 @@ def fork_map(fn: Callable[[Any], Any], items: Sequence, jobs: int,
 
     Not joblib's multiprocessing backend: it starts a resource-tracker interpreter on every
     call (a second Python importing joblib, 0.3 s of CPU on this 2-core machine, taken from
-    the workers), which scripts/bench_real.py measured at 0.15 s of wall time per run."""
+    the workers). Leaving it made the 8-rank real fixture's command 0.86 -> 0.69 s (medians,
+    `scripts/bench_command_history.py --base 916b9b0`, one alternating run)."""
     import multiprocessing
 
     global _FORK_TASK

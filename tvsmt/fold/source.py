@@ -200,7 +200,7 @@ class LoadedPlan:
         return None  # tables are built from records here: no parallel checking
 
 
-def _check_forked(view, checker: Checker) -> Callable[[list[Unit]], tuple[list[tuple], list]]:
+def _chunk_checker(view, checker: Checker) -> Callable[[list[Unit]], tuple[list[tuple], list]]:
     """The check of one chunk in a forked worker: the source and checker come from the
     parent's memory (copy on write) instead of being pickled once per chunk."""
     return lambda units: _check_chunk(view, checker, units)
@@ -248,8 +248,8 @@ def _fold_source(source: UnitSource, extra: int, jobs: int, ahead: Ahead | None)
         try:
             guess = folder.finish(source.records, complete=False)
         except FoldRefused:
-            guess = None  # the whole check will say why, or refuse it later
-        if guess is not None:
+            pass  # no guess: the whole check will say why, or refuse it later
+        else:
             ahead(guess)
     view = source.worker_view() if jobs > 1 and len(rest) >= 8 * jobs else None
     if view is None:
@@ -289,7 +289,7 @@ def _check_parallel(view, checker: Checker, chunks: list[list[Unit]], jobs: int,
         from joblib import Parallel, delayed
 
         return Parallel(n_jobs=jobs)(delayed(_check_chunk)(view, checker, c) for c in chunks)
-    return fork_map(_check_forked(view, checker), chunks, jobs, meanwhile)
+    return fork_map(_chunk_checker(view, checker), chunks, jobs, meanwhile)
 
 
 def fold_plans(single: Plan, parallel: Plan, extra: int = 0,
