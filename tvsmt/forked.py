@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tvsmt.errors import SolverFailure
+
 # Where the readers' second-core work runs (scan's first half, numbering's
 # ForkedNumbering): True in a forked process, False in this one, None (the default) in a
 # forked process when a core is idle now (`idle_core`): on a busy machine the second process
@@ -78,6 +80,11 @@ def runnable_now() -> int | None:
             return int(f.read().split()[3].split(b"/")[0])
     except (OSError, ValueError, IndexError):
         return None
+
+
+class WorkerDied(SolverFailure):
+    """A forked worker died before it answered (killed from outside, e.g. by the out-of-memory
+    killer): what it was given is unproven, so the run is inconclusive, never a pass."""
 
 
 # In a forked call's child: the write ends of the pipes to its parent. Its own forked calls
@@ -232,8 +239,9 @@ def fork_map(fn: Callable[[Any], Any], items: Sequence, jobs: int,
     multiprocessing pool, one item at a time) that inherit this process's memory: `fn` and
     the plans it reads are never pickled, only the items and the results. `meanwhile()`
     runs here while the workers work. The workers die with this process (lifeline's fork
-    hook) and are terminated when this call ends, however it ends. Only where the platform
-    can fork (the callers check `can_fork_workers()`).
+    hook) and are terminated when this call ends, however it ends; a worker that dies first
+    (killed from outside) raises `WorkerDied` instead of a wait without end. Only where the
+    platform can fork (the callers check `can_fork_workers()`).
 
     Not joblib's multiprocessing backend: it starts a resource-tracker interpreter on every
     call (a second Python importing joblib, 0.3 s of CPU on this 2-core machine, taken from
@@ -244,13 +252,44 @@ def fork_map(fn: Callable[[Any], Any], items: Sequence, jobs: int,
     global _FORK_TASK
     _FORK_TASK = fn
     try:
+        before = set(multiprocessing.active_children())
         with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            workers = [p for p in multiprocessing.active_children() if p not in before]
             pending = pool.map_async(_run_fork_task, items, chunksize=1)
             if meanwhile is not None:
                 meanwhile()
+            while not pending.ready():
+                pending.wait(WORKER_CHECK_SECONDS)
+                if not pending.ready():
+                    _check_alive(workers)
             return pending.get()
     finally:
         _FORK_TASK = None
+
+
+# How often `fork_map` looks whether its workers are still alive while it waits. A pool
+# whose worker is killed from outside (the out-of-memory killer, a SIGKILL) loses that
+# worker's item and would wait for it forever; the pool replaces the worker, never the item.
+WORKER_CHECK_SECONDS = 0.05
+
+
+def _check_alive(workers: list) -> None:
+    """WorkerDied when one of the pool's first workers has ended: a pool worker never ends
+    while items are left (no task limit), so an end is a death."""
+    for w in workers:
+        code = w.exitcode
+        if code is not None:
+            how = (f"was killed by signal {-code} ({_signal_name(-code)})" if code < 0
+                   else f"exited with code {code}")
+            raise WorkerDied(f"a worker process {how} before it answered: nothing it was "
+                             "given is proven (out of memory? try -j 1)")
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return "unknown signal"
 
 
 def can_fork_workers() -> bool:
