@@ -313,7 +313,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reading (a bug in a unit the fold drops) is never compared",
         "folding (reader columns)",
         (Patch("tvsmt/fold/columns.py",
-               "            and all(map(is_, cols.nodes, plan.nodes)) and cols.tids == ",
+               "            and ((cols.nodes is plan.nodes and isinstance(plan.nodes, "
+               "LazySequence))  # immutable\n"
+               "                 or all(map(is_, cols.nodes, plan.nodes))) and cols.tids == ",
                "            and cols.tids == "),),
         ("tests/test_fold_columns.py::test_stale_reader_columns_are_not_used",
          "tests/test_fold_columns.py::test_a_bug_put_into_a_loaded_real_plan_in_place_is_caught"),
@@ -575,6 +577,26 @@ MUTATIONS: tuple[Mutation, ...] = (
                "        return not isinstance(fold, str) and fold[0] == self.blob\n",
                "        return True\n"),),
         ("tests/test_fold_in_child.py::test_a_guess_that_is_not_the_answer_is_never_judged",),
+        fast=True),
+    Mutation(
+        "lazy-nodes-neighbour-names",
+        "a large document's nodes, read without their names and built on demand, take the "
+        "inputs of the node before them",
+        "nodes built on demand from the forked numbering (tvsmt/plan/reader.py _NodeBuilder)",
+        (Patch("tvsmt/plan/reader.py", "self._names(i_ptr, i_num, i)",
+               "self._names(i_ptr, i_num, max(i - 1, 0))"),),
+        ("tests/test_fold_in_child.py::test_nodes_built_on_demand_give_the_same_report",
+         "tests/test_plan_reader.py::test_fast_path_agrees_with_the_reference_validator"),
+        fast=True),
+    Mutation(
+        "lazy-nodes-attrs-unchecked",
+        "a large document's nodes, read without their names, are accepted without decoding "
+        "their attribute texts (a node whose attrs is not an object passes the reader)",
+        "nodes built on demand from the forked numbering (tvsmt/plan/reader.py _lazy_nodes)",
+        (Patch("tvsmt/plan/reader.py", "        if len(text):\n            try:",
+               "        if False:\n            try:"),),
+        ("tests/test_plan_reader.py::"
+         "test_nodes_built_on_demand_read_attributes_as_the_reference",),
         fast=True),
     Mutation(
         "attr-text-codes-ignore-text",

@@ -129,9 +129,9 @@ def loads_here(monkeypatch):
     count = [0]
     plain = V.PlanPair.load.__func__
 
-    def load(cls, *paths):
+    def load(cls, *paths, **kw):
         count[0] += 1
-        return plain(cls, *paths)
+        return plain(cls, *paths, **kw)
 
     monkeypatch.setattr(V.PlanPair, "load", classmethod(load))
     return count
@@ -181,6 +181,44 @@ def test_a_bug_in_a_folded_away_unit_is_caught(tmp_path, pair, monkeypatch, chil
     there = _verify(paths, "always", monkeypatch)
     assert children and there.verdict == "violation", there.fold_note
     assert aheads["used"] == []  # a guess made before the bug was met is never judged
+    _same(there, _verify(paths, "never", monkeypatch))
+
+
+@pytest.fixture
+def lazy_loads(monkeypatch, tmp_path):
+    """The names of every document numbered in a forked process (as for a large one), so
+    that the child reads the parallel plan's nodes without their names (built on demand,
+    tvsmt.plan.reader.decode_document's `lazy`); how many plans were read so, counted in a
+    file (the reads happen in the child)."""
+    from tvsmt.plan import numbering, reader
+
+    monkeypatch.setattr(numbering, "FORK_MIN_BYTES", 0)
+    monkeypatch.setenv(forked.SECOND_CORE_ENV, "always")
+    log = tmp_path / "lazy.log"
+    plain = reader._lazy_nodes
+
+    def logged(*args):
+        with open(log, "a") as f:
+            f.write("lazy\n")
+        return plain(*args)
+
+    monkeypatch.setattr(reader, "_lazy_nodes", logged)
+    return lambda: log.read_text().count("lazy") if log.exists() else 0
+
+
+@pytest.mark.parametrize("bug", [None, "grad-scale-wrong", "drop-allreduce-keep-dataflow"])
+def test_nodes_built_on_demand_give_the_same_report(tmp_path, pair, monkeypatch, lazy_loads,
+                                                    aheads, bug):
+    """The child reads the plan's nodes without their names (their numbers from the forked
+    numbering, their names from the tensor table): the same report as a load here, and a
+    bug in a folded-away unit still caught."""
+    parallel = pair[1] if bug is None else _dropped_placement(pair[1], bug)[0]
+    paths = _write(tmp_path, pair[0], parallel)
+    there = _verify(paths, "always", monkeypatch)
+    assert lazy_loads() == 1  # the parallel plan, read in the child
+    assert there.verdict == ("equivalent" if bug is None else "violation"), there.fold_note
+    assert there.fold["replicas"] == WORLD["dp"]
+    assert len(aheads["used"]) == (bug is None)
     _same(there, _verify(paths, "never", monkeypatch))
 
 

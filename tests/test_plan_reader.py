@@ -228,14 +228,16 @@ def _outcome(fn):
         p = fn()
     except PlanError as e:
         return ("error", str(e))
-    return ("plan", p.name, p.kind, p.world, p.tensors, p.nodes, [n.attrs for n in p.nodes],
-            p.outputs, p.lineages)
+    nodes = list(p.nodes)  # a lazy sequence (nodes built on demand) as a list
+    return ("plan", p.name, p.kind, p.world, p.tensors, nodes, [n.attrs for n in nodes],
+            [n.source for n in nodes], p.outputs, p.lineages)
 
 
-@pytest.fixture(params=["dict", "arrow", "forked"])
+@pytest.fixture(params=["dict", "arrow", "forked", "lazy"])
 def numbering(request, monkeypatch):
     """The reader's tensor numbering through the dict, through Arrow at any size, or in a
-    forked child for any document (tvsmt/plan/numbering.py)."""
+    forked child for any document (tvsmt/plan/numbering.py), there also with the nodes
+    decoded without their names and built on demand (`lazy`, reader.decode_document)."""
     import os
 
     from tvsmt.plan import numbering as module
@@ -267,11 +269,32 @@ def test_fast_path_agrees_with_the_reference_validator(seed, numbering):
     for _ in range(rng.randint(1, 2)):
         _damage(plan, rng)
     text = json.dumps(plan).encode()
-    fast = _outcome(lambda: decode_document(text, "p.json"))
+    fast = _outcome(lambda: decode_document(text, "p.json", lazy=numbering == "lazy"))
     reference = _outcome(lambda: plan_from_dict(json.loads(text), "p.json"))
     assert fast == reference
     # the same plan object converted in memory (the generator's path)
     assert _outcome(lambda: plan_from_object(json.loads(text), "p.json")) == reference
+
+
+@pytest.mark.parametrize("attrs", [7, "x", [], None, True, {"k": [1, {"a": None}]}], ids=repr)
+def test_nodes_built_on_demand_read_attributes_as_the_reference(attrs, monkeypatch):
+    """A large document's nodes read without their names and built on demand (the forked
+    numbering's `lazy` reading): a node's attributes that are not an object are refused,
+    null read as none, exactly as plan_from_dict does."""
+    import os
+
+    from tvsmt.plan import numbering as module
+    from tvsmt.plan.reader import decode_document
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    monkeypatch.setattr(forked_policy, "PARALLEL", True)
+    monkeypatch.setattr(module, "FORK_MIN_BYTES", 0)
+    plan = parallel_mlp()
+    plan["nodes"][3]["attrs"] = attrs
+    text = json.dumps(plan).encode()
+    lazy = _outcome(lambda: decode_document(text, "p.json", lazy=True))
+    assert lazy == _outcome(lambda: plan_from_dict(json.loads(text), "p.json"))
 
 
 def one_line_exit_2(result, *words):

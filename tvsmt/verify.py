@@ -66,9 +66,11 @@ class PlanPair:
     parallel: Plan
 
     @classmethod
-    def load(cls, single_path: str, parallel_path: str) -> "PlanPair":
-        """Read and cross-check two plan files (InputError on malformed input)."""
-        pair = cls(load_plan(single_path), load_plan(parallel_path))
+    def load(cls, single_path: str, parallel_path: str, lazy: bool = False) -> "PlanPair":
+        """Read and cross-check two plan files (InputError on malformed input); `lazy`: a
+        large parallel plan's nodes may be built on demand (for the fold only, which reads
+        its columns: tvsmt.plan.reader.decode_document)."""
+        pair = cls(load_plan(single_path), load_plan(parallel_path, lazy))
         check_pair(pair.single, pair.parallel)
         return pair
 
@@ -383,7 +385,7 @@ def _load_and_fold(single_path: str, parallel_path: str, note=None) -> bytes:
 
     timer = Timer()
     with timer.phase("load"):
-        pair = PlanPair.load(single_path, parallel_path)
+        pair = PlanPair.load(single_path, parallel_path, lazy=True)  # only the fold reads it
     leave_to_exit(pair)  # freed with the process, after the answer (tvsmt/forked.py)
     if note is not None:
         note(LOADED_NOTE)

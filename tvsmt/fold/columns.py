@@ -44,7 +44,7 @@ from tvsmt.fold.table import (
 )
 from tvsmt.fold.units import REPRESENTATIVE, NoUnits, Unit, WorldUnits
 from tvsmt.plan.mesh import Mesh
-from tvsmt.plan.model import Node, Plan, PlanColumns
+from tvsmt.plan.model import LazySequence, Node, Plan, PlanColumns
 from tvsmt.plan.numbering import UNDECLARED, Numbering
 
 _INPUTS, _OUTPUTS, _RANK, _MB, _OP = (attrgetter(k) for k in
@@ -97,7 +97,8 @@ def columns_of(plan: Plan) -> PlanColumns:
     cols = getattr(plan, "columns", None)
     if (cols is not None and len(cols.nodes) == len(plan.nodes)
             and len(cols.tids) == len(plan.tensors) and len(cols.lineages) == len(plan.lineages)
-            and all(map(is_, cols.nodes, plan.nodes)) and cols.tids == list(plan.tensors)
+            and ((cols.nodes is plan.nodes and isinstance(plan.nodes, LazySequence))  # immutable
+                 or all(map(is_, cols.nodes, plan.nodes))) and cols.tids == list(plan.tensors)
             and all(map(is_, cols.infos, plan.tensors.values()))
             and all(map(is_, cols.lineages, plan.lineages))):
         return cols

@@ -142,6 +142,35 @@ class Plan:
         return self.tensors[tensor].shape
 
 
+class LazySequence:
+    """A read-only sequence whose items are built on demand (`build(list of indices)`): the
+    records of a plan read into columns (a JSON Lines scan, a large document's nodes), of
+    which the fold looks at a few. Immutable, so a plan and its columns may share one."""
+
+    def __init__(self, n: int, build):
+        self._n, self._build = n, build
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.take(range(*i.indices(self._n)))
+        i = int(i)
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return self._build([i])[0]
+
+    def take(self, indices) -> list:
+        return self._build([int(i) for i in indices])
+
+    def __iter__(self):  # in batches: iterating a lazy sequence builds every item
+        for a in range(0, self._n, 1 << 16):
+            yield from self._build(list(range(a, min(a + (1 << 16), self._n))))
+
+
 @dataclass
 class PlanColumns:
     """A plan's dataflow as tensor numbers (a tensor's number: its position in the plan's

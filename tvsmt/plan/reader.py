@@ -39,10 +39,10 @@ from msgspec.structs import force_setattr
 
 from tvsmt.errors import PlanError, UnsupportedOperator
 from tvsmt.heap import collector_paused
-from tvsmt.plan.model import (MAX_DIM, Aligned, Lineage, LineagePart, Node, Plan, PlanColumns,
-                              TensorInfo)
+from tvsmt.plan.model import (MAX_DIM, Aligned, LazySequence, Lineage, LineagePart, Node,
+                              Plan, PlanColumns, TensorInfo)
 from tvsmt.plan.numbering import UNDECLARED, ForkedNumbering, Numbering
-from tvsmt.plan.schema import RawPlan, decode_scale
+from tvsmt.plan.schema import HeadPlan, RawPlan, decode_scale
 
 FORMAT = "tvsmt.execplan"
 VERSION = 1
@@ -169,8 +169,9 @@ def _too_big(path: str, limit: int) -> PlanError:
                      "raise it, or use the JSON Lines form)", file=path)
 
 
-def load_plan(path: str | os.PathLike) -> Plan:
-    """Read an execplan file in either form and validate it on its own."""
+def load_plan(path: str | os.PathLike, lazy: bool = False) -> Plan:
+    """Read an execplan file in either form and validate it on its own (`lazy`: see
+    `decode_document`)."""
     path = os.fspath(path)
     try:
         with open_binary(path) as f:
@@ -182,7 +183,7 @@ def load_plan(path: str | os.PathLike) -> Plan:
             text = read_document(path, f, byte_limit(PLAN_LIMIT_ENV, DEFAULT_PLAN_LIMIT))
     except READ_ERRORS as e:
         raise PlanError(f"cannot read plan: {_os_reason(e)}", file=path) from None
-    return decode_document(text, path)
+    return decode_document(text, path, lazy)
 
 
 def _os_reason(e: BaseException) -> str:
@@ -190,6 +191,8 @@ def _os_reason(e: BaseException) -> str:
 
 
 _DOC = msgspec.json.Decoder(RawPlan, dec_hook=decode_scale)
+_HEAD = msgspec.json.Decoder(HeadPlan, dec_hook=decode_scale)
+_ATTRS_TEXT = msgspec.json.Decoder(dict[str, Any])  # Node.attrs' type
 _ID, _OP, _PASS, _RANK, _MB = (attrgetter(k) for k in ("id", "op", "pass_", "rank", "mb"))
 _INPUTS, _OUTPUTS, _ATTRS, _SOURCE = (attrgetter(k) for k in
                                       ("inputs", "outputs", "attrs", "source"))
@@ -202,12 +205,25 @@ class _Reject(Exception):
     """The fast path found something wrong: let `plan_from_dict` say what."""
 
 
-def decode_document(text: bytes, path: str = "<memory>") -> Plan:
-    """Decode and validate one JSON document (the fast path, explained on failure)."""
+class _NoNames(Exception):
+    """Nodes decoded without their names, and the forked numbering gave none."""
+
+
+def decode_document(text: bytes, path: str = "<memory>", lazy: bool = False) -> Plan:
+    """Decode and validate one JSON document (the fast path, explained on failure).
+
+    `lazy`: a large document whose names a forked process numbers may leave its nodes
+    unbuilt (`LazyNodes`: built where the fold looks at them); the caller then reads only
+    `Plan.columns` in bulk (the fold does). The same plan, the same checks, the same errors."""
     # millions of new containers and no garbage: collections would only cost time
     with collector_paused(freeze_after=True):
         forked = ForkedNumbering(text)  # a large document's names numbered meanwhile
         try:
+            if lazy and forked.pid is not None:
+                try:
+                    return _build(_HEAD.decode(text), path, forked, lazy=True)
+                except _NoNames:  # the forked process gave no answer: decoded whole here
+                    return _build(_DOC.decode(text), path)
             return _build(_DOC.decode(text), path, forked)
         except (msgspec.ValidationError, _Reject):
             pass
@@ -241,8 +257,12 @@ def plan_from_object(data: Any, path: str = "<memory>") -> Plan:
     return plan_from_dict(data, path)
 
 
-def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None) -> Plan:
-    """The typed document as a `Plan`, or `_Reject` (every check of `plan_from_dict`)."""
+def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None,
+           lazy: bool = False) -> Plan:
+    """The typed document as a `Plan`, or `_Reject` (every check of `plan_from_dict`).
+    `lazy`: the document's nodes are `HeadNode`s, whose inputs and outputs only the forked
+    numbering decoded (their presence and types included): their lengths and numbers are
+    its, the plan's nodes `LazyNodes` (else `_NoNames`, when it gave no answer)."""
     from tvsmt.ops import get as get_op
 
     if (doc.format != FORMAT or doc.version != VERSION or type(doc.version) is not int
@@ -265,8 +285,10 @@ def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None) -> Pl
     # a role that is not a string, fail the typed decoding: the generic path reads them).
     nodes = doc.nodes
     n_nodes = len(nodes)
-    ins_col = list(map(_INPUTS, nodes))
-    outs_col = list(map(_OUTPUTS, nodes))
+    ins_col = outs_col = None
+    if not lazy:
+        ins_col = list(map(_INPUTS, nodes))
+        outs_col = list(map(_OUTPUTS, nodes))
     # Declared tensors, SSA and topological order, over tensor numbers (numbering.py: Arrow
     # or a dict), then numpy: every name is declared, written at most once, and every input
     # is written by an earlier node or by none (a graph input).
@@ -274,7 +296,8 @@ def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None) -> Pl
     raw_lineages = doc.lineages or ()
     sums = list(map(_SUM_OF, chain.from_iterable(map(_PARTS, raw_lineages))))
     try:  # a missing list is UNSET, which has no length
-        lens = [np.fromiter(map(len, c), np.int64, len(c)) for c in (outs_col, ins_col, sums)]
+        lens = [n_nodes if c is None else np.fromiter(map(len, c), np.int64, len(c))
+                for c in (outs_col, ins_col, sums)]
     except TypeError:
         raise _Reject from None
     op_first: dict = {}  # op -> its first node
@@ -306,6 +329,8 @@ def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None) -> Pl
         """The names' numbers, from the forked child when it numbered them meanwhile
         (waited for as late as possible); the lineage tensors' ones returned."""
         got = forked.result(lens, n_nodes) if forked is not None else None
+        if got is None and lazy:
+            raise _NoNames
         if got is None:  # not forked, or the child did not answer for these names
             got = number.of_lists(outs_col, ins_col, sums, lens=lens)
         else:
@@ -334,11 +359,67 @@ def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None) -> Pl
     if doc.kind == "single" and lineages:
         raise _Reject
     name = os.path.basename(path) if doc.name is msgspec.UNSET else doc.name
-    columns = PlanColumns(list(nodes), tids, number, in_lens, in_num, out_lens, out_num,
-                          ranks, mbs, op_at, infos, t_shape, list(lineages), *parts,
-                          attr_text[0] if attr_text else None)
+    passes = {}
+    if lazy:
+        nodes, passes = _lazy_nodes(nodes, tids, out_lens, out_num, in_lens, in_num,
+                                    attr_text[0])
+    columns = PlanColumns(nodes if lazy else list(nodes), tids, number, in_lens, in_num,
+                          out_lens, out_num, ranks, mbs, op_at, infos, t_shape, list(lineages),
+                          *parts, attr_text[0] if attr_text else None, **passes)
     return Plan(path, str(name), doc.kind, world, tensors, nodes, list(outputs), lineages,
                 columns)
+
+
+def _lazy_nodes(heads: list, tids: list, out_lens, out_num, in_lens, in_num,
+                attr_code: np.ndarray) -> tuple[LazySequence, dict]:
+    """The nodes of a document decoded as `HeadNode`s, built on demand (`LazyNodes`), and
+    their passes as codes (PlanColumns' `pass_code`, `pass_names`: the fold reads them there
+    instead of from every node). `_Reject` when an attribute text is not an object (the
+    decoding of `Node.attrs` would refuse it): each distinct text is decoded once, here
+    (`attr_code`: per node the first node with the same text)."""
+    n = len(heads)
+    for i in np.flatnonzero(attr_code == np.arange(n)).tolist():
+        text = heads[i].attrs
+        if len(text):
+            try:
+                _ATTRS_TEXT.decode(text)
+            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+                raise _Reject from None
+    first: dict = {}  # pass -> its first node
+    at = np.fromiter(map(first.setdefault, map(_PASS, heads), range(n)), np.int64, n)
+    code = np.searchsorted(np.fromiter(first.values(), np.int64, len(first)), at)
+    nodes = LazySequence(n, _NodeBuilder(heads, tids, out_lens, out_num, in_lens, in_num))
+    return nodes, {"pass_code": code, "pass_names": list(first)}
+
+
+class _NodeBuilder:
+    """Nodes built back from `HeadNode`s and the numbers of their inputs and outputs (names
+    from the tensor table): exactly the nodes the numbers describe."""
+
+    def __init__(self, heads, tids, out_lens, out_num, in_lens, in_num):
+        self._heads, self._tids = heads, tids
+        self._out = (_ptr(out_lens), out_num)
+        self._in = (_ptr(in_lens), in_num)
+
+    def _names(self, ptr: np.ndarray, nums: np.ndarray, i: int) -> tuple:
+        tids = self._tids
+        return tuple(None if x < 0 else tids[x] for x in nums[ptr[i]:ptr[i + 1]].tolist())
+
+    def __call__(self, idx: list) -> list:
+        heads, (o_ptr, o_num), (i_ptr, i_num) = self._heads, self._out, self._in
+        out = []
+        for i in idx:
+            h = heads[i]
+            out.append(Node(h.id, h.op, h.pass_, h.rank, h.mb, self._names(i_ptr, i_num, i),
+                            self._names(o_ptr, o_num, i),
+                            _ATTRS_TEXT.decode(h.attrs) if len(h.attrs) else {}, h.source))
+        return out
+
+
+def _ptr(lens: np.ndarray) -> np.ndarray:
+    ptr = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=ptr[1:])
+    return ptr
 
 
 _PARTS = attrgetter("parts")

@@ -44,7 +44,8 @@ import numpy as np
 from tvsmt.errors import PlanError
 from tvsmt.heap import collector_paused
 from tvsmt.plan import reader as R
-from tvsmt.plan.model import Dim, Lineage, LineagePart, Node, Plan, PlanColumns, TensorInfo
+from tvsmt.plan.model import (Dim, LazySequence, Lineage, LineagePart, Node, Plan,
+                              PlanColumns, TensorInfo)
 from tvsmt.plan.numbering import ABSENT
 from tvsmt.plan.schema import HeaderRec, SectionRec, TrailerRec
 from tvsmt.plan.stream import StreamHeader, _header, _whole_block, check_line_lengths
@@ -573,38 +574,6 @@ class _Scan:
         return values, _cat(self.p_scale)
 
 
-# --------------------------------------------------------------------------- the result
-
-
-class _Lazy:
-    """A read-only sequence whose items are built on demand (`build(list of indices)`)."""
-
-    def __init__(self, n: int, build):
-        self._n, self._build = n, build
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return self.take(range(*i.indices(self._n)))
-        i = int(i)
-        if i < 0:
-            i += self._n
-        if not 0 <= i < self._n:
-            raise IndexError(i)
-        return self._build([i])[0]
-
-    def take(self, indices) -> list:
-        return self._build([int(i) for i in indices])
-
-    def __iter__(self):  # in batches: iterating a lazy sequence builds every item
-        for a in range(0, self._n, 1 << 16):
-            yield from self._build(list(range(a, min(a + (1 << 16), self._n))))
-
-
-
-
 # ------------------------------------------------------------------ two processes, two halves
 
 # Files at least this large, uncompressed, are read in two processes when a core is idle
@@ -790,6 +759,9 @@ class _Part:
         return sc
 
 
+# --------------------------------------------------------------------------- the result
+
+
 class ScannedPlan:
     """What one pass read: the header and lineages (their parts left to the columns), and
     the plan's columns, whose `nodes`, `infos`, `tids` and `parts` are built on demand (from
@@ -804,14 +776,14 @@ class ScannedPlan:
         per = _cat(sc.p_per)
         n_t, n_n, n_p = len(t_shape), len(cols["rank"]), len(p_len)
         self.columns = PlanColumns(
-            nodes=_Lazy(n_n, rec.nodes), tids=_Lazy(n_t, rec.names), number=None,
+            nodes=LazySequence(n_n, rec.nodes), tids=LazySequence(n_t, rec.names), number=None,
             in_len=cols["in_len"], in_num=cols["in_num"], out_len=cols["out_len"],
             out_num=cols["out_num"], rank=cols["rank"], mb=cols["mb"], op=None,
-            infos=_Lazy(n_t, rec.infos), t_shape=None, lineages=sc.lineages,
+            infos=LazySequence(n_t, rec.infos), t_shape=None, lineages=sc.lineages,
             s_len=p_len, s_num=s_num, slice_index=slice_index, slices=slices,
             attr_text=cols["attr"], op_code=cols["op"], op_names=rec.op_names,
             pass_code=cols["pass"], pass_names=rec.pass_names, shape_code=t_shape,
-            shapes=shape_list, parts=_Lazy(n_p, rec.parts), part_lineage=np.repeat(
+            shapes=shape_list, parts=LazySequence(n_p, rec.parts), part_lineage=np.repeat(
                 np.arange(len(per)), per), part_pos=np.arange(n_p) - np.repeat(
                 _ptr(per)[:-1], per), scale_code=rec.scale_code, scales=rec.scales,
             output_num=out_num)

@@ -9,11 +9,11 @@ explains with its precise one-line messages. Unknown keys are ignored, as the sp
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import msgspec
 
-from tvsmt.plan.model import LineagePart, Node, TensorInfo
+from tvsmt.plan.model import LineagePart, MicroBatch, Node, Rank, TensorInfo
 
 _INT64 = range(-(1 << 63), 1 << 63)
 _ONE = Fraction(1)
@@ -138,8 +138,10 @@ class _NoFields(msgspec.Struct, gc=False):
 
 
 class NamesNode(msgspec.Struct, gc=False):
-    inputs: tuple[Optional[str], ...] = ()
-    outputs: tuple[Optional[str], ...] = ()
+    # required, as a node's lists are: the reader's lazy nodes (HeadNode) leave their
+    # presence and types to this decoding
+    inputs: tuple[Optional[str], ...]
+    outputs: tuple[Optional[str], ...]
     attrs: msgspec.Raw = msgspec.Raw(b"")  # the text, undecoded (absent: empty)
 
 
@@ -155,3 +157,27 @@ class NamesPlan(msgspec.Struct):
     tensors: dict[str, _NoFields]
     nodes: list[NamesNode]
     lineages: Optional[list[NamesLineage]] = None
+
+
+# ------------------------------------------------------------------ a document without names
+# A large document read while the forked process numbers its names (above): this process
+# then decodes each node without its inputs and outputs (their lengths and numbers come from
+# that process, their names from the tensor table) and keeps its attributes as text, so it
+# builds a node only where the fold looks at one (reader.LazyNodes). The same checks as `Node`
+# on every field it decodes; the others are NamesNode's.
+
+
+class HeadNode(msgspec.Struct, frozen=True, gc=False, rename={"pass_": "pass"}):
+    id: str
+    op: str
+    pass_: Optional[Literal["fw", "bw"]] = None
+    rank: Rank = 0
+    mb: MicroBatch = 0
+    attrs: msgspec.Raw = msgspec.Raw(b"")  # the text (absent: empty, as NamesNode's)
+    source: Optional[str] = None
+
+
+class HeadPlan(RawPlan):
+    """`RawPlan` with `HeadNode`s."""
+
+    nodes: list[HeadNode]
