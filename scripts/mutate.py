@@ -562,8 +562,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "fold-child-second-fold-is-first",
         "a plan loaded and folded in a forked process: the parent takes the child's first "
         "fold again where the second (one more uniform replica and micro-batch) is asked for",
-        "loading and folding in a forked process (tvsmt/verify.py fold_in_child)",
-        (Patch("tvsmt/verify.py", "        got = folds[extra]\n",
+        "loading and folding in a forked process (tvsmt/fold_child.py fold_in_child)",
+        (Patch("tvsmt/fold_child.py", "        got = folds[extra]\n",
                "        got = folds[0]\n"),),
         ("tests/test_fold_in_child.py::test_the_second_fold_comes_from_the_child",),
         fast=True),
@@ -571,9 +571,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "fold-child-guess-unconfirmed",
         "the folded pair the forked process guessed before checking every unit is judged "
         "without comparing it with the pair it answered",
-        "encoding the forked process's early guess of the folded pair (tvsmt/verify.py "
+        "encoding the forked process's early guess of the folded pair (tvsmt/fold_child.py "
         "_Ahead)",
-        (Patch("tvsmt/verify.py",
+        (Patch("tvsmt/fold_child.py",
                "        return not isinstance(fold, str) and fold[0] == self.blob\n",
                "        return True\n"),),
         ("tests/test_fold_in_child.py::test_a_guess_that_is_not_the_answer_is_never_judged",),

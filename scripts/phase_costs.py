@@ -3,8 +3,8 @@
 kernel) and page faults of this process and of its children (forked readers, encoding
 workers, solvers), then the time to free the loaded plans, as a library caller would pay it
 if it loaded them itself. Everything runs in this process, the load and the fold included:
-`verify_pair` instead reads and folds a large document in a forked process (verify.py
-`fold_in_child`), which frees nothing here; this script shows what each phase costs.
+`verify_pair` instead reads and folds a large document in a forked process
+(tvsmt/fold_child.py), which frees nothing here; this script shows what each phase costs.
 
     python scripts/phase_costs.py ../shared/plans/moe-ly2-dp16pp2tp4mb16 [--jobs 2] [--repeat N]
 

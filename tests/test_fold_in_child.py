@@ -1,5 +1,5 @@
 """A large plan document is loaded and folded in a forked process, and only the folded pair
-comes back (tvsmt/verify.py `fold_in_child`). That is a shortcut of the pipeline's plumbing,
+comes back (tvsmt/fold_child.py `fold_in_child`). That is a shortcut of the pipeline's plumbing,
 so it must change nothing a user sees: the same report as the load in this process, bugs in
 units the fold drops still caught, the second fold and the refusal still taken, input errors
 worded the same, a failing child replaced by this process's own load, and no process left
@@ -15,6 +15,7 @@ import pytest
 from test_fold import DIMS, PER_REPLICA, WORLD, _dropped_placement
 
 from tvsmt import forked
+from tvsmt import fold_child as FC
 from tvsmt import verify as V
 from tvsmt.errors import PlanError
 from tvsmt.frontends import generate_pair
@@ -33,7 +34,7 @@ def _write(tmp_path, single: dict, parallel: dict) -> tuple[str, str]:
 
 
 def _verify(paths, how: str, monkeypatch) -> V.Report:
-    monkeypatch.setenv(V.FOLD_IN_CHILD_ENV, how)
+    monkeypatch.setenv(FC.FOLD_IN_CHILD_ENV, how)
     return verify_pair(*paths, Options(jobs=1))
 
 
@@ -75,15 +76,15 @@ def _gone(pid: int) -> bool:
 
 def test_the_threshold_and_the_switch(tmp_path, pair, monkeypatch):
     paths = _write(tmp_path, *pair)
-    monkeypatch.delenv(V.FOLD_IN_CHILD_ENV, raising=False)
-    assert not V.fold_in_child(paths[1])  # a small plan is loaded here
-    monkeypatch.setattr(V, "FOLD_IN_CHILD_MIN_BYTES", 1000)
-    assert V.fold_in_child(paths[1])  # the text's size, from the gzip trailer
-    monkeypatch.setenv(V.FOLD_IN_CHILD_ENV, "never")
-    assert not V.fold_in_child(paths[1])
-    monkeypatch.setattr(V, "FOLD_IN_CHILD_MIN_BYTES", 1 << 40)
-    monkeypatch.setenv(V.FOLD_IN_CHILD_ENV, "always")
-    assert V.fold_in_child(paths[1])
+    monkeypatch.delenv(FC.FOLD_IN_CHILD_ENV, raising=False)
+    assert not FC.fold_in_child(paths[1])  # a small plan is loaded here
+    monkeypatch.setattr(FC, "FOLD_IN_CHILD_MIN_BYTES", 1000)
+    assert FC.fold_in_child(paths[1])  # the text's size, from the gzip trailer
+    monkeypatch.setenv(FC.FOLD_IN_CHILD_ENV, "never")
+    assert not FC.fold_in_child(paths[1])
+    monkeypatch.setattr(FC, "FOLD_IN_CHILD_MIN_BYTES", 1 << 40)
+    monkeypatch.setenv(FC.FOLD_IN_CHILD_ENV, "always")
+    assert FC.fold_in_child(paths[1])
 
 
 def test_a_plan_with_nothing_to_fold_is_read_once(tmp_path, monkeypatch, children,
@@ -92,9 +93,9 @@ def test_a_plan_with_nothing_to_fold_is_read_once(tmp_path, monkeypatch, childre
     here: a child would read it only to refuse the fold, and this process read it again."""
     s, p = generate_pair("llama3", **dict(WORLD, dp=2, mb=2), **DIMS)
     paths = _write(tmp_path, s, p)
-    monkeypatch.delenv(V.FOLD_IN_CHILD_ENV, raising=False)
-    monkeypatch.setattr(V, "FOLD_IN_CHILD_MIN_BYTES", 1000)
-    assert not V.fold_in_child(paths[1])
+    monkeypatch.delenv(FC.FOLD_IN_CHILD_ENV, raising=False)
+    monkeypatch.setattr(FC, "FOLD_IN_CHILD_MIN_BYTES", 1000)
+    assert not FC.fold_in_child(paths[1])
     report = verify_pair(*paths, Options(jobs=1))
     assert report.verdict == "equivalent" and "nothing to fold" in report.fold_note
     assert children == [] and loads_here == [1]
@@ -142,7 +143,7 @@ def aheads(monkeypatch):
     """The first fold's pairs this process prepared ahead (the child's guesses, sent before
     it checked the other units), and those whose preparation it used."""
     seen = {"prepared": [], "used": []}
-    prepare, finish = V._Ahead.prepare.__func__, V._Ahead.finish
+    prepare, finish = FC._Ahead.prepare.__func__, FC._Ahead.finish
 
     def prepared(cls, blob, opts):
         got = prepare(cls, blob, opts)
@@ -153,8 +154,8 @@ def aheads(monkeypatch):
         seen["used"].append(self)
         return finish(self, opts, timer)
 
-    monkeypatch.setattr(V._Ahead, "prepare", classmethod(prepared))
-    monkeypatch.setattr(V._Ahead, "finish", used)
+    monkeypatch.setattr(FC._Ahead, "prepare", classmethod(prepared))
+    monkeypatch.setattr(FC._Ahead, "finish", used)
     return seen
 
 
@@ -304,7 +305,7 @@ def test_a_malformed_plan_is_worded_as_by_a_load_here(tmp_path, pair, monkeypatc
 @pytest.mark.parametrize("failure", ["raises", "dies", "cut short"])
 def test_a_failing_child_is_replaced_by_a_load_here(tmp_path, pair, monkeypatch, children,
                                                     failure):
-    plain = V._load_and_fold
+    plain = FC._load_and_fold
 
     def broken_child(single_path, parallel_path, note=None):
         if failure == "dies":
@@ -313,7 +314,7 @@ def test_a_failing_child_is_replaced_by_a_load_here(tmp_path, pair, monkeypatch,
             return plain(single_path, parallel_path, note)[:-200]
         raise MemoryError
 
-    monkeypatch.setattr(V, "_load_and_fold", broken_child)
+    monkeypatch.setattr(FC, "_load_and_fold", broken_child)
     broken, _ = _dropped_placement(pair[1], "grad-scale-wrong")
     paths = _write(tmp_path, pair[0], broken)
     there = _verify(paths, "always", monkeypatch)
@@ -334,7 +335,7 @@ def test_the_answer_brings_back_exactly_the_folded_pair(pair):
     node["inputs"] = node["inputs"][::-1]
     single, parallel = plan_from_dict(pair[0], "s"), plan_from_dict(broken, "p")
     folds = [fold_plans(single, parallel, 0), fold_plans(single, parallel, 1), "refused: why"]
-    got, phases = V._FoldAnswer.decode(V._FoldAnswer.encode(folds, {"load": 1.5}))
+    got, phases = FC._FoldAnswer.decode(FC._FoldAnswer.encode(folds, {"load": 1.5}))
     assert got == folds and phases == {"load": 1.5}
 
     def kinds(x):
@@ -361,7 +362,7 @@ def test_an_answer_holding_anything_else_is_refused(tmp_path, pair, monkeypatch,
         def __reduce__(self):
             return (os.system, ("echo unpickled > " + str(tmp_path / "ran"),))
 
-    monkeypatch.setattr(V, "_load_and_fold",
+    monkeypatch.setattr(FC, "_load_and_fold",
                         lambda *paths: pickle.dumps(([Trap()], {"load": 0.0})))
     paths = _write(tmp_path, *pair)
     there = _verify(paths, "always", monkeypatch)
