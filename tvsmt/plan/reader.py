@@ -213,8 +213,9 @@ def decode_document(text: bytes, path: str = "<memory>", lazy: bool = False) -> 
     """Decode and validate one JSON document (the fast path, explained on failure).
 
     `lazy`: a large document whose names a forked process numbers may leave its nodes
-    unbuilt (`LazyNodes`: built where the fold looks at them); the caller then reads only
-    `Plan.columns` in bulk (the fold does). The same plan, the same checks, the same errors."""
+    unbuilt (a `LazySequence`: each built where the fold looks at it); the caller then reads
+    only `Plan.columns` in bulk (the fold does). The same plan, the same checks, the same
+    errors (tests/test_plan_reader.py)."""
     # millions of new containers and no garbage: collections would only cost time
     with collector_paused(freeze_after=True):
         forked = ForkedNumbering(text)  # a large document's names numbered meanwhile
@@ -262,7 +263,8 @@ def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None,
     """The typed document as a `Plan`, or `_Reject` (every check of `plan_from_dict`).
     `lazy`: the document's nodes are `HeadNode`s, whose inputs and outputs only the forked
     numbering decoded (their presence and types included): their lengths and numbers are
-    its, the plan's nodes `LazyNodes` (else `_NoNames`, when it gave no answer)."""
+    its, the plan's nodes built on demand (`_lazy_nodes`; `_NoNames` when it gave no
+    answer)."""
     from tvsmt.ops import get as get_op
 
     if (doc.format != FORMAT or doc.version != VERSION or type(doc.version) is not int
@@ -372,7 +374,7 @@ def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None,
 
 def _lazy_nodes(heads: list, tids: list, out_lens, out_num, in_lens, in_num,
                 attr_code: np.ndarray) -> tuple[LazySequence, dict]:
-    """The nodes of a document decoded as `HeadNode`s, built on demand (`LazyNodes`), and
+    """The nodes of a document decoded as `HeadNode`s, built on demand (`_NodeBuilder`), and
     their passes as codes (PlanColumns' `pass_code`, `pass_names`: the fold reads them there
     instead of from every node). `_Reject` when an attribute text is not an object (the
     decoding of `Node.attrs` would refuse it): each distinct text is decoded once, here

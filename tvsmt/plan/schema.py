@@ -163,7 +163,7 @@ class NamesPlan(msgspec.Struct):
 # A large document read while the forked process numbers its names (above): this process
 # then decodes each node without its inputs and outputs (their lengths and numbers come from
 # that process, their names from the tensor table) and keeps its attributes as text, so it
-# builds a node only where the fold looks at one (reader.LazyNodes). The same checks as `Node`
+# builds a node only where the fold looks at one (reader._lazy_nodes). The same checks as `Node`
 # on every field it decodes; the others are NamesNode's.
 
 
