@@ -144,7 +144,7 @@ def _load_and_fold(single_path: str, parallel_path: str, note=None) -> bytes:
     if note is not None:
         note(LOADED_NOTE)
     if any(lin.hypothesis for lin in pair.parallel.lineages):
-        return b""  # inferred lineages are verified from the whole plan (_verify_loaded)
+        return b""  # inferred lineages are verified from the whole plan (verify._verify_loaded)
     folds: list = []
     for extra in (0, 1):
         try:

@@ -97,8 +97,8 @@ class ForkedCall:
 
     With `notes=True`, `fn(note)` may also tell the caller things before it returns:
     `note(data)` sends `data` at once, and `next_note()` waits for it. The caller uses them to
-    start its own next work early (e.g. tvsmt.verify starts its solvers' setup while the
-    child folds); a note is a hint, never an answer."""
+    start its own next work early (e.g. tvsmt.fold_child starts the solvers' setup while
+    the child folds); a note is a hint, never an answer."""
 
     def __init__(self, fn: Callable[..., bytes], notes: bool = False):
         from tvsmt.heap import end_quickly

@@ -229,8 +229,8 @@ def fold_source(source: UnitSource, extra: int = 0, jobs: int = 1,
     `ahead(folded)`: called with the pair this fold will give if every unit not yet checked
     turns out a copy, as soon as the kept units are checked (`Folder.finish(complete=False)`),
     so that a caller may start encoding it while the other units are checked. A guess, never
-    a result: only the pair returned is one (tvsmt/verify.py uses the guess only when the
-    returned pair is the same, byte for byte)."""
+    a result: only the pair returned is one (tvsmt/fold_child.py uses the guess only when
+    the returned pair is the same, byte for byte)."""
     with plans_frozen():
         return _fold_source(source, extra, jobs, ahead)
 
