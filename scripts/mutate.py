@@ -599,6 +599,39 @@ MUTATIONS: tuple[Mutation, ...] = (
          "test_nodes_built_on_demand_read_attributes_as_the_reference",),
         fast=True),
     Mutation(
+        "gunzip-whole-first-member-only",
+        "a gzip plan file read in one call stops at its first member (a plan written in two "
+        "members, or followed by other bytes, reads as its first part)",
+        "the whole-file gzip read (tvsmt/plan/reader.py gunzip_whole)",
+        (Patch("tvsmt/plan/reader.py",
+               "    if len(text) > limit or not inflate.eof or inflate.unused_data:",
+               "    if len(text) > limit or not inflate.eof:"),),
+        ("tests/test_plan_reader.py::"
+         "test_a_gzip_plan_read_whole_is_the_plan_the_stream_reads",),
+        fast=True),
+    Mutation(
+        "fold-codes-first-scale",
+        "the codes a forked read computes for the fold give every lineage part the first "
+        "part's scale",
+        "the fold's codes computed while the reader waits for the forked numbering "
+        "(tvsmt/plan/reader.py _fold_codes)",
+        (Patch("tvsmt/plan/reader.py", '"scale_code": first_use(scale_at, first_scale),',
+               '"scale_code": np.zeros(len(scales), np.int64),'),),
+        ("tests/test_fold_columns.py::"
+         "test_the_codes_a_forked_read_computes_give_the_node_by_node_split",),
+        fast=True),
+    Mutation(
+        "fold-codes-op-order",
+        "the codes a forked read computes for the fold name the ops in the wrong order (the "
+        "op names reversed against their codes)",
+        "the fold's codes computed while the reader waits for the forked numbering "
+        "(tvsmt/plan/reader.py _fold_codes)",
+        (Patch("tvsmt/plan/reader.py", '"op_names": list(op_first),',
+               '"op_names": list(op_first)[::-1],'),),
+        ("tests/test_fold_columns.py::"
+         "test_the_codes_a_forked_read_computes_give_the_node_by_node_split",),
+        fast=True),
+    Mutation(
         "attr-text-codes-ignore-text",
         "the forked reader codes every node's attributes alike (not by their text), so the "
         "fold gives every node of an op the first one's semantic attributes",

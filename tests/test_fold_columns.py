@@ -165,6 +165,28 @@ def test_the_split_over_the_forked_readers_columns_is_the_node_by_node_split(
     assert _same_split(s, p) >= 6
 
 
+@pytest.mark.parametrize("lazy", [False, True])
+def test_the_codes_a_forked_read_computes_give_the_node_by_node_split(
+        forked_reader, tmp_path, lazy):
+    """The codes a forked read computes while it waits for the numbers (reader._fold_codes:
+    each node's op and pass, each tensor's shape, each lineage part's lineage, position and
+    scale) are the ones the fold would compute itself: the split over them is the node-by-node
+    split, on a plan whose lineage parts carry several scales (every real plan's are 1)."""
+    single_path, parallel_path = fixture_pair("llama3-ly2-dp2pp2tp2mb2")
+    raw = json.load(gzip.open(parallel_path))
+    for k, part in enumerate(q for lin in raw["lineages"] for q in lin["parts"]):
+        if k % 3:
+            part["scale"] = [1 + k % 5, 2 + k % 3]
+    path = tmp_path / "parallel.json"
+    path.write_text(json.dumps(raw))
+    s, p = load_plan(single_path), load_plan(path, lazy=lazy)
+    cols = p.columns
+    assert all(code is not None for code in (cols.op_code, cols.pass_code, cols.shape_code,
+                                             cols.part_lineage, cols.scale_code))
+    assert len(set(cols.scales)) >= 8 and len(cols.parts) == len(cols.scale_code)
+    assert _same_split(s, p) >= 6
+
+
 def test_a_changed_attribute_in_a_folded_away_unit_is_seen_through_the_text_codes(
         forked_reader, tmp_path):
     """One node's semantic attribute changed in the file, in a unit the fold drops: its

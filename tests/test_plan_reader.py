@@ -605,3 +605,55 @@ def test_an_object_the_fast_path_refuses_gets_the_reference_message():
         plan_from_dict(plan, "p")
     assert str(fast.value) == str(ref.value)
     assert "rank" in str(fast.value)
+
+
+def _gzip_variants(text: bytes) -> dict[str, bytes]:
+    """A plan's gzip file, whole and damaged in the ways a whole-file read must notice."""
+    whole = gzip.compress(text)
+    half = len(text) // 2
+    crc = bytearray(whole)
+    crc[-8] ^= 1  # the member's CRC-32
+    length = bytearray(whole)
+    length[-4] ^= 1  # its length modulo 2**32
+    return {
+        "one member": whole,
+        "two members": gzip.compress(text[:half]) + gzip.compress(text[half:]),
+        "trailing zeros": whole + bytes(16),
+        "trailing text": whole + b"{}",
+        "cut short": whole[:-12],
+        "wrong crc": bytes(crc),
+        "wrong length": bytes(length),
+        "not json": gzip.compress(b"\x00" + text),
+        "empty member": gzip.compress(b""),
+    }
+
+
+@pytest.mark.parametrize("case", list(_gzip_variants(b"{}")))
+def test_a_gzip_plan_read_whole_is_the_plan_the_stream_reads(tmp_path, monkeypatch, case):
+    """`gunzip_whole` (one call for a regular file of one member) gives the stream reader's
+    text or nothing: a plan split over two members, bytes after the member, a cut or a wrong
+    checksum read through it give exactly what the chunked stream read gives (the same plan
+    or the same one-line error)."""
+    from tvsmt.plan import reader
+
+    text = json.dumps(parallel_mlp()).encode()
+    path = tmp_path / "parallel.json.gz"
+    path.write_bytes(_gzip_variants(text)[case])
+    whole = reader.gunzip_whole(str(path), 1 << 30)
+    assert whole == (text if case == "one member" else None)
+    fast = _outcome(lambda: load_plan(path))
+    monkeypatch.setattr(reader, "gunzip_whole", lambda *a: None)
+    assert fast == _outcome(lambda: load_plan(path))
+    # the stream reader's rules: members are concatenated, zeros after the last are padding
+    assert fast[0] == ("plan" if case in ("one member", "two members", "trailing zeros")
+                       else "error")
+
+
+def test_a_gzip_plan_over_the_limit_is_not_read_whole(tmp_path):
+    from tvsmt.plan import reader
+
+    text = json.dumps(parallel_mlp()).encode()
+    path = tmp_path / "parallel.json.gz"
+    path.write_bytes(gzip.compress(text))
+    assert reader.gunzip_whole(str(path), len(text)) == text
+    assert reader.gunzip_whole(str(path), len(text) - 1) is None

@@ -43,6 +43,8 @@ from tvsmt.fold.table import (
     MAX_DIMS,
 )
 from tvsmt.fold.units import REPRESENTATIVE, NoUnits, Unit, WorldUnits
+from tvsmt.plan.csr import gather as _gather
+from tvsmt.plan.csr import offsets as _ptr
 from tvsmt.plan.mesh import Mesh
 from tvsmt.plan.model import LazySequence, Node, Plan, PlanColumns
 from tvsmt.plan.numbering import UNDECLARED, Numbering
@@ -103,23 +105,6 @@ def columns_of(plan: Plan) -> PlanColumns:
             and all(map(is_, cols.lineages, plan.lineages))):
         return cols
     return build_columns(plan)
-
-
-def _ptr(lens: np.ndarray) -> np.ndarray:
-    ptr = np.zeros(len(lens) + 1, dtype=np.int64)
-    np.cumsum(lens, out=ptr[1:])
-    return ptr
-
-
-def _gather(ptr: np.ndarray, flat: np.ndarray, rows: np.ndarray
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of a CSR array, concatenated: (their lengths, the values)."""
-    lens = ptr[rows + 1] - ptr[rows]
-    if not len(rows):
-        return lens, flat[:0]
-    total = int(lens.sum())
-    starts = np.repeat(ptr[rows] - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
-    return lens, flat[starts + np.arange(total)]
 
 
 def _first_seen(values: np.ndarray) -> np.ndarray:

@@ -44,6 +44,8 @@ import numpy as np
 from tvsmt.errors import PlanError
 from tvsmt.heap import collector_paused
 from tvsmt.plan import reader as R
+from tvsmt.plan.csr import gather as _gather
+from tvsmt.plan.csr import offsets as _ptr
 from tvsmt.plan.model import (Dim, LazySequence, Lineage, LineagePart, Node, Plan,
                               PlanColumns, TensorInfo)
 from tvsmt.plan.numbering import ABSENT
@@ -873,21 +875,6 @@ class _Records:
         slices, scales = self._slices, self.scales
         return [LineagePart(slices[s], tuple(x), scales[c]) for s, x, c in zip(
             self._slice_index[rows].tolist(), names, self.scale_code[rows].tolist())]
-
-
-def _ptr(lens: np.ndarray) -> np.ndarray:
-    ptr = np.zeros(len(lens) + 1, dtype=np.int64)
-    np.cumsum(lens, out=ptr[1:])
-    return ptr
-
-
-def _gather(ptr: np.ndarray, flat: np.ndarray, rows: np.ndarray):
-    """Rows of a CSR array: their lengths and their values concatenated."""
-    lens = ptr[rows + 1] - ptr[rows]
-    if not len(rows) or not lens.sum():
-        return lens, flat[:0]
-    starts = np.repeat(ptr[rows] - _ptr(lens)[:-1], lens)
-    return lens, flat[starts + np.arange(int(lens.sum()))]
 
 
 def _split(values: list, lens: np.ndarray) -> list[list]:
