@@ -227,6 +227,23 @@ def test_first_seen_is_the_distinct_values_in_order_of_first_occurrence():
         assert _first_seen(v).tolist() == want
 
 
+def test_cumcount_counts_earlier_elements_of_the_same_group_sorted_or_not():
+    """`_cumcount`: for each element, how many earlier elements have its group, in whatever
+    order the groups come."""
+    from tvsmt.fold.columns import _cumcount
+
+    rng = np.random.default_rng(7)
+    for n, k in ((0, 1), (1, 1), (9, 3), (2000, 40), (3000, 70000)):
+        groups = rng.integers(-1, k, n)
+        for g in (groups, np.sort(groups), np.sort(groups)[::-1].copy()):
+            count: dict = {}
+            want = []
+            for x in g.tolist():
+                want.append(count.get(x, 0))
+                count[x] = want[-1] + 1
+            assert _cumcount(g).tolist() == want
+
+
 def test_first_index_codes_and_stable_order_are_numpys():
     from tvsmt.fold.columns import _first_index_codes, _stable_order
 

@@ -401,7 +401,8 @@ class ColumnPlan:
             np.add.at(counters, u + 1, 1)
 
         sel = (io >= 0)
-        sel[sel] = tunit[io[sel]] == io_key[sel]
+        if len(tunit):  # an absent slot (-1) reads the last tensor's unit, masked out after
+            sel &= tunit[io] == io_key
         number_first(io[sel])
         # a replica unit's tensors its instance units read first (weights), in their order
         replicas = sorted(set((f_key[~inst]).tolist()))
