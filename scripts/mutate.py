@@ -615,7 +615,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "part's scale",
         "the fold's codes computed while the reader waits for the forked numbering "
         "(tvsmt/plan/reader.py _fold_codes)",
-        (Patch("tvsmt/plan/reader.py", '"scale_code": first_use(scale_at, first_scale),',
+        (Patch("tvsmt/plan/reader.py", '"scale_code": first_use_codes(scale_at, first_scale),',
                '"scale_code": np.zeros(len(scales), np.int64),'),),
         ("tests/test_fold_columns.py::"
          "test_the_codes_a_forked_read_computes_give_the_node_by_node_split",),

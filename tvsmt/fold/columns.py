@@ -47,7 +47,7 @@ from tvsmt.plan.csr import gather as _gather
 from tvsmt.plan.csr import offsets as _ptr
 from tvsmt.plan.mesh import Mesh
 from tvsmt.plan.model import LazySequence, Node, Plan, PlanColumns
-from tvsmt.plan.numbering import UNDECLARED, Numbering
+from tvsmt.plan.numbering import UNDECLARED, Numbering, first_use_codes
 
 _INPUTS, _OUTPUTS, _RANK, _MB, _OP = (attrgetter(k) for k in
                                       ("inputs", "outputs", "rank", "mb", "op"))
@@ -88,7 +88,7 @@ def build_columns(plan: Plan) -> PlanColumns:
     first: dict = {}
     at = np.fromiter(map(first.setdefault, map(_SLICE, parts), range(len(parts))), np.int64,
                      len(parts))
-    index = np.searchsorted(np.fromiter(first.values(), np.int64, len(first)), at)
+    index = first_use_codes(first, at)
     return PlanColumns(list(nodes), tids, number, in_len, in_num, out_len, out_num, rank, mb,
                        op_at, infos, t_shape, list(plan.lineages), s_len, s_num, index, list(first))
 

@@ -46,6 +46,14 @@ def _arrow():
 _POOL_SET: list = []
 
 
+def first_use_codes(first: dict, at: np.ndarray) -> np.ndarray:
+    """Values coded in order of first use: `first` maps each distinct value to its first
+    element and `at` holds each element's first element with the same value (both as
+    `first.setdefault(value, index)` over the elements builds them); each element's code is
+    its value's rank among the distinct values."""
+    return np.searchsorted(np.fromiter(first.values(), np.int64, len(first)), at)
+
+
 class Numbering:
     """The numbers of the tensor ids `tids` (distinct: a dict's keys), computed for many
     names at once; `number[tid]` for a few (a dict, built on first use)."""

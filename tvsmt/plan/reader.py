@@ -42,7 +42,7 @@ from tvsmt.heap import collector_paused
 from tvsmt.plan.csr import offsets as _ptr
 from tvsmt.plan.model import (MAX_DIM, Aligned, LazySequence, Lineage, LineagePart, Node,
                               Plan, PlanColumns, TensorInfo)
-from tvsmt.plan.numbering import UNDECLARED, ForkedNumbering, Numbering
+from tvsmt.plan.numbering import UNDECLARED, ForkedNumbering, Numbering, first_use_codes
 from tvsmt.plan.schema import HeadPlan, RawPlan, decode_scale
 
 FORMAT = "tvsmt.execplan"
@@ -418,9 +418,6 @@ def _fold_codes(nodes: list, op_first: dict, op_at: np.ndarray, shape_first: dic
     position, its position in it, and its scale as an index into the distinct scale
     objects. Measured on the 128-rank MoE plan's command: 3.01 -> 2.85 s (medians of seven,
     `scripts/bench_command_history.py`), the fold's column split 0.41 -> 0.34 s."""
-    def first_use(first: dict, at: np.ndarray) -> np.ndarray:
-        return np.searchsorted(np.fromiter(first.values(), np.int64, len(first)), at)
-
     n = len(nodes)
     pass_first: dict = {}  # pass -> its first node
     pass_at = np.fromiter(map(pass_first.setdefault, map(_PASS, nodes), range(n)), np.int64, n)
@@ -430,12 +427,12 @@ def _fold_codes(nodes: list, op_first: dict, op_at: np.ndarray, shape_first: dic
     scales = list(map(_SCALE, parts))
     first_scale = np.fromiter(map(scale_at.setdefault, map(id, scales), range(len(scales))),
                               np.int64, len(scales))
-    return {"op_code": first_use(op_first, op_at), "op_names": list(op_first),
-            "pass_code": first_use(pass_first, pass_at), "pass_names": list(pass_first),
-            "shape_code": first_use(shape_first, t_shape), "shapes": list(shape_first),
+    return {"op_code": first_use_codes(op_first, op_at), "op_names": list(op_first),
+            "pass_code": first_use_codes(pass_first, pass_at), "pass_names": list(pass_first),
+            "shape_code": first_use_codes(shape_first, t_shape), "shapes": list(shape_first),
             "parts": parts, "part_lineage": np.repeat(np.arange(len(per)), per),
             "part_pos": np.arange(len(parts)) - np.repeat(_ptr(per)[:-1], per),
-            "scale_code": first_use(scale_at, first_scale),
+            "scale_code": first_use_codes(scale_at, first_scale),
             "scales": [scales[i] for i in scale_at.values()]}
 
 
@@ -513,7 +510,7 @@ def _document_lineages(raws, sums: list, s_cols_of, t_shape: np.ndarray,
         if any(s > MAX_DIM or e > MAX_DIM for s, e in key):
             raise _Reject
         want.append(shape_first.get(tuple(e - s for s, e in key), -1))
-    index = np.searchsorted(np.fromiter(first.values(), np.int64, len(first)), at)
+    index = first_use_codes(first, at)
     # per part (`sums`: its tensor ids): how many, their numbers
     s_len, s_num = s_cols_of(lineages, flat)
     if n_p and s_len.min() == 0:
