@@ -632,6 +632,18 @@ MUTATIONS: tuple[Mutation, ...] = (
          "test_the_codes_a_forked_read_computes_give_the_node_by_node_split",),
         fast=True),
     Mutation(
+        "lifeline-no-parent-guard",
+        "a solver started through setpriv runs on when tvsmt died before setpriv asked for "
+        "the parent-death signal (re-parented to init, it never gets it)",
+        "solvers started through setpriv instead of a preexec_fn (tvsmt/solving/lifeline.py "
+        "spawn_args)",
+        (Patch("tvsmt/solving/lifeline.py",
+               """PARENT_GUARD = '[ "$PPID" = "$1" ] || exit 1; shift; exec "$@"'""",
+               """PARENT_GUARD = 'shift; exec "$@"'"""),),
+        ("tests/test_lifeline.py::"
+         "test_a_solver_whose_starter_died_before_the_death_signal_was_set_does_not_run",),
+        fast=True),
+    Mutation(
         "attr-text-codes-ignore-text",
         "the forked reader codes every node's attributes alike (not by their text), so the "
         "fold gives every node of an op the first one's semantic attributes",

@@ -4,8 +4,9 @@ Three pieces, each cheap:
 
 * `spawn_args(argv)`: how to start a solver so that the kernel (Linux
   `prctl(PR_SET_PDEATHSIG, SIGKILL)`) kills it when the process that started it dies:
-  through util-linux's `setpriv --pdeathsig KILL`, else with `preexec()`, a `preexec_fn`
-  doing the same in the child before exec. Solvers run in their own session (so a terminal's
+  through util-linux's `setpriv --pdeathsig KILL` and a one-line shell that exits if the
+  parent died before that (`PARENT_GUARD`), else with `preexec()`, a `preexec_fn` doing the
+  same in the child before exec. Solvers run in their own session (so a terminal's
   Ctrl-C does not reach them), which is why they need this.
 * `arm_worker(parent)`: called at the start of every solving task in a worker process (loky);
   a worker whose parent is the tvsmt process starts a lifeline thread that waits for the
@@ -84,27 +85,37 @@ def die_with_parent(parent: int) -> bool:
 
 
 @functools.lru_cache(maxsize=1)
-def _setpriv() -> str | None:
-    """util-linux's `setpriv`, if it can set a parent-death signal."""
-    path = shutil.which("setpriv")
-    if path is None or _PRCTL is None:
+def _setpriv() -> tuple[str, str] | None:
+    """util-linux's `setpriv`, if it can set a parent-death signal, and a POSIX shell."""
+    path, shell = shutil.which("setpriv"), shutil.which("sh")
+    if path is None or shell is None or _PRCTL is None:
         return None
     try:
         out = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return path if "--pdeathsig" in out.stdout + out.stderr else None
+    return (path, shell) if "--pdeathsig" in out.stdout + out.stderr else None
+
+
+# Run between setpriv and the solver: setpriv sets the parent-death signal without looking
+# whether the parent is still there; if tvsmt died before that (SIGKILL while a solver was
+# starting), the child already belongs to init and would never get the signal.
+PARENT_GUARD = '[ "$PPID" = "$1" ] || exit 1; shift; exec "$@"'
 
 
 def spawn_args(argv: list[str]) -> tuple[list[str], object]:
     """(argv, preexec_fn) that start `argv` so that it dies with the calling process.
 
-    Through `setpriv --pdeathsig KILL` where available: the child stays cheap to start (a
+    Through `setpriv --pdeathsig KILL` and a one-line shell that checks the parent is still
+    this process, then execs `argv`, where available: the child stays cheap to start (a
     `preexec_fn` makes subprocess fork instead of vfork: +8 ms per start here, and +0.6 s
-    from a process holding 3 GB, see scripts/bench_lifeline.py); else a `preexec_fn`."""
-    setpriv = _setpriv()
-    if setpriv is not None:
-        return [setpriv, "--pdeathsig", "KILL", "--", *argv], None
+    from a process holding 3 GB; the shell +0.4 ms; see scripts/bench_lifeline.py); else a
+    `preexec_fn`."""
+    found = _setpriv()
+    if found is not None:
+        setpriv, shell = found
+        return [setpriv, "--pdeathsig", "KILL", "--", shell, "-c", PARENT_GUARD,
+                "tvsmt-lifeline", str(os.getpid()), *argv], None
     return list(argv), preexec()
 
 

@@ -1,0 +1,110 @@
+"""A solver dies with the process that started it, even when that process dies while the
+solver is still starting (tvsmt/solving/lifeline.py). The whole command's signal handling
+is tested in test_signals.py; here, the start-up race alone, made wide on purpose."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import psutil
+import pytest
+
+from tvsmt.solving import lifeline
+
+pytestmark = pytest.mark.skipif(lifeline._setpriv() is None,
+                                reason="no setpriv with --pdeathsig (util-linux) here")
+
+
+def _tagged(tag: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("TVSMT_LIFELINE_TEST") == tag:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def _cmd(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return f"pid {p.pid}"
+
+
+def test_a_solver_whose_starter_died_before_the_death_signal_was_set_does_not_run(tmp_path):
+    """A slow `setpriv` on PATH: the starting process is gone (SIGKILL-like `os._exit`)
+    before the real setpriv asks for the parent-death signal, so the kernel would never send
+    it; the solver must not run (before the guard, `sleep 60` ran on, re-parented to init)."""
+    real = lifeline._setpriv()[0]
+    slow = tmp_path / "bin" / "setpriv"
+    slow.parent.mkdir()
+    started = tmp_path / "started"
+    slow.write_text(f"#!/bin/sh\ntouch {started}\nsleep 1\nexec {real} \"$@\"\n")
+    slow.chmod(0o755)
+    ran = tmp_path / "ran"
+    tag = uuid.uuid4().hex
+    starter = textwrap.dedent(f"""\
+        import os, subprocess, time
+        from tvsmt.solving import lifeline
+        argv, preexec = lifeline.spawn_args(["sh", "-c", "touch {ran}; exec sleep 60"])
+        assert argv[0] == {str(slow)!r}, argv
+        subprocess.Popen(argv, preexec_fn=preexec, start_new_session=True)
+        while not os.path.exists({str(started)!r}):
+            time.sleep(0.01)
+        os._exit(0)
+        """)
+    env = dict(os.environ, PATH=f"{slow.parent}{os.pathsep}{os.environ['PATH']}",
+               TVSMT_LIFELINE_TEST=tag)
+    subprocess.run([sys.executable, "-c", starter], env=env, check=True, timeout=60)
+    deadline = time.monotonic() + 8
+    while _tagged(tag) and time.monotonic() < deadline:  # the slow setpriv, then the guard
+        time.sleep(0.1)
+    left = [_cmd(p) for p in _tagged(tag)]
+    for p in _tagged(tag):
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    assert not left, left
+    assert not ran.exists()
+
+
+def test_a_solver_started_through_the_guard_gets_its_arguments_and_gives_its_exit_code():
+    argv, preexec = lifeline.spawn_args(
+        [sys.executable, "-c", "import sys; print(sys.argv[1:]); sys.exit(3)",
+         "two words", "$HOME", "'quoted'", ""])
+    out = subprocess.run(argv, preexec_fn=preexec, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3, out.stderr
+    assert out.stdout.strip() == str(["two words", "$HOME", "'quoted'", ""])
+
+
+def test_a_started_solver_is_killed_with_its_starter():
+    tag = uuid.uuid4().hex
+    starter = textwrap.dedent("""\
+        import subprocess, sys, time
+        from tvsmt.solving import lifeline
+        argv, preexec = lifeline.spawn_args(["sleep", "60"])
+        p = subprocess.Popen(argv, preexec_fn=preexec, start_new_session=True)
+        print(p.pid, flush=True)
+        time.sleep(60)
+        """)
+    env = dict(os.environ, TVSMT_LIFELINE_TEST=tag)
+    proc = subprocess.Popen([sys.executable, "-c", starter], env=env, stdout=subprocess.PIPE,
+                            text=True)
+    solver = psutil.Process(int(proc.stdout.readline()))
+    deadline = time.monotonic() + 15
+    while "sleep" not in " ".join(solver.cmdline()[:1]) and time.monotonic() < deadline:
+        time.sleep(0.05)  # past setpriv and the guard: the solver itself
+    proc.kill()
+    proc.wait()
+    try:
+        solver.wait(timeout=15)
+    except psutil.TimeoutExpired:
+        solver.kill()
+        pytest.fail("the solver outlived its starter")
