@@ -41,13 +41,23 @@ def _cmd(p: psutil.Process) -> str:
 
 def test_a_solver_whose_starter_died_before_the_death_signal_was_set_does_not_run(tmp_path):
     """A slow `setpriv` on PATH: the starting process is gone (SIGKILL-like `os._exit`)
-    before the real setpriv asks for the parent-death signal, so the kernel would never send
-    it; the solver must not run (before the guard, `sleep 60` ran on, re-parented to init)."""
+    before the real setpriv asks for the parent-death signal (it waits for that), so the
+    kernel would never send it; the solver must not run (before the guard, `sleep 60` ran
+    on, re-parented to init)."""
     real = lifeline._setpriv()[0]
     slow = tmp_path / "bin" / "setpriv"
     slow.parent.mkdir()
     started = tmp_path / "started"
-    slow.write_text(f"#!/bin/sh\ntouch {started}\nsleep 1\nexec {real} \"$@\"\n")
+    # it waits (10 s at most) until the process that started it is gone, then goes on
+    slow.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        [ "$1" = --help ] && exec {real} "$@"
+        parent=$PPID
+        touch {started}
+        n=0
+        while kill -0 $parent 2>/dev/null && [ $n -lt 200 ]; do sleep 0.05; n=$((n+1)); done
+        exec {real} "$@"
+        """))
     slow.chmod(0o755)
     ran = tmp_path / "ran"
     tag = uuid.uuid4().hex
