@@ -109,3 +109,40 @@ def test_drop_allreduce_with_wide_tensor_parallelism_is_caught():
     bad = verify_plans(s, plan_from_dict(parallel_mlp(dp=1, tp=4, drop_allreduce=True), "p"),
                        Options())
     assert bad.verdict == "violation"
+
+
+def test_direct_infix_builds_the_very_nodes_pysmt_builds():
+    """`a + b`, `a - b`, `a * b` of two terms go straight to the formula manager
+    (backend._direct_infix): on random terms, numbers and bit vectors, the node built is the
+    one pysmt's own operators build (the same hash-consed object, or the same error)."""
+    import random
+
+    from pysmt.fnode import FNode
+    from pysmt.typing import BVType
+
+    be = SymbolicBackend.fresh()
+    assert FNode._tvsmt_direct_infix
+    add, sub, mul = FNode._tvsmt_pysmt_infix
+    pairs = [(FNode.__add__, add), (FNode.__sub__, sub), (FNode.__mul__, mul)]
+    rng = random.Random(0)
+    with be.active():
+        m = be.mgr
+        pool = [m.Symbol(f"x{i}", be.real) for i in range(4)] + [m.Real(3), m.Real(-1)]
+        for _ in range(400):
+            a, b = rng.choice(pool), rng.choice(pool + [2, 0.5])
+            direct, pysmts = rng.choice(pairs)
+            got = direct(a, b)
+            assert got is pysmts(a, b)
+            pool.append(got)
+        bv = [m.Symbol(f"v{i}", BVType(8)) for i in range(2)]
+        for direct, pysmts in pairs:
+            assert direct(bv[0], bv[1]) is pysmts(bv[0], bv[1])
+            assert direct(bv[0], bv[1]).node_type() != direct(pool[0], pool[1]).node_type()
+        # a Boolean sum is refused alike (fresh symbols each time: pysmt keeps the ill-typed
+        # node it made before refusing it, and would hand it out the next time)
+        for k, (direct, pysmts) in enumerate(pairs):
+            p, q = m.Symbol(f"p{k}"), m.Symbol(f"q{k}")
+            with pytest.raises(Exception) as theirs:
+                pysmts(p, p)
+            with pytest.raises(theirs.type):
+                direct(q, q)

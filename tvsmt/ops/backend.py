@@ -246,6 +246,41 @@ class NumericBackend(Backend):
         return route_topk(scores, k, n_groups, topk_groups).astype(np.float64)
 
 
+def _direct_infix() -> None:
+    """Make `a + b`, `a - b`, `a * b` of two pysmt terms call the formula manager directly.
+
+    numpy builds every symbolic sum and product through these operators, and pysmt's own
+    ones check the infix mode, look up the manager twice and type both sides on every call:
+    that was about a third of the encoding (scripts/bench_infix.py). The term is the same
+    hash-consed node (`Plus`, `Minus`, `Times` of the current environment, which is what
+    pysmt calls for real and integer terms); anything else (a number on either side, bit
+    vectors) takes pysmt's own path."""
+    from pysmt.fnode import FNode, _mgr
+
+    if getattr(FNode, "_tvsmt_direct_infix", False):
+        return
+    add, sub, mul = FNode.__add__, FNode.__sub__, FNode.__mul__
+
+    def plus(self, right):
+        if type(right) is FNode and not self.get_type().is_bv_type():
+            return _mgr().Plus(self, right)
+        return add(self, right)
+
+    def minus(self, right):
+        if type(right) is FNode and not self.get_type().is_bv_type():
+            return _mgr().Minus(self, right)
+        return sub(self, right)
+
+    def times(self, right):
+        if type(right) is FNode and not self.get_type().is_bv_type():
+            return _mgr().Times(self, right)
+        return mul(self, right)
+
+    FNode._tvsmt_pysmt_infix = (add, sub, mul)  # kept for tests and scripts/bench_infix.py
+    FNode.__add__, FNode.__sub__, FNode.__mul__ = plus, minus, times
+    FNode._tvsmt_direct_infix = True
+
+
 class SymbolicBackend(Backend):
     """pysmt terms in numpy object arrays, in an explicit pysmt `Environment` of their own.
 
@@ -269,6 +304,7 @@ class SymbolicBackend(Backend):
 
         self.env = env = env if env is not None else get_env()
         env.enable_infix_notation = True
+        _direct_infix()
         self.mgr = env.formula_manager
         self.real = REAL  # the pysmt sort of every tensor element
         self._uf_cache: dict[tuple[str, int], Any] = {}
