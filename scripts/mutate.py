@@ -644,6 +644,15 @@ MUTATIONS: tuple[Mutation, ...] = (
          "test_a_solver_whose_starter_died_before_the_death_signal_was_set_does_not_run",),
         fast=True),
     Mutation(
+        "direct-infix-minus-swapped",
+        "a - b of two symbolic terms builds b - a (every backward rule's subtraction turned "
+        "around)",
+        "symbolic + - * straight to the formula manager (tvsmt/ops/backend.py _direct_infix)",
+        (Patch("tvsmt/ops/backend.py", "return _mgr().Minus(self, right)",
+               "return _mgr().Minus(right, self)"),),
+        ("tests/test_encoding.py::test_direct_infix_builds_the_very_nodes_pysmt_builds",),
+        fast=True),
+    Mutation(
         "attr-text-codes-ignore-text",
         "the forked reader codes every node's attributes alike (not by their text), so the "
         "fold gives every node of an op the first one's semantic attributes",
