@@ -14,6 +14,7 @@ import uuid
 
 import psutil
 import pytest
+from processes import command_line, tagged
 
 from tvsmt.solving import lifeline
 
@@ -22,21 +23,7 @@ pytestmark = pytest.mark.skipif(lifeline._setpriv() is None,
 
 
 def _tagged(tag: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get("TVSMT_LIFELINE_TEST") == tag:
-                found.append(p)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
-def _cmd(p: psutil.Process) -> str:
-    try:
-        return " ".join(p.cmdline())
-    except psutil.Error:
-        return f"pid {p.pid}"
+    return tagged("TVSMT_LIFELINE_TEST", tag)
 
 
 def test_a_solver_whose_starter_died_before_the_death_signal_was_set_does_not_run(tmp_path):
@@ -77,7 +64,7 @@ def test_a_solver_whose_starter_died_before_the_death_signal_was_set_does_not_ru
     deadline = time.monotonic() + 8
     while _tagged(tag) and time.monotonic() < deadline:  # the slow setpriv, then the guard
         time.sleep(0.1)
-    left = [_cmd(p) for p in _tagged(tag)]
+    left = [command_line(p) or f"pid {p.pid}" for p in _tagged(tag)]
     for p in _tagged(tag):
         with contextlib.suppress(psutil.Error):
             p.kill()

@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 from handmade import parallel_mlp, single_mlp
+from processes import command_line, tagged
 
 from tvsmt.frontends import generate_pair, write_pair_dicts
 from tvsmt.solving.runner import RUN_PREFIX, sweep_stale_runs
@@ -75,21 +76,10 @@ def plans(tmp_path_factory):
 
 
 def _tagged(tag: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get("TVSMT_SIGNAL_TEST") == tag:
-                found.append(p)
-        except (psutil.Error, OSError):
-            continue
-    return found
+    return tagged("TVSMT_SIGNAL_TEST", tag)
 
 
-def _cmd(p: psutil.Process) -> str:
-    try:
-        return " ".join(p.cmdline())
-    except psutil.Error:
-        return ""
+_cmd = command_line
 
 
 def _args(moment: str, plans: dict) -> list[str]:
