@@ -7,11 +7,12 @@ import psutil
 
 
 def tagged(variable: str, tag: str) -> list[psutil.Process]:
-    """Every live process whose environment has `variable` = `tag`."""
+    """Every live process (not a zombie: it has ended) whose environment has `variable` =
+    `tag`."""
     found = []
     for p in psutil.process_iter():
         try:
-            if p.environ().get(variable) == tag:
+            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(variable) == tag:
                 found.append(p)
         except (psutil.Error, OSError):
             continue

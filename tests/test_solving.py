@@ -16,12 +16,18 @@ from fractions import Fraction
 
 import psutil
 import pytest
+from processes import tagged
 
 from tvsmt.errors import PlanError
 from tvsmt.solving import corpus as corpus_mod
 from tvsmt.solving.corpus import Corpus, digest_of, split_header
-from tvsmt.solving.profiles import (ProfileError, available_solvers, get_profile, load_profile,
-                                    solver_version)
+from tvsmt.solving.profiles import (
+    ProfileError,
+    available_solvers,
+    get_profile,
+    load_profile,
+    solver_version,
+)
 from tvsmt.solving.replay import replay
 from tvsmt.solving.runner import crosscheck, reconcile, run_file, solve_all, solve_batch
 from tvsmt.solving.sexpr import parse_get_value
@@ -132,16 +138,7 @@ def tagged_profile(name: str):
 
 
 def tagged_processes(tag: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.status() == psutil.STATUS_ZOMBIE:
-                continue
-            if p.environ().get("TVSMT_TEST_TAG") == tag:
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
+    return tagged("TVSMT_TEST_TAG", tag)
 
 
 def assert_no_survivor(tag: str, within: float = 5.0) -> None:
