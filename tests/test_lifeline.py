@@ -18,7 +18,7 @@ from processes import command_line, tagged
 
 from tvsmt.solving import lifeline
 
-pytestmark = pytest.mark.skipif(lifeline._setpriv() is None,
+pytestmark = pytest.mark.skipif(lifeline._setpriv_and_shell() is None,
                                 reason="no setpriv with --pdeathsig (util-linux) here")
 
 
@@ -31,7 +31,7 @@ def test_a_solver_whose_starter_died_before_the_death_signal_was_set_does_not_ru
     before the real setpriv asks for the parent-death signal (it waits for that), so the
     kernel would never send it; the solver must not run (before the guard, `sleep 60` ran
     on, re-parented to init)."""
-    real = lifeline._setpriv()[0]
+    real = lifeline._setpriv_and_shell()[0]
     slow = tmp_path / "bin" / "setpriv"
     slow.parent.mkdir()
     started = tmp_path / "started"

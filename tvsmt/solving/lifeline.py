@@ -85,7 +85,7 @@ def die_with_parent(parent: int) -> bool:
 
 
 @functools.lru_cache(maxsize=1)
-def _setpriv() -> tuple[str, str] | None:
+def _setpriv_and_shell() -> tuple[str, str] | None:
     """util-linux's `setpriv`, if it can set a parent-death signal, and a POSIX shell."""
     path, shell = shutil.which("setpriv"), shutil.which("sh")
     if path is None or shell is None or _PRCTL is None:
@@ -111,7 +111,7 @@ def spawn_args(argv: list[str]) -> tuple[list[str], object]:
     `preexec_fn` makes subprocess fork instead of vfork: +8 ms per start here, and +0.6 s
     from a process holding 3 GB; the shell +0.4 ms; see scripts/bench_lifeline.py); else a
     `preexec_fn`."""
-    found = _setpriv()
+    found = _setpriv_and_shell()
     if found is not None:
         setpriv, shell = found
         return [setpriv, "--pdeathsig", "KILL", "--", shell, "-c", PARENT_GUARD,
