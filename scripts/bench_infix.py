@@ -28,12 +28,12 @@ from tvsmt.ops import SymbolicBackend  # noqa: E402
 from tvsmt.verify import Options, verify_pair  # noqa: E402
 
 
+SymbolicBackend.fresh()  # the first backend installs the direct operators
+DIRECT = (FNode.__add__, FNode.__sub__, FNode.__mul__)
+
+
 def operators(direct: bool) -> None:
-    SymbolicBackend.fresh()  # installs the direct operators once
-    if not hasattr(operators, "direct"):
-        operators.direct = (FNode.__add__, FNode.__sub__, FNode.__mul__)
-    FNode.__add__, FNode.__sub__, FNode.__mul__ = (
-        operators.direct if direct else FNode._tvsmt_pysmt_infix)
+    FNode.__add__, FNode.__sub__, FNode.__mul__ = DIRECT if direct else FNode._tvsmt_pysmt_infix
 
 
 def once(folder: Path, direct: bool) -> tuple[float, float, list]:
