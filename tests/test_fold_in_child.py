@@ -369,3 +369,36 @@ def test_an_answer_holding_anything_else_is_refused(tmp_path, pair, monkeypatch,
     assert len(children) == 1 and loads_here == [1]
     assert not (tmp_path / "ran").exists()
     assert there.verdict == "equivalent" and there.fold["replicas"] == WORLD["dp"]
+
+
+def test_the_timeline_lays_every_process_s_phases_side_by_side(tmp_path, pair):
+    """$TVSMT_TIMELINE (tvsmt/timing.py, scripts/timeline.py): each phase's start and end
+    from the process that ran it: the load and the fold from the forked child, with the guess
+    sent inside its fold, the solving from the verifying process; nothing without it."""
+    import subprocess
+    import sys
+
+    from tvsmt.timing import TIMELINE_ENV
+
+    paths = _write(tmp_path, *pair)
+    argv = [sys.executable, "-m", "tvsmt", "verify", "--no-corpus", "-j", "2", *paths]
+    env = {k: v for k, v in os.environ.items() if k != TIMELINE_ENV}
+    env[FC.FOLD_IN_CHILD_ENV] = "always"
+    plain = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0 and "timeline" not in plain.stderr
+    proc = subprocess.Popen(argv, env={**env, TIMELINE_ENV: "1"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    spans: dict[tuple[int, str], tuple[float, float]] = {}
+    for line in err.splitlines():
+        tag, pid, name, start, end = line.split()
+        assert tag == "timeline" and float(start) <= float(end), line
+        spans[int(pid), name] = (float(start), float(end))
+    child = {pid for pid, name in spans if name == "load"}
+    assert len(child) == 1 and proc.pid not in child
+    (child,) = child
+    fold, guess = spans[child, "fold"], spans[child, "guess_sent"]
+    assert fold[0] <= guess[0] <= fold[1]
+    assert (proc.pid, "solving") in spans and (child, "solving") not in spans
+    assert spans[child, "load"][1] <= spans[proc.pid, "solving"][0]

@@ -19,7 +19,7 @@ from tvsmt.heap import collector_paused, leave_to_exit, plans_frozen
 from tvsmt.plan import Plan
 from tvsmt.report.report import Report
 from tvsmt.solving.dispatch import _solver_names
-from tvsmt.timing import Timer
+from tvsmt.timing import Timer, mark
 from tvsmt.verify import (
     Options,
     PlanPair,
@@ -145,13 +145,16 @@ def _load_and_fold(single_path: str, parallel_path: str, note=None) -> bytes:
         note(LOADED_NOTE)
     if any(lin.hypothesis for lin in pair.parallel.lineages):
         return b""  # inferred lineages are verified from the whole plan (verify._verify_loaded)
+    def send_guess(guess) -> None:
+        note(AHEAD_NOTE + _FoldAnswer.encode_pair(guess))
+        mark("guess sent")
+
     folds: list = []
     for extra in (0, 1):
         try:
             with timer.phase("fold"):
-                folded = fold_plans(pair.single, pair.parallel, extra, ahead=(
-                    None if note is None or extra else
-                    lambda guess: note(AHEAD_NOTE + _FoldAnswer.encode_pair(guess))))
+                folded = fold_plans(pair.single, pair.parallel, extra,
+                                    ahead=None if note is None or extra else send_guess)
         except FoldRefused as e:
             folds.append(str(e))
             break

@@ -32,7 +32,7 @@ from tvsmt.solving.dispatch import (  # noqa: F401 - re-exported for callers and
     store_in_corpus,
 )
 from tvsmt.solving.types import DEFAULT_BACKEND, Obligation
-from tvsmt.stages import Stage, cut_stages
+from tvsmt.stages import cut_stages
 from tvsmt.timing import Timer  # noqa: F401  (re-exported: scripts and tests time phases)
 
 

@@ -11,10 +11,9 @@ a solver of the same name, version and profile file (tvsmt/solving/corpus.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from tvsmt.solving.types import UNSAT, UNKNOWN, Obligation, SolverResult
+from tvsmt.solving.types import Obligation, SolverResult
 
 if TYPE_CHECKING:  # pragma: no cover - types only (tvsmt.verify imports this module)
     from tvsmt.plan import Plan

@@ -305,7 +305,7 @@ def aux_fw(be, ins, attrs, ctx):
 
 
 def aux_bw(be, ins, attrs, ctx):
-    g, w, idx = ins[0], ins[1], ins[2]
+    g, idx = ins[0], ins[2]  # the loss is linear in the weights ins[1]
     f, _ = _aux_f(be, idx, attrs)
     scale = Fraction(exact(attrs.get("alpha", 1))) / idx.shape[1]
     per_slot = _pick(be, idx, f[:, None, :])  # f of the slot's expert, (B, S, k)
@@ -373,7 +373,7 @@ def dispatch_fw(be, ins, attrs, ctx):
 
 
 def dispatch_bw(be, ins, attrs, ctx):
-    g_x, g_w, x, idx, w = ins[0], ins[2], ins[3], ins[4], ins[5]
+    g_x, g_w, x, w = ins[0], ins[2], ins[3], ins[5]  # the indices ins[4] get no gradient
     lo, hi = _rows(attrs, x.shape[0])
     size = hi - lo
     outs = []
@@ -433,7 +433,7 @@ def combine_fw(be, ins, attrs, ctx):
 
 
 def combine_bw(be, ins, attrs, ctx):
-    g, ys = ins[0], ins[1]
+    g = ins[0]  # linear in the expert outputs ins[1]
     n = int(attrs["ep"])
     lo, hi = _rows(attrs, g.shape[0])
     return [np.concatenate([g[lo:hi]] * n)]
