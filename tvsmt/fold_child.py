@@ -113,15 +113,6 @@ class _FoldAnswer:
         return msgspec.msgpack.decode(
             data, type=tuple[list[tuple[bytes, FoldInfo] | str], dict[str, float]])
 
-    @classmethod
-    def decode(cls, data: bytes) -> tuple[list, dict[str, float]]:
-        """(per fold: a `Folded` or the refusal's words, phases)."""
-        from tvsmt.fold import Folded
-
-        folds, phases = cls.decode_raw(data)
-        return [f if isinstance(f, str) else Folded(*cls.decode_pair(f[0]), f[1])
-                for f in folds], phases
-
 
 # The forked process's notes (ForkedCall's): the pair is read and the fold begins; the
 # folded pair the first fold will give if the units not yet checked are copies
