@@ -136,6 +136,7 @@ def _load_and_fold(single_path: str, parallel_path: str, note=None) -> bytes:
         note(LOADED_NOTE)
     if any(lin.hypothesis for lin in pair.parallel.lineages):
         return b""  # inferred lineages are verified from the whole plan (verify._verify_loaded)
+
     def send_guess(guess) -> None:
         note(AHEAD_NOTE + _FoldAnswer.encode_pair(guess))
         mark("guess sent")
