@@ -25,9 +25,10 @@ import msgspec
 import numpy as np
 
 from tvsmt.fold.folder import SUM_OPS, FoldRefused, SumRefs, UnitRecords
-from tvsmt.fold.source import unit_order
 from tvsmt.fold.table import (
+    _ATTRS_SEEN,
     GLOBAL,
+    MAX_DIMS,
     NO_MB,
     NULL,
     OTHER,
@@ -37,12 +38,10 @@ from tvsmt.fold.table import (
     UnitTable,
     _interned,
     _interned_objects,
-    _ATTRS_SEEN,
     _semantic_attrs,
     _semantic_column,
-    MAX_DIMS,
 )
-from tvsmt.fold.units import REPRESENTATIVE, NoUnits, Unit, WorldUnits
+from tvsmt.fold.units import REPRESENTATIVE, NoUnits, Unit, WorldUnits, unit_order
 from tvsmt.plan.csr import gather as _gather
 from tvsmt.plan.csr import offsets as _ptr
 from tvsmt.plan.mesh import Mesh

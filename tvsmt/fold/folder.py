@@ -48,6 +48,7 @@ import numpy as np
 from tvsmt.errors import PlanError
 from tvsmt.fold.rebatch import rebatch_single
 from tvsmt.fold.table import (
+    OTHER,
     GroupError,
     Interner,
     UnitTable,
@@ -55,18 +56,18 @@ from tvsmt.fold.table import (
     group_level,
     rename_ranks,
 )
-from tvsmt.fold.table import OTHER
-from tvsmt.fold.units import REPRESENTATIVE, REPRESENTATIVE_REPLICA, Unit, WorldUnits
+from tvsmt.fold.units import (
+    REPRESENTATIVE,
+    REPRESENTATIVE_REPLICA,
+    FoldRefused,
+    Unit,
+    WorldUnits,
+)
+from tvsmt.ops import all_ops
 from tvsmt.plan.model import Lineage, LineagePart, Node, Plan, TensorInfo
 from tvsmt.plan.reader import check_pair
 
-from tvsmt.ops import all_ops
-
 SUM_OPS = frozenset(name for name, spec in all_ops().items() if spec.unit_sum)
-
-
-class FoldRefused(Exception):
-    """The plan does not have the structure folding needs; verify it unfolded."""
 
 
 @dataclass(frozen=True)

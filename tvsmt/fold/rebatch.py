@@ -10,11 +10,16 @@ batch piece nor the whole dimension, makes the fold refuse.
 
 from __future__ import annotations
 
-from tvsmt.plan.model import replace  # LineagePart is a msgspec Struct
 from fractions import Fraction
 
+from tvsmt.fold.units import FoldRefused
 from tvsmt.ops import ShapeConstraints, ShapeRuleError
-from tvsmt.plan.model import LineagePart, Plan, TensorInfo
+from tvsmt.plan.model import (
+    LineagePart,
+    Plan,
+    TensorInfo,
+    replace,  # LineagePart is a msgspec Struct
+)
 from tvsmt.shapes.dims import Dim, DivisorSolver
 from tvsmt.shapes.reduce import apply_shape_rule, dim_shape
 
@@ -42,8 +47,6 @@ def _classes(single: Plan) -> tuple[DivisorSolver, dict[str, list], set[int]]:
 def rebatch_single(single: Plan, header: Plan, fold_dim: dict[int, int],
                    piece_len: dict[int, int], pieces: dict[int, int], total_pieces: int):
     """(rebatched single plan, function remapping a kept part's slice)."""
-    from tvsmt.fold.folder import FoldRefused
-
     factor = Fraction(len(pieces), total_pieces)
     try:
         solver, dims, boundaries = _classes(single)

@@ -30,13 +30,13 @@ from tvsmt.fold.folder import SUM_OPS, Checker, Folded, Folder, FoldRefused, Uni
 from tvsmt.fold.table import Interner, UnitTable, loaded_table
 from tvsmt.fold.units import (
     REPRESENTATIVE,
-    REPRESENTATIVE_REPLICA,
     NoUnits,
     Unit,
     UnitMap,
     WorldUnits,
     assign_units,
     node_units,
+    unit_order,
 )
 from tvsmt.forked import can_fork_workers, fork_map
 from tvsmt.heap import collector_paused, plans_frozen
@@ -163,12 +163,6 @@ def _grouped(owners: list, items: list, keys: np.ndarray | None = None) -> list[
             len(ordered)]
     who = list(code)
     return [(who[int(sorted_codes[a])], ordered[a:b]) for a, b in zip(cuts, cuts[1:])]
-
-
-def unit_order(units) -> list[Unit]:
-    """Representatives first, then instance units, then replica units."""
-    return sorted(units, key=lambda u: (u not in (REPRESENTATIVE, REPRESENTATIVE_REPLICA),
-                                        u[1] is None, u[0], -1 if u[1] is None else u[1]))
 
 
 class LoadedPlan:

@@ -31,8 +31,8 @@ representative, and its unit is then verified as it is (see folder.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections import Counter
+from dataclasses import dataclass
 from itertools import chain, repeat
 
 from tvsmt.plan.mesh import Mesh
@@ -45,6 +45,16 @@ REPRESENTATIVE_REPLICA: Unit = (0, None)
 
 class NoUnits(Exception):
     """The plan's records cannot be put into units (a rank or micro-batch outside the world)."""
+
+
+class FoldRefused(Exception):
+    """The plan does not have the structure folding needs; verify it unfolded."""
+
+
+def unit_order(units) -> list[Unit]:
+    """Representatives first, then instance units, then replica units."""
+    return sorted(units, key=lambda u: (u not in (REPRESENTATIVE, REPRESENTATIVE_REPLICA),
+                                        u[1] is None, u[0], -1 if u[1] is None else u[1]))
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from tvsmt.fold.folder import SumRefs, SUM_OPS, Checker, FoldRefused, UnitRecords
-from tvsmt.fold.source import split_units, unit_order
+from tvsmt.fold.folder import SUM_OPS, Checker, FoldRefused, SumRefs, UnitRecords
+from tvsmt.fold.source import split_units
 from tvsmt.fold.table import (
     GROUP,
     NO_MB,
@@ -45,7 +45,7 @@ from tvsmt.fold.table import (
     group_level,
     trim_slices,
 )
-from tvsmt.fold.units import Unit, WorldUnits
+from tvsmt.fold.units import Unit, WorldUnits, unit_order
 from tvsmt.frontends.generator import ModelConfig, _world_dict, build_pair, default_batch
 from tvsmt.frontends.mutations import apply as apply_mutation
 from tvsmt.frontends.spmd import World
