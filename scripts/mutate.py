@@ -301,11 +301,15 @@ MUTATIONS: tuple[Mutation, ...] = (
                "        pass\n"),),
         ("tests/test_stream.py::test_units_are_checked_by_the_workers_and_fold_as_serially",
          "tests/test_stream.py::test_a_bug_in_a_unit_checked_by_a_worker_is_caught"),
-        equivalent="not shown to be equivalent, only unreached: the units the main process "
-                   "checks before the workers (the kept units) hold every lineage of every "
-                   "plan we generate or read, so the main process has already marked what a "
-                   "worker would; the merge guards plans where a lineage first appears in a "
-                   "worker's unit, and no test builds one yet (a gap, listed in the README)"),
+        equivalent="argued unreachable, not proven: a kept instance unit found a copy has "
+                   "decided or marked every lineage of the representative (every copy holds "
+                   "the same lineages), so a worker can only mark what the main process "
+                   "already did. If none is a copy, the one exception that decides "
+                   "lineages (two parts of one lineage moved along different dimensions) is "
+                   "refused by Folder.exception_piece (its parts give different pieces), and "
+                   "without decided lineages a worker accepts only units that move nothing, "
+                   "which hold no piece and fail the tiling check. Tried 2026-12-05: a "
+                   "streamed plan built to reach it was refused by exception_piece first"),
     Mutation(
         "fold-columns-trust-stale",
         "the column-wise split of a loaded plan uses the reader's columns without checking "
