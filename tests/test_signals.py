@@ -195,12 +195,12 @@ def test_a_swallowed_interrupt_still_ends_the_run_as_interrupted(plans, how, mon
     code: the fresh-clone CI saw `encoding-SIGTERM` above end with 0 before this."""
     from click.testing import CliRunner
 
-    from tvsmt import verify as V
+    from tvsmt import pipeline
     from tvsmt.cli import main
     from tvsmt.solving import lifeline
 
     signum = getattr(signal, how)
-    plain = V.prepare
+    plain = pipeline.prepare
 
     def prepare_after_a_lost_signal(*args, **kw):
         try:  # what an at-fork hook does with the handler's exception
@@ -212,7 +212,7 @@ def test_a_swallowed_interrupt_still_ends_the_run_as_interrupted(plans, how, mon
     import _thread
     import threading
 
-    monkeypatch.setattr(V, "prepare", prepare_after_a_lost_signal)
+    monkeypatch.setattr(pipeline, "prepare", prepare_after_a_lost_signal)
     redelivered = []  # the interrupt's redelivery may not come in time: here it never does
     monkeypatch.setattr(_thread, "interrupt_main", lambda *a: redelivered.append(a))
     got = CliRunner().invoke(main, ["verify", *plans["mlp"], "--no-fold", "--no-corpus",

@@ -6,7 +6,7 @@ the whole plan. The child also sends two notes ahead of its answer: when the pai
 folded pair it will answer if every unit not yet checked is a copy (`_Ahead`: this process
 cuts its stages and encodes its obligations meanwhile, and uses them only if the answered pair
 is the same bytes). A child that fails, refuses or dies leaves the work to this process
-(tvsmt.verify). The phases themselves are tvsmt.verify's; this module is their plumbing
+(tvsmt.verify). The phases themselves are tvsmt.pipeline's; this module is their plumbing
 across the fork (tests/test_fold_in_child.py).
 """
 
@@ -20,7 +20,7 @@ from tvsmt.plan import Plan
 from tvsmt.report.report import Report
 from tvsmt.solving.dispatch import _solver_names
 from tvsmt.timing import Timer, mark
-from tvsmt.verify import (
+from tvsmt.pipeline import (
     Options,
     PlanPair,
     Prepared,

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 
 from tvsmt.solving.types import Obligation, SolverResult
 
-if TYPE_CHECKING:  # pragma: no cover - types only (tvsmt.verify imports this module)
+if TYPE_CHECKING:  # pragma: no cover - types only (tvsmt.pipeline imports this module)
+    from tvsmt.encoding.obligations import StageOutcome
+    from tvsmt.pipeline import Options
     from tvsmt.plan import Plan
     from tvsmt.report.report import Report
-    from tvsmt.verify import Options, StageOutcome
 
 #: `--crosscheck` without a list
 DEFAULT_CROSSCHECK = ("z3", "cvc5")
