@@ -325,12 +325,23 @@ MUTATIONS: tuple[Mutation, ...] = (
          "tests/test_fold_columns.py::test_a_bug_put_into_a_loaded_real_plan_in_place_is_caught"),
         fast=True),
     Mutation(
+        "forked-split-unchecked",
+        "the fold takes the split the reader's forked numbering computed without checking "
+        "that it was computed from the fold's own inputs (its digest), so a split of other "
+        "ranks, ops or tensors decides the units",
+        "folding (the split computed by the forked reader, fold/split.py)",
+        (Patch("tvsmt/fold/columns.py",
+               "    if split is None or split.digest != inputs_digest(*args):",
+               "    if split is None:"),),
+        ("tests/test_fold_columns.py::test_a_forked_split_of_other_inputs_is_not_used",),
+        fast=True),
+    Mutation(
         "fold-columns-input-unit",
         "the column-wise split gives a graph input read by several units the unit of the "
         "first reader (not the replica unit or none), so units are compared through wrong "
         "references",
         "folding (column split)",
-        (Patch("tvsmt/fold/columns.py",
+        (Patch("tvsmt/fold/split.py",
                "tunit[t] = np.where(lo == hi, lo, np.where(",
                "tunit[t] = np.where(True, lo, np.where("),),
         ("tests/test_fold_columns.py",)),
@@ -661,7 +672,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the forked reader codes every node's attributes alike (not by their text), so the "
         "fold gives every node of an op the first one's semantic attributes",
         "attribute-text codes from the forked reader (numbering.py, fold/columns.py)",
-        (Patch("tvsmt/plan/numbering.py", "(bytes(n.attrs) for n in nodes)",
+        (Patch("tvsmt/plan/numbering.py", "map(bytes, map(_ATTRS, nodes))",
                "(b'' for n in nodes)"),),
         ("tests/test_fold_columns.py::"
          "test_a_changed_attribute_in_a_folded_away_unit_is_seen_through_the_text_codes",),

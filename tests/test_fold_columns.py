@@ -217,8 +217,101 @@ def test_a_changed_attribute_in_a_folded_away_unit_is_seen_through_the_text_code
                for e in folded.info.exceptions), folded.info.exceptions
 
 
+def _split_args(plan) -> tuple:
+    """What ColumnPlan gives `split_dataflow` for this plan (the reader's columns)."""
+    cols = plan.columns
+    return (plan.world, cols.rank, cols.mb, np.asarray(cols.op_code), list(cols.op_names),
+            cols.in_len, cols.in_num, cols.out_len, cols.out_num, len(cols.tids),
+            cols.number.of_names(list(plan.outputs)), cols.s_num)
+
+
+@pytest.fixture
+def split_calls(monkeypatch):
+    """How many times ColumnPlan computed the split itself (not the forked reader's)."""
+    from tvsmt.fold import columns
+
+    calls = []
+    plain = columns.split_dataflow
+
+    def counted(*args):
+        calls.append(1)
+        return plain(*args)
+
+    monkeypatch.setattr(columns, "split_dataflow", counted)
+    return calls
+
+
+@pytest.mark.parametrize("name", ["llama3-ly2-dp16pp4tp1mb8", "moe-ly4-dp2pp2tp2mb2"])
+def test_the_split_a_forked_read_computes_is_the_one_computed_here(
+        forked_reader, split_calls, name):
+    """A plan read for the fold (lazy): the forked numbering also computes the fold's split,
+    from its numbers and the inputs this process gives it. It is the split computed here,
+    array by array, and the fold uses it (the node-by-node split again)."""
+    from tvsmt.fold.split import inputs_digest, split_dataflow
+
+    single_path, parallel_path = fixture_pair(name)
+    s, p = load_plan(single_path), load_plan(parallel_path, lazy=True)
+    got = p.columns.presplit()
+    assert got is not None  # the child computed it
+    want = split_dataflow(*_split_args(p))
+    split_calls.clear()
+    assert got.digest == inputs_digest(*_split_args(p))
+    for f in fields(want):
+        x, y = getattr(want, f.name), getattr(got, f.name)
+        if f.name == "digest":
+            continue
+        if isinstance(x, dict):
+            assert sorted(x) == sorted(y), f.name
+            assert all(np.array_equal(x[k], y[k]) for k in x), f.name
+        elif isinstance(x, np.ndarray):
+            assert np.array_equal(x, y) and (x.dtype == bool) == (y.dtype == bool), f.name
+        else:
+            assert x == y, f.name
+    assert _same_split(s, p) >= 6
+    assert split_calls == []  # ColumnPlan took the child's
+
+
+def test_a_forked_split_of_other_inputs_is_not_used(forked_reader, split_calls, monkeypatch):
+    """The child computes its split from the inputs it is given; one computed from others
+    (here two nodes of different replicas given each other's ranks) has another digest: the
+    fold computes the split itself, and it is the node-by-node split."""
+    from tvsmt.plan import numbering
+
+    give = numbering.ForkedNumbering.give_split_inputs
+
+    def swapped(self, world, rank, mb, *rest):
+        rank = rank.copy()
+        a, b = int(np.argmin(rank)), int(np.argmax(rank))
+        rank[a], rank[b] = rank[b], rank[a]
+        return give(self, world, rank, mb, *rest)
+
+    monkeypatch.setattr(numbering.ForkedNumbering, "give_split_inputs", swapped)
+    single_path, parallel_path = fixture_pair("llama3-ly2-dp16pp4tp1mb8")
+    s, p = load_plan(single_path), load_plan(parallel_path, lazy=True)
+    assert p.columns.presplit() is not None  # computed, from the swapped ranks
+    assert _same_split(s, p) >= 6
+    assert split_calls == [1]
+
+
+def test_a_forked_read_whose_split_fails_folds_all_the_same(forked_reader, split_calls,
+                                                            monkeypatch):
+    """The child's split raises (or the child dies): no split comes back, the fold computes
+    it here."""
+    from tvsmt.fold import split
+
+    def fails(*args):
+        raise MemoryError
+
+    monkeypatch.setattr(split, "split_dataflow", fails)  # what the child imports
+    single_path, parallel_path = fixture_pair("llama3-ly2-dp16pp4tp1mb8")
+    s, p = load_plan(single_path), load_plan(parallel_path, lazy=True)
+    assert p.columns.presplit() is None
+    assert _same_split(s, p) >= 6
+    assert split_calls == [1]
+
+
 def test_first_seen_is_the_distinct_values_in_order_of_first_occurrence():
-    from tvsmt.fold.columns import _first_seen
+    from tvsmt.fold.split import _first_seen
 
     rng = np.random.default_rng(3)
     for n, k in ((0, 1), (1, 1), (7, 2), (1000, 30), (5000, 6000)):
@@ -230,7 +323,7 @@ def test_first_seen_is_the_distinct_values_in_order_of_first_occurrence():
 def test_cumcount_counts_earlier_elements_of_the_same_group_sorted_or_not():
     """`_cumcount`: for each element, how many earlier elements have its group, in whatever
     order the groups come."""
-    from tvsmt.fold.columns import _cumcount
+    from tvsmt.fold.split import _cumcount
 
     rng = np.random.default_rng(7)
     for n, k in ((0, 1), (1, 1), (9, 3), (2000, 40), (3000, 70000)):
@@ -245,7 +338,8 @@ def test_cumcount_counts_earlier_elements_of_the_same_group_sorted_or_not():
 
 
 def test_first_index_codes_and_stable_order_are_numpys():
-    from tvsmt.fold.columns import _first_index_codes, _stable_order
+    from tvsmt.fold.columns import _first_index_codes
+    from tvsmt.fold.split import stable_order as _stable_order
 
     rng = np.random.default_rng(5)
     for n in (0, 1, 9, 3000):

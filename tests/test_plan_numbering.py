@@ -163,14 +163,14 @@ def test_the_forked_numbers_are_the_ones_computed_here(forked, monkeypatch):
     assert all(map(np.array_equal, got, _columns(path)))
 
 
-def _other_document_message(text):
+def _other_document_message(text, *args):
     """A child's answer for another plan's names (the fixture's single plan)."""
     from conftest import fixture_pair
     from tvsmt.plan.reader import open_binary, read_document
 
     single = fixture_pair("llama3-ly2-dp2pp2tp2mb2")[0]
     with open_binary(single) as f:
-        return real_message(read_document(single, f, 1 << 30))
+        return real_message(read_document(single, f, 1 << 30), *args)
 
 
 real_message = numbering._numbers_message
@@ -178,30 +178,37 @@ real_message = numbering._numbers_message
 
 @pytest.mark.parametrize("answer", ["fails", "dies", "cut short", "other names", "hangs"])
 def test_a_child_that_does_not_answer_for_these_names_leaves_the_numbering_here(
-        forked, monkeypatch, answer):
+        forked, monkeypatch, answer, tmp_path):
     import os
 
-    def fails(text):
+    ran = tmp_path / "ran"  # the child ran the answer below (not failed before it)
+
+    def fails(text, *args):
         raise MemoryError
 
-    def dies(text):
+    def dies(text, *args):
         os._exit(3)
 
-    def cut_short(text):
-        return real_message(text)[:-4]
+    def cut_short(text, *args):
+        return real_message(text, *args)[:-4]
 
-    def hangs(text):
+    def hangs(text, *args):
         import time
 
         time.sleep(600)
 
-    bad = {"fails": fails, "dies": dies, "cut short": cut_short,
-           "other names": _other_document_message, "hangs": hangs}[answer]
+    answers = {"fails": fails, "dies": dies, "cut short": cut_short,
+               "other names": _other_document_message, "hangs": hangs}
+
+    def bad(text, *args):
+        ran.touch()
+        return answers[answer](text, *args)
+
     monkeypatch.setattr(numbering, "WAIT_SECONDS", 1.0)
     monkeypatch.setattr(numbering, "_numbers_message", bad)
     path = _real_parallel()
     got = _columns(path)
-    assert forked == [False]  # asked, not taken
+    assert forked == [False] and ran.exists()  # asked, answered so, not taken
     monkeypatch.setattr(numbering, "FORK_MIN_BYTES", 1 << 62)
     monkeypatch.setenv("TVSMT_NUMBERING", "dict")
     assert all(map(np.array_equal, got, _columns(path)))

@@ -96,9 +96,11 @@ class ForkedCall:
     """`fn()` in a forked child; `answer()` waits for the bytes it returned.
 
     With `notes=True`, `fn(note)` may also tell the caller things before it returns:
-    `note(data)` sends `data` at once, and `next_note()` waits for it. The caller uses them to
-    start its own next work early (e.g. tvsmt.fold_child starts the solvers' setup while
-    the child folds); a note is a hint, never an answer."""
+    `note(data)` sends `data` (written meanwhile: the child goes on), and `next_note()`
+    waits for it. The caller uses them to start its own next work early (tvsmt.fold_child
+    starts the solvers' setup while the child folds; the reader's forked numbering sends the
+    numbers before it computes the fold's split); the caller must read every note before
+    the answer."""
 
     def __init__(self, fn: Callable[..., bytes], notes: bool = False):
         from tvsmt.heap import end_quickly
@@ -119,12 +121,14 @@ class ForkedCall:
                 die_with_parent(parent)
                 gc.disable()
                 end_quickly()  # ends with os._exit: what fn leaves to the exit is not freed
+                sender = _NoteSender(nw) if notes else None
                 try:
-                    data = memoryview(fn(lambda note: _send_note(nw, note)) if notes else fn())
+                    data = memoryview(fn(sender.send) if notes else fn())
                 except BaseException:  # anything: no answer, the parent does the work
                     data = memoryview(b"")
                 if notes:  # no more notes: a parent waiting for one goes on to the answer,
-                    os.close(nw)  # which it would otherwise never read (a full pipe)
+                    sender.finish()  # which it would otherwise never read (a full pipe)
+                    os.close(nw)
                 while data:
                     data = data[os.write(w, data):]
                 # the answer is complete now: ending the process first would make the
@@ -139,16 +143,20 @@ class ForkedCall:
         self._fd = r
         self._notes = nr
 
-    def next_note(self) -> bytes | None:
+    def next_note(self, patience: float | None = None) -> bytes | None:
         """The child's next note, once it has sent it whole; None when it sends no more
         (it has ended, or failed, or closed the channel: `answer()` then says how it
-        ended)."""
+        ended), or when it has not sent it whole within `patience` seconds (it is then
+        killed)."""
         if self._notes < 0:
             return None
-        head = _read_exactly(self._notes, 8)
+        deadline = None if patience is None else time.monotonic() + patience
+        head = _read_exactly(self._notes, 8, deadline)
         size = int.from_bytes(head, "little") if len(head) == 8 else -1
-        data = _read_exactly(self._notes, size) if size >= 0 else b""
+        data = _read_exactly(self._notes, size, deadline) if size >= 0 else b""
         if size < 0 or len(data) != size:
+            if deadline is not None and time.monotonic() >= deadline:
+                self.stop()
             self._close_notes()
             return None
         return data
@@ -205,6 +213,28 @@ class ForkedCall:
                          name=f"tvsmt-reap-{pid}").start()
 
 
+class _NoteSender:
+    """In the child: each note written by a thread of its own, one after the other, so
+    that the child goes on working while the parent has not read it yet (a pipe holds 64
+    KiB: the 128-rank MoE plan's numbers, 10 MB, would stop it until then)."""
+
+    def __init__(self, fd: int):
+        self._fd, self._thread = fd, None
+
+    def send(self, data: bytes) -> None:
+        import threading
+
+        self.finish()
+        self._thread = threading.Thread(target=_send_note, args=(self._fd, data), daemon=True)
+        self._thread.start()
+
+    def finish(self) -> None:
+        """Wait until every note is written."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
 def _send_note(fd: int, data: bytes) -> None:
     """In the child: one note, its length first (8 bytes, little-endian)."""
     view = memoryview(len(data).to_bytes(8, "little") + data)
@@ -212,10 +242,15 @@ def _send_note(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _read_exactly(fd: int, size: int) -> bytes:
-    """`size` bytes from a pipe, fewer only when its writer closed it first."""
+def _read_exactly(fd: int, size: int, deadline: float | None = None) -> bytes:
+    """`size` bytes from a pipe, fewer only when its writer closed it first or the
+    `deadline` (time.monotonic) passed."""
     chunks, left = [], size
     while left > 0:
+        if deadline is not None:
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not select.select([fd], [], [], wait)[0]:
+                break
         chunk = os.read(fd, min(left, 1 << 20))
         if not chunk:
             break

@@ -5,7 +5,8 @@ A real plan of 128 ranks holds 300k nodes of which the fold keeps 5k: what every
 is only its table (table.py), the records are needed for the few units kept. So the plan's
 dataflow is numbered once (tensor numbers of every node's inputs and outputs, kept by the
 reader: `PlanColumns`), the unit rules of units.py and the chain flattening of
-source.flatten_with_units are applied to those arrays, every reference of every table is
+source.flatten_with_units are applied to those arrays (fold/split.py, which a forked reader
+may have computed already), every reference of every table is
 computed in one pass, and a unit's table is a gather of its rows. Node objects are only
 touched for their attributes (one encoding each), for the few sums over replica units
 (ordered by dataflow, as units.py does) and for the records of the kept units.
@@ -24,7 +25,16 @@ from operator import attrgetter, is_
 import msgspec
 import numpy as np
 
-from tvsmt.fold.folder import SUM_OPS, FoldRefused, SumRefs, UnitRecords
+from tvsmt.fold.folder import FoldRefused, SumRefs, UnitRecords
+from tvsmt.fold.split import (
+    GLOBAL_KEY,
+    Misplaced,
+    NoColumns,
+    Split,
+    inputs_digest,
+    split_dataflow,
+    stable_order,
+)
 from tvsmt.fold.table import (
     _ATTRS_SEEN,
     GLOBAL,
@@ -44,7 +54,6 @@ from tvsmt.fold.table import (
 from tvsmt.fold.units import REPRESENTATIVE, NoUnits, Unit, WorldUnits, unit_order
 from tvsmt.plan.csr import gather as _gather
 from tvsmt.plan.csr import offsets as _ptr
-from tvsmt.plan.mesh import Mesh
 from tvsmt.plan.model import LazySequence, Node, Plan, PlanColumns
 from tvsmt.plan.numbering import UNDECLARED, Numbering, first_use_codes
 
@@ -52,12 +61,6 @@ _INPUTS, _OUTPUTS, _RANK, _MB, _OP = (attrgetter(k) for k in
                                       ("inputs", "outputs", "rank", "mb", "op"))
 _PASS, _SHAPE, _SCALE, _SLICE, _SUM_OF, _PARTS = (
     attrgetter(k) for k in ("pass_", "shape", "scale", "slice", "sum_of", "parts"))
-_GLOBAL_KEY = -1  # the unit key of a tensor of no unit
-
-
-class NoColumns(Exception):
-    """The plan holds something the reader would have refused (an undeclared tensor, a rank
-    that is not an int): the node-by-node `LoadedPlan` handles it."""
 
 
 def build_columns(plan: Plan) -> PlanColumns:
@@ -106,29 +109,6 @@ def columns_of(plan: Plan) -> PlanColumns:
     return build_columns(plan)
 
 
-def _first_seen(values: np.ndarray) -> np.ndarray:
-    """The distinct values (numbers >= 0) in order of first occurrence, without sorting:
-    each value's first position (a minimum per value), marked."""
-    n = len(values)
-    if not n:
-        return values
-    first = np.full(int(values.max()) + 1, n, dtype=np.int64)
-    np.minimum.at(first, values, np.arange(n))
-    mark = np.zeros(n, dtype=bool)
-    mark[first[first < n]] = True
-    return values[mark]
-
-
-def _stable_order(keys: np.ndarray) -> np.ndarray:
-    """np.argsort(keys, kind="stable"), by numpy's radix sort when the keys span fewer than
-    2**15 values (unit keys, ranks within a replica): linear instead of a merge sort."""
-    if len(keys):
-        lo = int(keys.min())
-        if int(keys.max()) - lo < 1 << 15:
-            return np.argsort((keys - lo).astype(np.int16), kind="stable")
-    return np.argsort(keys, kind="stable")
-
-
 def _first_index_codes(first_at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """np.unique(first_at, return_inverse=True) for a column whose values are the index of
     the first element with the same value (the reader's op and shape columns): the distinct
@@ -144,20 +124,6 @@ def _first_index_codes(first_at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return firsts, inv
     firsts, inv = np.unique(first_at, return_inverse=True)
     return firsts, inv.reshape(-1)
-
-
-def _cumcount(groups: np.ndarray) -> np.ndarray:
-    """For each element, how many earlier elements have its group (any order of groups)."""
-    n = len(groups)
-    if not n:
-        return groups.copy()
-    order = _stable_order(groups)
-    g = groups[order]
-    idx = np.arange(n)
-    start = np.where(np.concatenate([[True], g[1:] != g[:-1]]), idx, 0)
-    out = np.empty(n, dtype=np.int64)
-    out[order] = idx - np.maximum.accumulate(start)
-    return out
 
 
 class ColumnPlan:
@@ -179,145 +145,33 @@ class ColumnPlan:
     # -- units of nodes (units.node_units) and chains of sums (source.flatten_with_units)
 
     def _split(self, plan: Plan, cols: PlanColumns) -> None:
-        wu = WorldUnits.of(plan.world)
-        try:
-            mesh = Mesh.of({k: v for k, v in plan.world.items() if k in ("dp", "pp", "tp")})
-        except (TypeError, ValueError) as e:
-            raise NoUnits(f"the plan's world: {e}") from None
         nodes = cols.nodes
-        n = len(cols.rank)
-        size, per, mbs = mesh.dp * mesh.pp * mesh.tp, mesh.per_replica, wu.mb
-        self.wu, self.stride = wu, mbs + 1  # unit key: d * stride + (m + 1), 0 for m None
-        rank, mb = cols.rank, cols.mb
-        bad = np.flatnonzero((rank < 0) | (rank >= size) | ((mb != -1) & ((mb < 0) | (mb >= mbs))))
-        if len(bad):
-            i = int(bad[0])
-            r, m = int(rank[i]), int(mb[i])
-            if not 0 <= r < size:
-                raise NoUnits(f"node {nodes[i].id}: rank {r} outside the world")
-            raise NoUnits(f"node {nodes[i].id}: micro-batch {m} outside the world")
-        stride = self.stride
-        d = rank // per
-        key = d * stride + np.where(mb == -1, 0, mb + 1)
         if cols.op_code is not None:
-            opc, op_code = cols.op_code, {op: k for k, op in enumerate(cols.op_names)}
+            opc, op_names = np.asarray(cols.op_code), list(cols.op_names)
         else:
             firsts, opc = _first_index_codes(np.asarray(cols.op))
-            op_code = {nodes[i].op: k for k, i in enumerate(firsts.tolist())}
-        sum_codes = np.array([op_code[o] for o in SUM_OPS if o in op_code], dtype=np.int64)
-        is_sum = np.isin(opc, sum_codes)
-        in_len, in_num, out_len, out_num = cols.in_len, cols.in_num, cols.out_len, cols.out_num
-        in_ptr, out_ptr = _ptr(in_len), _ptr(out_len)
-        n_t = len(cols.tids)
-        writer = np.full(n_t + 1, -1, dtype=np.int64)  # tensor -> its producer (index -1: None)
-        out_node = np.repeat(np.arange(n), out_len)
-        real = out_num >= 0
-        writer[out_num[real]] = out_node[real]
-        writer[-1] = -1
-        # a sum over units belongs to its replica: applied until nothing changes (each sum's
-        # unit depends on earlier nodes only, so the fixed point is node_units' result)
-        cand = np.flatnonzero(is_sum & (in_len > 1) & (mb != -1))
-        if len(cand):
-            lens, xs = _gather(in_ptr, in_num, cand)
-            w = writer[xs]
-            has = w >= 0
-            offsets = _ptr(lens)[:-1]
-            base = key[cand]
-            for _ in range(n + 1):
-                pk = np.where(has, key[np.maximum(w, 0)], -1)
-                hi = np.maximum.reduceat(pk, offsets)
-                lo = np.minimum.reduceat(np.where(has, pk, np.iinfo(np.int64).max), offsets)
-                spans = (hi >= 0) & (lo != hi)
-                new = np.where(spans, d[cand] * stride, base)
-                if np.array_equal(new, key[cand]):
-                    break
-                key[cand] = new
-        # chains of two-input sums over units, flattened (source.flatten_with_units)
-        spanning = is_sum & (key % stride == 0)
-        readers = np.bincount(in_num[in_num >= 0], minlength=n_t)
-        named = np.zeros(n_t, dtype=bool)
+            op_names = [nodes[i].op for i in firsts.tolist()]
         out_nums = (cols.output_num if cols.output_num is not None
                     else cols.number.of_names(list(plan.outputs)))
-        if len(out_nums) and out_nums.min() < 0:  # not a declared tensor
-            raise NoColumns
-        named[out_nums] = True
-        named[cols.s_num] = True
+        args = (plan.world, cols.rank, cols.mb, opc, op_names, cols.in_len, cols.in_num,
+                cols.out_len, cols.out_num, len(cols.tids), out_nums, cols.s_num)
+        try:
+            split = _precomputed(cols, args)
+            if split is None:
+                split = split_dataflow(*args)
+        except Misplaced as e:
+            raise NoUnits(f"node {nodes[e.index].id}: {e.what}") from None
+        self.wu, self.stride = WorldUnits.of(plan.world), split.stride
         self._parts = (cols.parts if cols.parts is not None
                        else list(chain.from_iterable(map(_PARTS, plan.lineages))))
         self._p_sum_num = (cols.s_len, cols.s_num)
-        rows = np.flatnonzero(spanning)
-        dropped = np.zeros(n, dtype=bool)
-        new_inputs: dict[int, list] = {}
-        if len(rows):
-            lens, xs = _gather(in_ptr, in_num, rows)
-            j = writer[xs]
-            jj = np.maximum(j, 0)
-            at = np.repeat(rows, lens)
-            merge = ((j >= 0) & spanning[jj] & (opc[jj] == opc[at]) & (rank[jj] == rank[at])
-                     & (out_len[jj] == 1) & (readers[np.maximum(xs, 0)] == 1)
-                     & ~named[np.maximum(xs, 0)] & (xs >= 0))
-            if merge.any():
-                has = np.add.reduceat(merge.astype(np.int64), _ptr(lens)[:-1]) > 0
-                # over Python lists (a numpy slice per row cost twice the loop)
-                ptr = _ptr(lens).tolist()
-                xs_l, j_l, m_l, rows_l = xs.tolist(), j.tolist(), merge.tolist(), rows.tolist()
-                row_of = dict(zip(rows_l, range(len(rows_l))))  # a merged producer is a row
-                gone: list = []
-                for r in np.flatnonzero(has).tolist():
-                    a, b = ptr[r], ptr[r + 1]
-                    flat: list = []
-                    for x, jx, mg in zip(xs_l[a:b], j_l[a:b], m_l[a:b]):
-                        if mg:
-                            got = new_inputs.get(jx)
-                            if got is None:  # a producer not flattened itself: its inputs
-                                q = row_of[jx]
-                                got = xs_l[ptr[q]:ptr[q + 1]]
-                            flat += got
-                            gone.append(jx)
-                        else:
-                            flat.append(x)
-                    new_inputs[rows_l[r]] = flat
-                dropped[gone] = True
-        alive = ~dropped
-        keep = np.flatnonzero(alive)
-        tensor_alive = np.ones(n_t, dtype=bool)
-        if dropped.any():
-            gone = out_num[out_ptr[np.flatnonzero(dropped)]]
-            tensor_alive[gone[gone >= 0]] = False
-        # the flattened plan's columns
-        changed = {i: v for i, v in new_inputs.items() if alive[i]}
-        nk = len(keep)
-        pos_of = np.full(n, -1, dtype=np.int64)
-        pos_of[keep] = np.arange(nk)
-        if nk == n and not changed:  # nothing flattened: the columns as they are
-            f_in_len, f_in, f_in_ptr = in_len, in_num, in_ptr
-            f_out_len, f_out, f_out_ptr = out_len, out_num, out_ptr
-            f_key, f_rank, f_mb = key, rank, mb
-        else:
-            # nodes kept with their own inputs, and the flattened sums' new ones, in node
-            # order (masks over the concatenated columns, not gathers: half the time)
-            changed_at = sorted(changed)
-            plain_all = alive.copy()
-            plain_all[changed_at] = False
-            f_in_len = in_len[keep]
-            f_in_len[pos_of[changed_at]] = [len(changed[i]) for i in changed_at]
-            f_in_ptr = _ptr(f_in_len)
-            f_in = np.empty(int(f_in_ptr[-1]), dtype=np.int64)
-            own = np.repeat(plain_all[keep], f_in_len)
-            f_in[own] = in_num[np.repeat(plain_all, in_len)]
-            if changed_at:
-                f_in[~own] = list(chain.from_iterable(map(changed.__getitem__, changed_at)))
-            del own
-            f_out_len = out_len[keep]
-            f_out = out_num[np.repeat(alive, out_len)]
-            f_out_ptr = _ptr(f_out_len)
-            f_key, f_rank, f_mb = key[keep], rank[keep], mb[keep]
+        keep, changed = split.keep, split.changed
         tids = cols.tids
         replaced = {}
         for i, v in changed.items():
             nd = nodes[i]
             names = _take(tids, [x for x in v if x >= 0])[::-1]
-            replaced[int(pos_of[i])] = Node(
+            replaced[int(np.searchsorted(keep, i))] = Node(
                 nd.id, nd.op, nd.pass_, nd.rank, nd.mb,
                 tuple(names.pop() if x >= 0 else None for x in v), nd.outputs, nd.attrs,
                 nd.source)
@@ -328,142 +182,15 @@ class ColumnPlan:
         else:  # built on demand (a scan's): only the nodes looked at
             fnodes = _Kept(nodes, keep, replaced)
         self._nodes, self._keep = fnodes, keep
-        self._opc, self._op_names = opc[keep], list(op_code)
-        self._tensor_unit(n_t, tensor_alive, f_key, f_in_len, f_in, f_out, f_out_len)
-        self._number(per, f_key, f_rank, f_in_ptr, f_in, f_out_ptr, f_out, tensor_alive)
-        self._tables(plan, cols, fnodes, f_key, f_rank, f_mb, f_in_ptr, f_in, f_out_ptr,
-                     f_out, tensor_alive)
-
-    # -- units of tensors (units.assign_units)
-
-    def _tensor_unit(self, n_t, tensor_alive, f_key, f_in_len, f_in, f_out, f_out_len):
-        stride = self.stride
-        tunit = np.full(n_t, -2, dtype=np.int64)  # -2: not yet known
-        out_key = np.repeat(f_key, f_out_len)
-        real = f_out >= 0
-        tunit[f_out[real]] = out_key[real]
-        in_key = np.repeat(f_key, f_in_len)
-        sel = f_in >= 0
-        xs, ks = f_in[sel], in_key[sel]
-        sel = tunit[xs] == -2  # graph inputs
-        xs, ks = xs[sel], ks[sel]
-        if len(xs):
-            order = np.lexsort((ks, xs))
-            xs, ks = xs[order], ks[order]
-            starts = np.flatnonzero(np.concatenate([[True], xs[1:] != xs[:-1]]))
-            lo = ks[starts]
-            hi = np.maximum.reduceat(ks, starts)
-            t = xs[starts]
-            tunit[t] = np.where(lo == hi, lo, np.where(lo // stride == hi // stride,
-                                                       (lo // stride) * stride, _GLOBAL_KEY))
-        tunit[tunit == -2] = _GLOBAL_KEY
-        self._tunit = tunit
-
-    # -- canonical order and local numbers (units._canonical_order)
-
-    def _number(self, per, f_key, f_rank, f_in_ptr, f_in, f_out_ptr, f_out, tensor_alive):
-        stride, tunit = self.stride, self._tunit
-        num = np.full(len(tunit), -1, dtype=np.int64)
-        d = f_key // stride
-        inst = f_key % stride != 0
-        idx = np.flatnonzero(inst)
-        # by unit, then rank within the replica (0 <= rank - d*per < per), then position
-        idx = idx[_stable_order(f_key[idx] * per + (f_rank[idx] - d[idx] * per))]
-        order: dict[int, np.ndarray] = {}
-        if len(idx):
-            ukeys = f_key[idx]
-            cuts = np.flatnonzero(np.concatenate([[True], ukeys[1:] != ukeys[:-1], [True]]))
-            for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
-                order[int(ukeys[a])] = idx[a:b]
-        # inputs then outputs of each node, in canonical order, first uses by the unit's own
-        in_lens, ins = _gather(f_in_ptr, f_in, idx)
-        out_lens, outs = _gather(f_out_ptr, f_out, idx)
-        io_len = in_lens + out_lens
-        io = np.empty(int(io_len.sum()), dtype=np.int64)
-        io_ptr = _ptr(io_len)
-        in_dst = np.repeat(io_ptr[:-1] - _ptr(in_lens)[:-1], in_lens) + np.arange(len(ins))
-        out_dst = (np.repeat(io_ptr[:-1] + in_lens - _ptr(out_lens)[:-1], out_lens)
-                   + np.arange(len(outs)))
-        io[in_dst] = ins
-        io[out_dst] = outs
-        io_key = np.repeat(f_key[idx], io_len)
-        counters = np.zeros(self.wu.dp * stride + 2, dtype=np.int64)  # by unit key + 1
-
-        def number_first(xs: np.ndarray) -> None:
-            """Number the (already filtered) tensors of `xs`, grouped by unit, in order of
-            first occurrence, after the unit's tensors numbered so far."""
-            t = _first_seen(xs)
-            if not len(t):
-                return
-            u = tunit[t]
-            num[t] = counters[u + 1] + _cumcount(u)
-            np.add.at(counters, u + 1, 1)
-
-        sel = (io >= 0)
-        if len(tunit):  # an absent slot (-1) reads the last tensor's unit, masked out after
-            sel &= tunit[io] == io_key
-        number_first(io[sel])
-        # a replica unit's tensors its instance units read first (weights), in their order
-        replicas = sorted(set((f_key[~inst]).tolist()))
-        in_key = np.repeat((f_key[idx] // stride) * stride, in_lens)
-        sel = ins >= 0
-        sel[sel] = (tunit[ins[sel]] == in_key[sel]) & np.isin(in_key[sel], replicas)
-        number_first(ins[sel])
-        # replica units by dataflow (few nodes: the sums over units and what follows them)
-        members = {u: np.flatnonzero(f_key == u).tolist() for u in replicas}
-        tlist = tunit.tolist()
-        # each member's input and output numbers (f_in/f_out: its inputs' and outputs' ids)
-        m_rows = np.array(sorted(chain.from_iterable(members.values())), dtype=np.int64)
-        m_il, m_ins = _gather(f_in_ptr, f_in, m_rows)
-        m_ol, m_outs = _gather(f_out_ptr, f_out, m_rows)
-        m_ins, m_outs = m_ins.tolist(), m_outs.tolist()
-        m_ip, m_op = _ptr(m_il).tolist(), _ptr(m_ol).tolist()
-        ins_of = {i: m_ins[m_ip[k]:m_ip[k + 1]] for k, i in enumerate(m_rows.tolist())}
-        outs_of = {i: m_outs[m_op[k]:m_op[k + 1]] for k, i in enumerate(m_rows.tolist())}
-        level: dict[int, int] = {}
-        producer: dict[int, int] = {}
-        for u in replicas:
-            for i in members[u]:
-                level[i] = 1 + max((level[producer[x]] for x in ins_of[i]
-                                    if x >= 0 and x in producer), default=-1)
-                for x in outs_of[i]:
-                    if x >= 0:
-                        producer[x] = i
-        top = max(level.values(), default=-1)
-        r_order: dict[int, list] = {u: [] for u in replicas}
-        op_of, rank_of = self._op_names, f_rank
-        opc = self._opc
-        for lev in range(top + 1):
-            for u in replicas:
-                def sort_key(i: int, u=u):
-                    read = sorted(int(num[x]) for x in ins_of[i] if x >= 0)
-                    return (int(rank_of[i]) - (u // stride) * per, op_of[opc[i]], read, i)
-                got = sorted((i for i in members[u] if level[i] == lev), key=sort_key)
-                r_order[u] += got
-                new = [x for x in dict.fromkeys(chain.from_iterable(
-                    chain(ins_of[i], outs_of[i]) for i in got))
-                    if x >= 0 and num[x] < 0 and tlist[x] == u]
-                if new:
-                    k = int(counters[u + 1])
-                    num[new] = np.arange(k, k + len(new))
-                    counters[u + 1] = k + len(new)
-        for u, got in r_order.items():
-            order[u] = np.array(got, dtype=np.int64)
-        # global tensors: first read by any node, in plan order
-        sel = f_in >= 0
-        sel[sel] = tunit[f_in[sel]] == _GLOBAL_KEY
-        number_first(f_in[sel])
-        # then whatever no node touches, in the plan's tensor order
-        rest = np.flatnonzero((num < 0) & tensor_alive)
-        if len(rest):
-            u = tunit[rest]
-            num[rest] = counters[u + 1] + _cumcount(u)
-            np.add.at(counters, u + 1, 1)
-        self._num = num
-        self._order_keys = order
+        self._opc, self._op_names = opc[keep], op_names
+        self._tunit, self._num, self._order_keys = split.tunit, split.num, split.order_keys
+        whole = len(keep) == len(cols.rank)
+        self._tables(plan, cols, fnodes, split.f_key, cols.rank if whole else cols.rank[keep],
+                     cols.mb if whole else cols.mb[keep], _ptr(split.f_in_len), split.f_in,
+                     _ptr(split.f_out_len), split.f_out, split.tensor_alive)
 
     def unit_of(self, k: int) -> Unit | None:
-        if k == _GLOBAL_KEY:
+        if k == GLOBAL_KEY:
             return None
         d, r = divmod(int(k), self.stride)
         return (d, None if r == 0 else r - 1)
@@ -471,7 +198,7 @@ class ColumnPlan:
     def units_of(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`unit_of` over an array of keys, as `SumRefs` holds units: (replica or -1 for
         global, micro-batch or -1 for none)."""
-        glob, r = keys == _GLOBAL_KEY, keys % self.stride
+        glob, r = keys == GLOBAL_KEY, keys % self.stride
         return np.where(glob, -1, keys // self.stride), np.where(glob | (r == 0), -1, r - 1)
 
     # -- every table's columns at once (table.loaded_table)
@@ -484,7 +211,7 @@ class ColumnPlan:
         null = xs < 0
         x = np.maximum(xs, 0)
         tk = tunit[x]
-        glob = tk == _GLOBAL_KEY
+        glob = tk == GLOBAL_KEY
         d, m_r = reader_key // stride, reader_key % stride
         d2, m2r = tk // stride, tk % stride
         dd = np.where(d2 == d, 0, OTHER + d2)
@@ -535,12 +262,12 @@ class ColumnPlan:
         parts = self._parts
         s_len, s_num = self._p_sum_num
         s_ptr = _ptr(s_len)
-        owner = np.full(len(parts), _GLOBAL_KEY, dtype=np.int64)
+        owner = np.full(len(parts), GLOBAL_KEY, dtype=np.int64)
         if len(parts):
             offs = s_ptr[:-1]
             pk = tk[s_num]
             lo, hi = np.minimum.reduceat(pk, offs), np.maximum.reduceat(pk, offs)
-            owner = np.where(lo == hi, lo, _GLOBAL_KEY)
+            owner = np.where(lo == hi, lo, GLOBAL_KEY)
         self._p_owner = owner
         self._p_sum = (s_ptr, s_num)
         if cols.part_lineage is not None:
@@ -559,7 +286,7 @@ class ColumnPlan:
         # each part's slice as an index into the distinct slices' rows: a unit's table takes
         # its parts' rows from them (all parts' rows at once would be 42 MB for 326k parts)
         self._slice_rows, self._p_slice_at = _slices(cols.slices), np.asarray(cols.slice_index)
-        pidx = _stable_order(owner)
+        pidx = stable_order(owner)
         ok = owner[pidx]
         cuts = np.flatnonzero(np.concatenate([[True], ok[1:] != ok[:-1], [True]]))
         self._unit_parts = {int(ok[a]): pidx[a:b] for a, b in zip(cuts[:-1].tolist(),
@@ -567,7 +294,7 @@ class ColumnPlan:
         # a unit is anything owning a node, a tensor or a part (as source.split_units)
         empty = np.zeros(0, dtype=np.int64)
         keys = (set(self._order_keys) | set(self._tensors) | set(self._unit_parts))
-        keys.discard(_GLOBAL_KEY)
+        keys.discard(GLOBAL_KEY)
         self._order = {self.unit_of(k): self._order_keys.get(k, empty) for k in keys}
 
     # -- the unit source
@@ -578,10 +305,10 @@ class ColumnPlan:
 
     def global_records(self) -> UnitRecords:
         recs = UnitRecords()
-        t = self._tensors.get(_GLOBAL_KEY)
+        t = self._tensors.get(GLOBAL_KEY)
         if t is not None:
             recs.tensors = _take(self._infos, t.tolist())
-        pidx = self._unit_parts.get(_GLOBAL_KEY, np.zeros(0, dtype=np.int64)).tolist()
+        pidx = self._unit_parts.get(GLOBAL_KEY, np.zeros(0, dtype=np.int64)).tolist()
         recs.parts = self._part_records(pidx)
         # where each part's tensors live, as arrays (SumRefs): a 3.6M-node plan's global
         # parts name 336k tensors, a Python pair each cost the fold 2 s
@@ -629,6 +356,17 @@ class ColumnPlan:
 
     def worker_view(self):
         return None
+
+
+def _precomputed(cols: PlanColumns, args: tuple) -> Split | None:
+    """The split the reader had computed meanwhile (`PlanColumns.presplit`: the forked
+    numbering's, tvsmt/plan/numbering.py), when it was computed from these very inputs
+    (`split_dataflow(*args)` would be the same), else None."""
+    get = getattr(cols, "presplit", None)
+    split = get() if get is not None else None
+    if split is None or split.digest != inputs_digest(*args):
+        return None
+    return split
 
 
 def _take(seq, idx: list) -> list:

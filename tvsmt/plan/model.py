@@ -218,3 +218,6 @@ class PlanColumns:
     scale_code: Any = None
     scales: list | None = None
     output_num: Any = None
+    # () -> the fold's split of these columns computed meanwhile (fold/split.py: a reader's
+    # forked numbering, plan/numbering.py), or None; used only if computed from these inputs
+    presplit: Any = None

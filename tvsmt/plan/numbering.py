@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from itertools import chain, repeat
+from operator import attrgetter
 
 import numpy as np
 
@@ -173,48 +174,79 @@ class ForkedNumbering:
     numbering off the load's critical path.
 
     The child decodes only the names (schema.NamesPlan: the fields the reader numbers,
-    under the same types, by the same decoder, and each node's attributes as text) and sends
-    back the numbers and, per node, a code of its attributes' text (the fold groups nodes by
-    it: equal texts decode to equal attributes); `result(lens, n_nodes)` waits for them and
-    returns them only when their lengths are those this process decoded (`lens`, one code
-    per node), else None. None too where the platform cannot fork, no core is idle
-    (`tvsmt.forked.use_second_core`), the child failed, died or was cut short: the caller then
-    numbers here; also when it has not answered in far more time than it needs. The child
-    dies with this process (parent-death signal); `stop()` kills it."""
+    under the same types, by the same decoder) and sends back the numbers; with
+    `attr_codes`, also per node a code of its attributes' text (schema.NamesAttrsPlan; the
+    fold groups nodes by it: equal texts decode to equal attributes), for a caller that
+    decodes the attributes themselves and so has no text to code. `result(lens, n_nodes)`
+    waits for them and returns them only when their lengths are those this process decoded
+    (`lens`, and one code per node), else None. None too where the platform cannot fork, no
+    core is idle (`tvsmt.forked.use_second_core`), the child failed, died or was cut short:
+    the caller then numbers here; also when it has not answered in far more time than it
+    needs. The child dies with this process (parent-death signal); `stop()` kills it.
 
-    def __init__(self, text: bytes):
+    With `split` (a document read for the fold), the child sends the numbers as soon as it
+    has them, then computes the fold's split (tvsmt/fold/split.py) from them and from what
+    this process decoded and gives it (`give_split_inputs`: the nodes' ranks, micro-batches
+    and ops, the world, the outputs); `presplit()` returns it. The second core computes it
+    while this process finishes reading (0.2 s of the 128-rank MoE plan's fold)."""
+
+    def __init__(self, text: bytes, attr_codes: bool = True, split: bool = False):
+        self.attr_codes, self.split = attr_codes, split
         # how long to wait for the answer: far more than the child needs (about a second
         # per 100 MB); a child stuck in a lock the fork copied is stopped after it
         self._patience = WAIT_SECONDS + len(text) / (10 << 20)
         self._call = None
+        self._numbered = False
+        self._presplit: list = []
+        self._inputs = -1  # the pipe's end give_split_inputs writes to
         if len(text) < FORK_MIN_BYTES:
             return
         from tvsmt.forked import ForkedCall, use_second_core
 
-        if use_second_core():
-            self._call = ForkedCall(lambda: _numbers_message(text))
+        if not use_second_core():
+            return
+        if split:
+            r, w = os.pipe()  # this process -> the child: give_split_inputs
+            try:
+                self._call = ForkedCall(lambda note: _numbers_then_split(text, note, r, w),
+                                        notes=True)
+            except BaseException:
+                os.close(w)
+                raise
+            finally:
+                os.close(r)
+            self._inputs = w
+        else:
+            self._call = ForkedCall(lambda: _numbers_message(text, attr_codes))
 
     @property
     def pid(self) -> int | None:
         return None if self._call is None else self._call.pid
 
     def result(self, lens: list, n_nodes: int
-               ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray] | None:
-        """(per column: lengths and numbers, per node: its attribute text's code), or
-        None. Per column, `lens` holds the lengths this process decoded, which the child's
-        must equal, or (a document read without its nodes' names, `reader`'s lazy nodes)
-        how many entries the column has: the child's lengths are then taken as they are."""
+               ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray | None] | None:
+        """(per column: lengths and numbers, per node: its attribute text's code or, without
+        `attr_codes`, None), or None. Per column, `lens` holds the lengths this process
+        decoded, which the child's must equal, or (a document read without its nodes'
+        names, `reader`'s lazy nodes) how many entries the column has: the child's lengths
+        are then taken as they are."""
         if self._call is None:
             return None
-        data = self._call.answer(self._patience)  # None: hung (or very slow), killed
+        # None: hung (or very slow), killed
+        if self.split:
+            data = self._call.next_note(self._patience)
+            self._numbered = data is not None
+        else:
+            data = self._call.answer(self._patience)
         k = len(lens)
         if data is None or len(data) < 16 * k:
             return None  # failed, died before it answered, or hung
         head = np.frombuffer(data, np.int64, 2 * k)
         entries, totals = head[:k].tolist(), head[k:].tolist()
         want = [x if isinstance(x, int) else len(x) for x in lens]
+        codes = n_nodes if self.attr_codes else 0
         if (entries != want
-                or len(data) != 16 * k + 4 * (sum(entries) + sum(totals) + n_nodes)):
+                or len(data) != 16 * k + 4 * (sum(entries) + sum(totals) + codes)):
             return None  # other names than this process decoded, or cut short
         body = np.frombuffer(data, np.int32, offset=16 * k).astype(np.int64)
         got_lens = np.split(body[:sum(entries)], np.cumsum(entries)[:-1].tolist())
@@ -222,32 +254,131 @@ class ForkedNumbering:
             if ((not isinstance(mine, int) and not np.array_equal(got, mine))
                     or int(got.sum()) != total or (len(got) and got.min() < 0)):
                 return None
-        nums = np.split(body[sum(entries):len(body) - n_nodes], np.cumsum(totals)[:-1].tolist())
-        return list(zip(got_lens, nums)), body[len(body) - n_nodes:]
+        nums = np.split(body[sum(entries):len(body) - codes], np.cumsum(totals)[:-1].tolist())
+        return list(zip(got_lens, nums)), body[len(body) - codes:] if codes else None
+
+    def give_split_inputs(self, world: dict, rank: np.ndarray, mb: np.ndarray,
+                          opc: np.ndarray, op_names: list, outputs: list) -> None:
+        """What the child's split reads besides the numbers (`split`): written by a thread
+        (the child reads it only once it has numbered the names), this process goes on."""
+        import threading
+
+        import msgspec
+
+        fd, self._inputs = self._inputs, -1
+        if fd < 0:
+            return
+        try:
+            data = msgspec.msgpack.encode((world, op_names, outputs, *(
+                np.ascontiguousarray(a, np.int64).tobytes() for a in (rank, mb, opc))))
+        except (TypeError, ValueError, OverflowError):
+            os.close(fd)  # the child then computes no split
+            return
+        threading.Thread(target=_write_and_close, daemon=True, name="tvsmt-split-inputs",
+                         args=(fd, len(data).to_bytes(8, "little") + data)).start()
+
+    def presplit(self):
+        """The fold's split the child computed after the numbers (`split`), as
+        tvsmt.fold.split.Split, or None (not asked for, not computed, failed, hung). Its
+        caller uses it only when it was computed from its own inputs (`Split.digest`)."""
+        if not self._presplit:
+            got = None
+            if self._call is not None and self._numbered:
+                data = self._call.answer(self._patience)
+                if data:
+                    from tvsmt.fold.split import Split
+
+                    got = Split.from_bytes(data)
+            self.stop()
+            self._presplit.append(got)
+        return self._presplit[0]
 
     def stop(self) -> None:
         if self._call is not None:
-            self._call.stop()
+            if self._call.pid is not None:
+                self._call.stop()
+            self._call = None
+        if self._inputs >= 0:
+            os.close(self._inputs)
+            self._inputs = -1
 
 
-def _numbers_message(text: bytes) -> bytes:
+def _write_and_close(fd: int, data: bytes) -> None:
+    """All of `data` into the pipe `fd`, then close it (a child killed meanwhile: dropped)."""
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:  # the child ended (stopped): nobody reads it
+        pass
+    finally:
+        os.close(fd)
+
+
+def _numbers_message(text: bytes, attr_codes: bool = True) -> bytes:
     """In the child: per column its number of entries and of names, then every entry's
-    length, the names' numbers, and per node the code of its attributes' text (the first
-    node with the same text), all int32."""
+    length, the names' numbers, and (`attr_codes`) per node the code of its attributes' text
+    (`attr_text_codes`), all int32."""
     import msgspec
 
     from tvsmt.heap import leave_to_exit
-    from tvsmt.plan.schema import NamesPlan
+    from tvsmt.plan.schema import NamesAttrsPlan, NamesPlan
 
-    doc = msgspec.json.decode(text, type=NamesPlan)
+    doc = msgspec.json.decode(text, type=NamesAttrsPlan if attr_codes else NamesPlan)
     leave_to_exit(doc)  # a million names: freed with the process, after the answer
+    columns = _numbered(doc, Numbering(list(doc.tensors)))
+    return _message(columns, [attr_text_codes(doc.nodes)] if attr_codes else [])
+
+
+def _numbered(doc, number: Numbering) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The names' numbers of a document decoded by schema.NamesPlan (or a subclass)."""
     nodes = doc.nodes
     parts = chain.from_iterable(lin.parts for lin in doc.lineages or ())
-    columns = Numbering(list(doc.tensors)).of_lists(
-        [n.outputs for n in nodes], [n.inputs for n in nodes], [p.sum_of for p in parts])
-    first: dict = {}
-    codes = np.fromiter(map(first.setdefault, (bytes(n.attrs) for n in nodes), range(len(nodes))),
-                        np.int64, len(nodes))
+    return number.of_lists([n.outputs for n in nodes], [n.inputs for n in nodes],
+                           [p.sum_of for p in parts])
+
+
+def _message(columns: list, codes: list) -> bytes:
     head = np.array([len(n) for n, _ in columns] + [len(x) for _, x in columns], np.int64)
-    body = np.concatenate([n for n, _ in columns] + [x for _, x in columns] + [codes])
+    body = np.concatenate([n for n, _ in columns] + [x for _, x in columns] + codes)
     return head.tobytes() + body.astype(np.int32).tobytes()
+
+
+def _numbers_then_split(text: bytes, note, inputs: int, unused: int) -> bytes:
+    """In the child (`ForkedNumbering`'s `split`): the numbers' message as a note, then the
+    fold's split computed from them and from the parent's inputs, read from the pipe
+    `inputs` (`give_split_inputs`), with the digest of all its inputs, as its answer."""
+    import msgspec
+
+    from tvsmt.fold.split import inputs_digest, split_dataflow
+    from tvsmt.heap import leave_to_exit
+    from tvsmt.plan.schema import NamesPlan
+
+    os.close(unused)  # the parent's end: the pipe ends when the parent closes its own
+    doc = msgspec.json.decode(text, type=NamesPlan)
+    leave_to_exit(doc)
+    number = Numbering(list(doc.tensors))
+    columns = _numbered(doc, number)
+    note(_message(columns, []))
+    with os.fdopen(inputs, "rb") as f:  # its length first: another fork may hold the pipe
+        size = int.from_bytes(f.read(8), "little")
+        world, op_names, outputs, *arrays = msgspec.msgpack.decode(
+            f.read(size), type=tuple[dict, list[str], list[str], bytes, bytes, bytes])
+    rank, mb, opc = (np.frombuffer(a, np.int64) for a in arrays)
+    (out_len, out_num), (in_len, in_num), (_, s_num) = columns
+    args = (world, rank, mb, opc, op_names, in_len, in_num, out_len, out_num,
+            len(number.tids), number.of_names(outputs), s_num)
+    split = split_dataflow(*args)
+    split.digest = inputs_digest(*args)
+    return split.to_bytes()
+
+
+def attr_text_codes(nodes: list) -> np.ndarray:
+    """Per node (its `attrs` undecoded, msgspec.Raw), the first node whose attributes have
+    the same text."""
+    first: dict = {}
+    return np.fromiter(map(first.setdefault, map(bytes, map(_ATTRS, nodes)), range(len(nodes))),
+                       np.int64, len(nodes))
+
+
+_ATTRS = attrgetter("attrs")

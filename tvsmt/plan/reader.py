@@ -25,6 +25,7 @@ import io
 import operator
 import os
 import stat
+import weakref
 import zlib
 from collections import deque
 from fractions import Fraction
@@ -42,7 +43,13 @@ from tvsmt.heap import collector_paused
 from tvsmt.plan.csr import offsets as _ptr
 from tvsmt.plan.model import (MAX_DIM, Aligned, LazySequence, Lineage, LineagePart, Node,
                               Plan, PlanColumns, TensorInfo)
-from tvsmt.plan.numbering import UNDECLARED, ForkedNumbering, Numbering, first_use_codes
+from tvsmt.plan.numbering import (
+    UNDECLARED,
+    ForkedNumbering,
+    Numbering,
+    attr_text_codes,
+    first_use_codes,
+)
 from tvsmt.plan.schema import HeadPlan, RawPlan, decode_scale
 
 FORMAT = "tvsmt.execplan"
@@ -252,11 +259,17 @@ def decode_document(text: bytes, path: str = "<memory>", lazy: bool = False) -> 
     errors (tests/test_plan_reader.py)."""
     # millions of new containers and no garbage: collections would only cost time
     with collector_paused(freeze_after=True):
-        forked = ForkedNumbering(text)  # a large document's names numbered meanwhile
+        # a large document's names numbered meanwhile; attribute texts coded here when
+        # this process keeps them as text (lazy), else there; for the fold (lazy), the
+        # fold's split computed there too, after the numbers (its columns' `presplit`)
+        forked = ForkedNumbering(text, attr_codes=not lazy, split=lazy)
+        handed = False  # to the plan's columns, which stop it once they have its split
         try:
             if lazy and forked.pid is not None:
                 try:
-                    return _build(_HEAD.decode(text), path, forked, lazy=True)
+                    plan = _build(_HEAD.decode(text), path, forked, lazy=True)
+                    handed = True
+                    return plan
                 except _NoNames:  # the forked process gave no answer: decoded whole here
                     return _build(_DOC.decode(text), path)
             return _build(_DOC.decode(text), path, forked)
@@ -267,7 +280,8 @@ def decode_document(text: bytes, path: str = "<memory>", lazy: bool = False) -> 
         except RecursionError:
             raise PlanError("not valid JSON: nested too deeply", file=path) from None
         finally:
-            forked.stop()
+            if not handed:
+                forked.stop()
         try:
             data = _ANY.decode(text)
         except msgspec.DecodeError as e:  # e.g. an integer beyond 64 bits
@@ -354,6 +368,9 @@ def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None,
     outputs = doc.outputs or []
     if any(t not in tensors for t in outputs):
         raise _Reject
+    if lazy:  # read for the fold: the forked numbering computes its split from these too
+        forked.give_split_inputs(world, ranks, mbs, first_use_codes(op_first, op_at),
+                                 list(op_first), list(outputs))
     infos = list(tensors.values())
     shape_first: dict = {}  # shape -> the first tensor with it
     t_shape = np.fromiter(map(shape_first.setdefault, map(_SHAPE, infos), range(len(infos))),
@@ -369,6 +386,8 @@ def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None,
         if forked is not None and forked.pid is not None:
             fold_codes.update(_fold_codes(nodes, op_first, op_at, shape_first, t_shape,
                                           lineages, parts))
+            if lazy:  # HeadNodes: their attributes' text
+                attr_text.append(attr_text_codes(nodes))
         got = forked.result(lens, n_nodes) if forked is not None else None
         if got is None and lazy:
             raise _NoNames
@@ -376,7 +395,8 @@ def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None,
             got = number.of_lists(outs_col, ins_col, sums, lens=lens)
         else:
             got, codes = got
-            attr_text.append(codes)
+            if codes is not None:
+                attr_text.append(codes)
         numbered.append(got)
         return got[2]
 
@@ -405,6 +425,9 @@ def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None,
     columns = PlanColumns(nodes if lazy else list(nodes), tids, number, in_lens, in_num,
                           out_lens, out_num, ranks, mbs, op_at, infos, t_shape, list(lineages),
                           *parts, attr_text[0] if attr_text else None, **fold_codes)
+    if lazy:  # the columns are the forked numbering's: its split is theirs
+        columns.presplit = forked.presplit
+        weakref.finalize(columns, forked.stop)
     return Plan(path, str(name), doc.kind, world, tensors, nodes, list(outputs), lineages,
                 columns)
 

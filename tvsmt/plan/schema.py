@@ -142,6 +142,9 @@ class NamesNode(msgspec.Struct, gc=False):
     # presence and types to this decoding
     inputs: tuple[Optional[str], ...]
     outputs: tuple[Optional[str], ...]
+
+
+class NamesAttrsNode(NamesNode, gc=False):
     attrs: msgspec.Raw = msgspec.Raw(b"")  # the text, undecoded (absent: empty)
 
 
@@ -157,6 +160,13 @@ class NamesPlan(msgspec.Struct):
     tensors: dict[str, _NoFields]
     nodes: list[NamesNode]
     lineages: Optional[list[NamesLineage]] = None
+
+
+class NamesAttrsPlan(NamesPlan):
+    """`NamesPlan` with each node's attributes as text (their codes are computed from it
+    where the other process decodes the attributes themselves, `RawPlan`)."""
+
+    nodes: list[NamesAttrsNode]
 
 
 # ------------------------------------------------------------------ a document without names
