@@ -364,9 +364,13 @@ def _precomputed(cols: PlanColumns, args: tuple) -> Split | None:
     (`split_dataflow(*args)` would be the same), else None."""
     get = getattr(cols, "presplit", None)
     split = get() if get is not None else None
-    if split is None or split.digest != inputs_digest(*args):
+    if split is None:
         return None
-    return split
+    try:
+        digest = inputs_digest(*args)
+    except (TypeError, ValueError, OverflowError):  # a world MessagePack cannot hold
+        return None
+    return split if split.digest == digest else None
 
 
 def _take(seq, idx: list) -> list:

@@ -206,6 +206,7 @@ class ForkedNumbering:
         if not use_second_core():
             return
         if split:
+            import tvsmt.fold.split  # noqa: F401 - before the fork: the child inherits it
             r, w = os.pipe()  # this process -> the child: give_split_inputs
             try:
                 self._call = ForkedCall(lambda note: _numbers_then_split(text, note, r, w),
