@@ -59,15 +59,14 @@ from tvsmt.fold.table import (
 from tvsmt.fold.units import (
     REPRESENTATIVE,
     REPRESENTATIVE_REPLICA,
+    SUM_OPS,
     FoldRefused,
     Unit,
     WorldUnits,
 )
-from tvsmt.ops import all_ops
 from tvsmt.plan.model import Lineage, LineagePart, Node, Plan, TensorInfo
 from tvsmt.plan.reader import check_pair
 
-SUM_OPS = frozenset(name for name, spec in all_ops().items() if spec.unit_sum)
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,7 @@ from itertools import chain
 import msgspec
 import numpy as np
 
-from tvsmt.fold.folder import SUM_OPS
-from tvsmt.fold.units import NoUnits, WorldUnits
+from tvsmt.fold.units import SUM_OPS, NoUnits, WorldUnits
 from tvsmt.plan.csr import gather as _gather
 from tvsmt.plan.csr import offsets as _ptr
 from tvsmt.plan.mesh import Mesh

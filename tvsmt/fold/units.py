@@ -35,12 +35,15 @@ from collections import Counter
 from dataclasses import dataclass
 from itertools import chain, repeat
 
+from tvsmt.ops import all_ops
 from tvsmt.plan.mesh import Mesh
 from tvsmt.plan.model import Plan
 
 Unit = tuple[int, "int | None"]  # (replica d, micro-batch m or None for the replica unit)
 REPRESENTATIVE: Unit = (0, 0)
 REPRESENTATIVE_REPLICA: Unit = (0, None)
+# the ops whose nodes may sum over units (a gradient reducer; OpSpec.unit_sum)
+SUM_OPS = frozenset(name for name, spec in all_ops().items() if spec.unit_sum)
 
 
 class NoUnits(Exception):
