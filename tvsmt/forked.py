@@ -225,8 +225,14 @@ class _NoteSender:
         import threading
 
         self.finish()
-        self._thread = threading.Thread(target=_send_note, args=(self._fd, data), daemon=True)
+        self._thread = threading.Thread(target=self._write, args=(data,), daemon=True)
         self._thread.start()
+
+    def _write(self, data: bytes) -> None:
+        try:
+            _send_note(self._fd, data)
+        except OSError:  # the parent stopped reading (it kills this child next): no note
+            pass
 
     def finish(self) -> None:
         """Wait until every note is written."""
