@@ -7,8 +7,8 @@ A pure function of arrays: every node's rank, micro-batch and op, and the tensor
 its inputs and outputs (the reader's `PlanColumns`). No record object is read, so the
 process that numbers a large document's names (`plan.numbering.ForkedNumbering`) computes it
 too, on the second core, while the reader finishes (`Split.to_bytes`); the fold uses that
-one only when the inputs it was computed from are the fold's own (`Split.inputs_digest`), and
-computes it itself otherwise. Either way it is this function's result
+one only when the inputs it was computed from are the fold's own (`Split.digest`, the
+`inputs_digest` of its inputs), and computes it itself otherwise. Either way it is this function's result
 (tests/test_fold_columns.py).
 """
 
