@@ -151,10 +151,8 @@ class ForkedCall:
         if self._notes < 0:
             return None
         deadline = None if patience is None else time.monotonic() + patience
-        head = _read_exactly(self._notes, 8, deadline)
-        size = int.from_bytes(head, "little") if len(head) == 8 else -1
-        data = _read_exactly(self._notes, size, deadline) if size >= 0 else b""
-        if size < 0 or len(data) != size:
+        data = read_framed(self._notes, deadline)
+        if data is None:
             if deadline is not None and time.monotonic() >= deadline:
                 self.stop()
             self._close_notes()
@@ -230,7 +228,7 @@ class _NoteSender:
 
     def _write(self, data: bytes) -> None:
         try:
-            _send_note(self._fd, data)
+            write_framed(self._fd, data)
         except OSError:  # the parent stopped reading (it kills this child next): no note
             pass
 
@@ -241,11 +239,23 @@ class _NoteSender:
             self._thread = None
 
 
-def _send_note(fd: int, data: bytes) -> None:
-    """In the child: one note, its length first (8 bytes, little-endian)."""
+def write_framed(fd: int, data: bytes) -> None:
+    """`data` into the pipe `fd`, its length first (8 bytes, little-endian): a note, or
+    what a reader gives its forked numbering (`read_framed` reads it)."""
     view = memoryview(len(data).to_bytes(8, "little") + data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def read_framed(fd: int, deadline: float | None = None) -> bytes | None:
+    """What `write_framed` wrote, whole; None when the writer closed the pipe first or the
+    `deadline` (time.monotonic) passed."""
+    head = _read_exactly(fd, 8, deadline)
+    if len(head) != 8:
+        return None
+    size = int.from_bytes(head, "little")
+    data = _read_exactly(fd, size, deadline)
+    return data if len(data) == size else None
 
 
 def _read_exactly(fd: int, size: int, deadline: float | None = None) -> bytes:

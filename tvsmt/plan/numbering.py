@@ -275,8 +275,8 @@ class ForkedNumbering:
         except (TypeError, ValueError, OverflowError):
             os.close(fd)  # the child then computes no split
             return
-        threading.Thread(target=_write_and_close, daemon=True, name="tvsmt-split-inputs",
-                         args=(fd, len(data).to_bytes(8, "little") + data)).start()
+        threading.Thread(target=_write_and_close, args=(fd, data), daemon=True,
+                         name="tvsmt-split-inputs").start()
 
     def presplit(self):
         """The fold's split the child computed after the numbers (`split`), as
@@ -305,11 +305,12 @@ class ForkedNumbering:
 
 
 def _write_and_close(fd: int, data: bytes) -> None:
-    """All of `data` into the pipe `fd`, then close it (a child killed meanwhile: dropped)."""
-    view = memoryview(data)
+    """`data` into the pipe `fd` (framed: its length first), then close it (a child killed
+    meanwhile: dropped)."""
+    from tvsmt.forked import write_framed
+
     try:
-        while view:
-            view = view[os.write(fd, view):]
+        write_framed(fd, data)
     except OSError:  # the child ended (stopped): nobody reads it
         pass
     finally:
@@ -352,6 +353,7 @@ def _numbers_then_split(text: bytes, note, inputs: int, unused: int) -> bytes:
     import msgspec
 
     from tvsmt.fold.split import inputs_digest, split_dataflow
+    from tvsmt.forked import read_framed
     from tvsmt.heap import leave_to_exit
     from tvsmt.plan.schema import NamesPlan
 
@@ -361,10 +363,11 @@ def _numbers_then_split(text: bytes, note, inputs: int, unused: int) -> bytes:
     number = Numbering(list(doc.tensors))
     columns = _numbered(doc, number)
     note(_message(columns, []))
-    with os.fdopen(inputs, "rb") as f:  # its length first: another fork may hold the pipe
-        size = int.from_bytes(f.read(8), "little")
-        world, op_names, outputs, *arrays = msgspec.msgpack.decode(
-            f.read(size), type=tuple[dict, list[str], list[str], bytes, bytes, bytes])
+    # framed (its length first), not read to the end: another fork may hold the pipe open
+    given = read_framed(inputs)
+    os.close(inputs)
+    world, op_names, outputs, *arrays = msgspec.msgpack.decode(
+        given or b"", type=tuple[dict, list[str], list[str], bytes, bytes, bytes])
     rank, mb, opc = (np.frombuffer(a, np.int64) for a in arrays)
     (out_len, out_num), (in_len, in_num), (_, s_num) = columns
     args = (world, rank, mb, opc, op_names, in_len, in_num, out_len, out_num,
