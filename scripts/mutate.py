@@ -336,6 +336,27 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_fold_columns.py::test_a_forked_split_of_other_inputs_is_not_used",),
         fast=True),
     Mutation(
+        "arrow-name-lengths-shifted",
+        "the forked numbering reads each sequence's length off Arrow's list offsets one "
+        "entry off, so names are attributed to the wrong nodes",
+        "the reader's tensor numbering (numbering.NameColumns.by_arrow)",
+        (Patch("tvsmt/plan/numbering.py",
+               "        self.lens = [np.diff(a.offsets.to_numpy()) for a in lists]",
+               "        self.lens = [np.roll(np.diff(a.offsets.to_numpy()), 1) for a in lists]"),),
+        ("tests/test_plan_numbering.py::"
+         "test_columns_made_ready_by_arrow_have_the_counted_lengths_and_numbers",),
+        fast=True),
+    Mutation(
+        "fold-answer-one-scale",
+        "the folded pair's lineage scales, parsed once per distinct text, are all given "
+        "the first one parsed, so a part comes back from the forked fold with another scale",
+        "the fold in a forked process (fold_child._FoldAnswer)",
+        (Patch("tvsmt/fold_child.py",
+               "                got = parsed.get(obj)",
+               "                got = next(iter(parsed.values()), None)"),),
+        ("tests/test_fold_in_child.py::test_every_lineage_part_comes_back_with_its_own_scale",),
+        fast=True),
+    Mutation(
         "fold-columns-input-unit",
         "the column-wise split gives a graph input read by several units the unit of the "
         "first reader (not the replica unit or none), so units are compared through wrong "

@@ -354,6 +354,30 @@ def test_the_answer_brings_back_exactly_the_folded_pair(pair):
             assert [repr(x) for x in plan.lineages] == [repr(x) for x in back.lineages]
 
 
+def test_every_lineage_part_comes_back_with_its_own_scale(pair):
+    """Scales travel as text and each distinct text is parsed once (`_scale_decoder`):
+    every part still gets its own value back."""
+    import dataclasses
+    from fractions import Fraction
+
+    import msgspec
+
+    from tvsmt.fold import fold_plans
+    from tvsmt.plan import plan_from_dict
+
+    folded = fold_plans(plan_from_dict(pair[0], "s"), plan_from_dict(pair[1], "p"), 0)
+    scales = [Fraction(1), Fraction(1, 2), Fraction(-3, 4), Fraction(1, 2), Fraction(7)]
+    lins = folded.parallel.lineages
+    for k, lin in enumerate(lins[:12]):
+        lins[k] = dataclasses.replace(lin, parts=tuple(
+            msgspec.structs.replace(p, scale=scales[(k + j) % len(scales)])
+            for j, p in enumerate(lin.parts)))
+    back = FC._FoldAnswer.decode_pair(FC._FoldAnswer.encode_pair(folded))[1]
+    want = [p.scale for lin in lins for p in lin.parts]
+    assert [p.scale for lin in back.lineages for p in lin.parts] == want
+    assert len(set(want)) == len(scales) - 1  # the test covers distinct and repeated texts
+
+
 def test_an_answer_holding_anything_else_is_refused(tmp_path, pair, monkeypatch, children,
                                                     loads_here):
     """Only a folded pair's own records are built from the child's answer: anything else

@@ -81,6 +81,24 @@ def test_a_missing_list_has_no_length(mode):
         Numbering(["a"]).of_lists([("a",), None])
 
 
+@pytest.mark.parametrize("names", [TIDS + LOOKALIKES, ["ok", "\ud800lone", None]],
+                         ids=["lookalikes", "not-utf-8"])
+def test_columns_made_ready_by_arrow_have_the_counted_lengths_and_numbers(mode, names):
+    """`NameColumns.by_arrow` (a forked numbering's) reads the lengths off Arrow's offsets:
+    the same lengths and numbers as counting and the dict, for empty sequences, absent
+    slots, lookalikes and names Arrow cannot hold (then counted and looked up in the
+    dict)."""
+    tids = list(TIDS) + ["\ud800lone"]
+    columns = [[tuple(names[:3]), (), tuple(names[3:]), (None,)], [tuple(names[::-1])], []]
+    ready = numbering.NameColumns.by_arrow(columns)
+    got = Numbering(tids).of_prepared(ready)
+    for column, (lens, nums) in zip(columns, got):
+        assert lens.tolist() == list(map(len, column))
+        assert nums.tolist() == _reference(tids, [x for seq in column for x in seq])
+    with pytest.raises(TypeError):  # an entry that is not a sequence has no length
+        numbering.NameColumns.by_arrow([[("a",), None]])
+
+
 def test_a_few_names_by_key():
     number = Numbering(["x", "y"])
     assert (number["y"], number.get(None), number.get("z", UNDECLARED)) == (1, ABSENT,
