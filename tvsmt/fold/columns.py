@@ -363,12 +363,14 @@ def _precomputed(cols: PlanColumns, args: tuple) -> Split | None:
     numbering's, tvsmt/plan/numbering.py), when it was computed from these very inputs
     (`split_dataflow(*args)` would be the same), else None."""
     get = getattr(cols, "presplit", None)
-    split = get() if get is not None else None
-    if split is None:
+    if get is None:
         return None
-    try:
+    try:  # first: the forked numbering may still be computing its split meanwhile
         digest = inputs_digest(*args)
     except (TypeError, ValueError, OverflowError):  # a world MessagePack cannot hold
+        digest = None
+    split = get()
+    if split is None or digest is None:
         return None
     return split if split.digest == digest else None
 
