@@ -2,6 +2,7 @@
 """How much faster the `verify` command is than at an earlier revision, measured in one run.
 
     python scripts/bench_command_history.py --base REV DIR [DIR ...] [--repeat 6] [--jobs 2]
+        [--in-process]
 
 Each DIR holds single.json.gz and parallel.json.gz (e.g. a real plan of ../shared/plans).
 The revision `--base` is checked out in a temporary git worktree. Each measurement is the
@@ -12,6 +13,10 @@ falls on both alike. Both trees are byte-compiled first: where PYTHONDONTWRITEBY
 (as on this machine), a module without its .pyc would be compiled again on every run, on one
 side only. Printed per plan and side: the verdicts (they must agree), the median and the
 fastest time, and the median ratio now / base.
+
+`--in-process`: each measurement is instead `verify_pair` timed inside a fresh process that
+has already imported tvsmt (scripts/bench_real.py's "in-process" time), its exit code 0 for
+a verdict.
 """
 
 from __future__ import annotations
@@ -31,13 +36,28 @@ from revision import checked_out
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(tree: Path, folder: Path, jobs: int) -> tuple[float, int]:
+IN_PROCESS = """
+import sys, time
+from tvsmt.verify import Options, verify_pair
+t0 = time.perf_counter()
+verify_pair(sys.argv[1], sys.argv[2], Options(jobs=int(sys.argv[3])))
+print(time.perf_counter() - t0)
+"""
+
+
+def run(tree: Path, folder: Path, jobs: int, in_process: bool = False) -> tuple[float, int]:
     env = dict(os.environ, PYTHONPATH=str(tree))
-    cmd = [sys.executable, "-m", "tvsmt", "verify", "--no-corpus", "-j", str(jobs),
-           str(folder / "single.json.gz"), str(folder / "parallel.json.gz")]
+    pair = [str(folder / "single.json.gz"), str(folder / "parallel.json.gz")]
+    if in_process:
+        cmd = [sys.executable, "-c", IN_PROCESS, *pair, str(jobs)]
+    else:
+        cmd = [sys.executable, "-m", "tvsmt", "verify", "--no-corpus", "-j", str(jobs), *pair]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env, cwd=tempfile.gettempdir(), capture_output=True)
-    return time.perf_counter() - t0, done.returncode
+    seconds = time.perf_counter() - t0
+    if in_process and done.returncode == 0:
+        seconds = float(done.stdout.decode().split()[-1])
+    return seconds, done.returncode
 
 
 def main() -> None:
@@ -46,6 +66,8 @@ def main() -> None:
     ap.add_argument("--base", required=True)
     ap.add_argument("--repeat", type=int, default=6)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--in-process", action="store_true",
+                    help="time verify_pair in a process that has imported tvsmt")
     args = ap.parse_args()
     folders = [f.resolve() for f in args.folders]
     with checked_out(args.base) as base:
@@ -57,7 +79,7 @@ def main() -> None:
         for _ in range(args.repeat):
             for f in folders:
                 for side, tree in sides.items():
-                    seconds, code = run(tree, f, args.jobs)
+                    seconds, code = run(tree, f, args.jobs, args.in_process)
                     times[side, f].append(seconds)
                     codes[side, f].add(code)
         print(f"| plan | exit codes (base/now) | base median (fastest) s | now median "
