@@ -216,7 +216,8 @@ class ForkedCall:
 class _NoteSender:
     """In the child: each note written by a thread of its own, one after the other, so
     that the child goes on working while the parent has not read it yet (a pipe holds 64
-    KiB: the 128-rank MoE plan's numbers, 10 MB, would stop it until then)."""
+    KiB, 1 MiB once `_widen`ed: the 128-rank MoE plan's numbers, 6 MB, would stop it until
+    then)."""
 
     def __init__(self, fd: int):
         self._fd, self._thread = fd, None
