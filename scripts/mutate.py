@@ -357,6 +357,37 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_fold_in_child.py::test_every_lineage_part_comes_back_with_its_own_scale",),
         fast=True),
     Mutation(
+        "lazy-parts-tensor-twice",
+        "lineage parts read as columns for the fold no longer refuse a part that names one "
+        "tensor twice, so the part claims twice the tensor's value",
+        "the reader's lineage parts as columns (reader._lazy_lineages)",
+        (Patch("tvsmt/plan/reader.py",
+               "        if len(np.unique(pair)) != len(pair):",
+               "        if False:"),),
+        ("tests/test_plan_reader.py::test_lineage_parts_read_as_columns_agree_with_the_"
+         "reference",)),
+    Mutation(
+        "lazy-parts-first-slice",
+        "lineage parts read as columns for the fold all get the first distinct slice text's "
+        "slice, so a part claims another region of its single tensor",
+        "the reader's lineage parts as columns (reader._lazy_lineages)",
+        (Patch("tvsmt/plan/reader.py",
+               "        text_index.append(by_value[key])",
+               "        text_index.append(0)"),),
+        ("tests/test_plan_reader.py::test_lineage_parts_read_as_columns_agree_with_the_"
+         "reference",)),
+    Mutation(
+        "lazy-parts-scale-one",
+        "lineage parts read as columns for the fold lose their scales (each distinct scale "
+        "read as 1), so a partial sum claims to be the whole value",
+        "the reader's lineage parts as columns (reader._lazy_lineages)",
+        (Patch("tvsmt/plan/reader.py",
+               "                scales.append(decode_scale(Fraction, None if sc is None else "
+               "list(sc)))",
+               "                scales.append(_ONE)"),),
+        ("tests/test_plan_reader.py::test_lineage_parts_read_as_columns_agree_with_the_"
+         "reference",)),
+    Mutation(
         "fold-columns-input-unit",
         "the column-wise split gives a graph input read by several units the unit of the "
         "first reader (not the replica unit or none), so units are compared through wrong "

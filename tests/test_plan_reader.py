@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gzip
 import json
 
@@ -229,8 +230,9 @@ def _outcome(fn):
     except PlanError as e:
         return ("error", str(e))
     nodes = list(p.nodes)  # a lazy sequence (nodes built on demand) as a list
+    lineages = [dataclasses.replace(lin, parts=tuple(lin.parts)) for lin in p.lineages]
     return ("plan", p.name, p.kind, p.world, p.tensors, nodes, [n.attrs for n in nodes],
-            [n.source for n in nodes], p.outputs, p.lineages)
+            [n.source for n in nodes], p.outputs, lineages)
 
 
 @pytest.fixture(params=["dict", "arrow", "forked", "lazy"])
@@ -295,6 +297,67 @@ def test_nodes_built_on_demand_read_attributes_as_the_reference(attrs, monkeypat
     text = json.dumps(plan).encode()
     lazy = _outcome(lambda: decode_document(text, "p.json", lazy=True))
     assert lazy == _outcome(lambda: plan_from_dict(json.loads(text), "p.json"))
+
+
+_PART = '"slice": [[8, 16], [0, 8]], "sum_of": ["w1@1"]'  # lineage #1's second part
+LAZY_PARTS = {
+    "scale null": _PART + ', "scale": null',
+    "scale a half": _PART + ', "scale": [1, 2]',
+    "scale a half written otherwise": _PART + ', "scale": [2, 4]',
+    "scale of denominator 0": _PART + ', "scale": [1, 0]',
+    "scale of a boolean": _PART + ', "scale": [true, 1]',
+    "scale of a float": _PART + ', "scale": [1.0, 2]',
+    "scale of three": _PART + ', "scale": [1, 2, 3]',
+    "scale as text": _PART + ', "scale": "1/2"',
+    "scale at the int64 bound": _PART + ', "scale": [9223372036854775807, 1]',
+    "scale beyond int64": _PART + ', "scale": [9223372036854775808, 1]',
+    "slice spaced otherwise": '"slice":[ [8,16] ,[0, 8]], "sum_of": ["w1@1"]',
+    "slice beyond 2**53": '"slice": [[8, 9007199254740993], [0, 8]], "sum_of": ["w1@1"]',
+    "slice of a float": '"slice": [[8.0, 16], [0, 8]], "sum_of": ["w1@1"]',
+    "slice of one bound": '"slice": [[8], [0, 8]], "sum_of": ["w1@1"]',
+    "slice of another shape": '"slice": [[8, 12], [0, 8]], "sum_of": ["w1@1"]',
+    "slice missing": '"sum_of": ["w1@1"]',
+    "slice null": '"slice": null, "sum_of": ["w1@1"]',
+    "tensors missing": '"slice": [[8, 16], [0, 8]]',
+    "no tensors": '"slice": [[8, 16], [0, 8]], "sum_of": []',
+    "a tensor twice": '"slice": [[8, 16], [0, 8]], "sum_of": ["w1@1", "w1@1"]',
+    "two tensors": '"slice": [[8, 16], [0, 8]], "sum_of": ["w1@1", "w1@3"]',
+    "an undeclared tensor": '"slice": [[8, 16], [0, 8]], "sum_of": ["nope"]',
+    "a null tensor": '"slice": [[8, 16], [0, 8]], "sum_of": [null]',
+}
+
+
+@pytest.mark.parametrize("part", sorted(LAZY_PARTS))
+def test_lineage_parts_read_as_columns_agree_with_the_reference(part, monkeypatch):
+    """A large document's lineage parts read for the fold (the forked numbering decodes
+    their tensors; this process codes each slice and scale by its text and decodes each
+    distinct one once, reader._lazy_lineages): every part the same as plan_from_dict reads
+    it, every damaged part refused with its words."""
+    import os
+
+    from tvsmt.plan import numbering as module
+    from tvsmt.plan.reader import decode_document
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    monkeypatch.setattr(forked_policy, "PARALLEL", True)
+    monkeypatch.setattr(module, "FORK_MIN_BYTES", 0)
+    text = json.dumps(parallel_mlp())
+    assert text.count(_PART) == 1
+    text = text.replace(_PART, LAZY_PARTS[part]).encode()
+    lazy = _outcome(lambda: decode_document(text, "p.json", lazy=True))
+    assert lazy == _outcome(lambda: plan_from_dict(json.loads(text), "p.json"))
+    if lazy[0] == "plan":  # and the columns the fold reads say the same
+        plan = decode_document(text, "p.json", lazy=True)
+        cols = plan.columns
+        if cols is None:  # read by plan_from_dict: only a scale beyond the typed decoding's
+            assert part == "scale beyond int64"
+            return
+        flat = [p for lin in lazy[-1] for p in lin.parts]
+        assert list(cols.parts) == flat
+        assert [cols.scales[c] for c in cols.scale_code.tolist()] == [p.scale for p in flat]
+        assert [cols.slices[c] for c in cols.slice_index.tolist()] == [p.slice for p in flat]
+        assert len(set(cols.slices)) == len(cols.slices)  # equal slices share one index
 
 
 def one_line_exit_2(result, *words):

@@ -24,3 +24,32 @@ def gather(ptr: np.ndarray, flat: np.ndarray, rows: np.ndarray
         return lens, flat[:0]
     starts = np.repeat(ptr[rows] - offsets(lens)[:-1], lens)
     return lens, flat[starts + np.arange(total)]
+
+
+class PartsFromColumns:
+    """Lineage parts built back from a reader's columns, for the few the fold keeps (the
+    builder of a `LazySequence` of all parts): per part its tensors as a CSR column of
+    tensor numbers (`s_len`, `s_num`), its slice and scale as indices into the distinct
+    ones; `names(numbers)` gives the tensor ids of a list of numbers."""
+
+    def __init__(self, names, s_len, s_num, slices: list, slice_index, scales: list,
+                 scale_code):
+        self._names, self._ptr, self._s_num = names, offsets(s_len), s_num
+        self._slices, self._slice_index = slices, slice_index
+        self._scales, self._scale_code = scales, scale_code
+
+    def __call__(self, idx: list) -> list:
+        from tvsmt.plan.model import LineagePart
+
+        if not idx:
+            return []
+        rows = np.asarray(idx, dtype=np.int64)
+        lens, nums = gather(self._ptr, self._s_num, rows)
+        names, at = self._names(nums.tolist()), 0
+        slices, scales = self._slices, self._scales
+        out = []
+        for s, n, c in zip(self._slice_index[rows].tolist(), lens.tolist(),
+                           self._scale_code[rows].tolist()):
+            out.append(LineagePart(slices[s], tuple(names[at:at + n]), scales[c]))
+            at += n
+        return out

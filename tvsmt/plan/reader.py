@@ -28,6 +28,7 @@ import stat
 import weakref
 import zlib
 from collections import deque
+from functools import partial
 from fractions import Fraction
 from itertools import chain, repeat
 from operator import attrgetter, itemgetter
@@ -40,6 +41,7 @@ from msgspec.structs import force_setattr
 
 from tvsmt.errors import PlanError, UnsupportedOperator
 from tvsmt.heap import collector_paused
+from tvsmt.plan.csr import PartsFromColumns
 from tvsmt.plan.csr import offsets as _ptr
 from tvsmt.plan.model import (MAX_DIM, Aligned, LazySequence, Lineage, LineagePart, Node,
                               Plan, PlanColumns, TensorInfo)
@@ -344,10 +346,15 @@ def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None,
     # is written by an earlier node or by none (a graph input).
     number = Numbering(tids)
     raw_lineages = doc.lineages or ()
-    sums = list(map(_SUM_OF, chain.from_iterable(map(_PARTS, raw_lineages))))
+    if lazy:  # HeadParts: the forked numbering decodes their tensors (`_lazy_lineages`)
+        sums = None
+        n_parts = sum(map(len, map(_PARTS, raw_lineages)))
+    else:
+        sums = list(map(_SUM_OF, chain.from_iterable(map(_PARTS, raw_lineages))))
+        n_parts = len(sums)
     try:  # a missing list is UNSET, which has no length
-        lens = [n_nodes if c is None else np.fromiter(map(len, c), np.int64, len(c))
-                for c in (outs_col, ins_col, sums)]
+        lens = [n if c is None else np.fromiter(map(len, c), np.int64, len(c))
+                for c, n in ((outs_col, n_nodes), (ins_col, n_nodes), (sums, n_parts))]
     except TypeError:
         raise _Reject from None
     op_first: dict = {}  # op -> its first node
@@ -381,13 +388,14 @@ def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None,
     attr_text = []
     fold_codes: dict = {}  # PlanColumns' codes for the fold, computed while waiting for numbers
 
-    def s_cols_of(lineages: list, parts: list) -> tuple:
+    def s_cols_of(part_codes) -> tuple:
         """The names' numbers, from the forked child when it numbered them meanwhile
         (waited for as late as possible: this process first computes the fold's codes, which
-        need no numbers, instead of waiting idle); the lineage tensors' ones returned."""
+        need no numbers, instead of waiting idle); the lineage tensors' ones returned.
+        `part_codes()`: the fold's codes of the lineage parts (`_part_codes`)."""
         if forked is not None and forked.pid is not None:
-            fold_codes.update(_fold_codes(nodes, op_first, op_code, shape_first, t_shape,
-                                          lineages, parts))
+            fold_codes.update(_fold_codes(nodes, op_first, op_code, shape_first, t_shape))
+            fold_codes.update(part_codes())
             if lazy:  # HeadNodes: their attributes' text
                 attr_text.append(attr_text_codes(nodes))
         got = forked.result(lens, n_nodes) if forked is not None else None
@@ -402,7 +410,13 @@ def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None,
         numbered.append(got)
         return got[2]
 
-    lineages, parts = _document_lineages(raw_lineages, sums, s_cols_of, t_shape, shape_first)
+    if lazy:
+        lineages, parts, part_codes = _lazy_lineages(raw_lineages, s_cols_of, t_shape,
+                                                     shape_first, tids)
+        fold_codes.update(part_codes)
+    else:
+        lineages, parts = _document_lineages(raw_lineages, sums, s_cols_of, t_shape,
+                                             shape_first)
     (out_lens, out_num), (in_lens, in_num), _ = numbered[0]
     n_in = len(in_num)
     # None (ABSENT, -1): an absent slot, "written" at -1 by the last entry of `written_at`
@@ -435,30 +449,41 @@ def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None,
 
 
 def _fold_codes(nodes: list, op_first: dict, op_code: np.ndarray, shape_first: dict,
-                t_shape: np.ndarray, lineages: list, parts: list) -> dict:
+                t_shape: np.ndarray) -> dict:
     """The codes `PlanColumns` may hold so that the fold need not compute them from every
-    node, tensor and part (its results are the same either way): ops, passes and shapes as
+    node and tensor (its results are the same either way): ops, passes and shapes as
     indices into their distinct values in order of first use (`op_code` computed by the
-    caller; `t_shape`: each tensor's first tensor with the same shape), every lineage part with its lineage's
-    position, its position in it, and its scale as an index into the distinct scale
-    objects. Measured on the 128-rank MoE plan's command: 3.01 -> 2.85 s (medians of seven,
-    `scripts/bench_command_history.py`), the fold's column split 0.41 -> 0.34 s."""
+    caller; `t_shape`: each tensor's first tensor with the same shape); the lineage parts'
+    are `_part_codes`. Measured on the 128-rank MoE plan's command: 3.01 -> 2.85 s (medians
+    of seven, `scripts/bench_command_history.py`), the fold's column split 0.41 -> 0.34 s."""
     n = len(nodes)
     pass_first: dict = {}  # pass -> its first node
     pass_at = np.fromiter(map(pass_first.setdefault, map(_PASS, nodes), range(n)), np.int64, n)
+    return {"op_code": op_code, "op_names": list(op_first),
+            "pass_code": first_use_codes(pass_first, pass_at), "pass_names": list(pass_first),
+            "shape_code": first_use_codes(shape_first, t_shape), "shapes": list(shape_first)}
 
+
+def _part_codes(per: np.ndarray, parts, scale_code: np.ndarray, scales: list) -> dict:
+    """The lineage parts' codes for `PlanColumns`: the parts (`per`: how many each lineage
+    has), each with its lineage, its position in it, and its scale as an index into
+    `scales`."""
+    n = int(per.sum())
+    return {"parts": parts, "part_lineage": np.repeat(np.arange(len(per)), per),
+            "part_pos": np.arange(n) - np.repeat(_ptr(per)[:-1], per),
+            "scale_code": scale_code, "scales": scales}
+
+
+def _object_part_codes(lineages: list, parts: list) -> dict:
+    """`_part_codes` of parts held as `LineagePart`s (scales coded by object: the parts of a
+    document share a few)."""
     per = np.fromiter(map(len, map(_PARTS, lineages)), np.int64, len(lineages))
-    scale_at: dict = {}  # id of a scale object -> its first part (the parts share a few)
+    scale_at: dict = {}  # id of a scale object -> its first part
     scales = list(map(_SCALE, parts))
     first_scale = np.fromiter(map(scale_at.setdefault, map(id, scales), range(len(scales))),
                               np.int64, len(scales))
-    return {"op_code": op_code, "op_names": list(op_first),
-            "pass_code": first_use_codes(pass_first, pass_at), "pass_names": list(pass_first),
-            "shape_code": first_use_codes(shape_first, t_shape), "shapes": list(shape_first),
-            "parts": parts, "part_lineage": np.repeat(np.arange(len(per)), per),
-            "part_pos": np.arange(len(parts)) - np.repeat(_ptr(per)[:-1], per),
-            "scale_code": first_use_codes(scale_at, first_scale),
-            "scales": [scales[i] for i in scale_at.values()]}
+    return _part_codes(per, parts, first_use_codes(scale_at, first_scale),
+                       [scales[i] for i in scale_at.values()])
 
 
 def _lazy_nodes(heads: list, tids: list, out_lens, out_num, in_lens, in_num,
@@ -537,7 +562,7 @@ def _document_lineages(raws, sums: list, s_cols_of, t_shape: np.ndarray,
         want.append(shape_first.get(tuple(e - s for s, e in key), -1))
     index = first_use_codes(first, at)
     # per part (`sums`: its tensor ids): how many, their numbers
-    s_len, s_num = s_cols_of(lineages, flat)
+    s_len, s_num = s_cols_of(lambda: _object_part_codes(lineages, flat))
     if n_p and s_len.min() == 0:
         raise _Reject
     if any(len(set(sums[j])) != len(sums[j]) for j in np.flatnonzero(s_len > 1).tolist()):
@@ -548,6 +573,89 @@ def _document_lineages(raws, sums: list, s_cols_of, t_shape: np.ndarray,
                        ).any():
         raise _Reject
     return lineages, (s_len, s_num, index, distinct)
+
+
+def _lazy_lineages(raws, s_cols_of, t_shape: np.ndarray, shape_first: dict, tids: list
+                   ) -> tuple[list[Lineage], tuple, dict]:
+    """`_document_lineages` of lineages decoded as `HeadLineage`s, whose parts' tensors only
+    the forked numbering decoded (`s_cols_of` gives their lengths and numbers): the same
+    checks, over columns, each distinct slice text and scale decoded once. Each `Lineage`'s
+    parts are built on demand from the columns (a `LazySequence`, as are the plan's
+    `PlanColumns.parts`). Also the fold's codes of the parts (`_part_codes`).
+    On the 128-rank MoE plan (326,664 parts) the reading process ends its load 0.14 s
+    sooner; `verify_pair` 2.42 -> 2.27 s (medians of 8, `scripts/bench_command_history.py
+    --in-process`)."""
+    aligned = []
+    for i, raw in enumerate(raws):
+        if not raw.parts:
+            raise _Reject
+        aligned.append(None if raw.aligned is None else _aligned(raw.aligned, i))
+        if raw.aligned is not None and aligned[-1] is None:
+            raise _Reject
+    per = np.fromiter(map(len, map(_PARTS, raws)), np.int64, len(raws))
+    flat = list(chain.from_iterable(map(_PARTS, raws)))
+    n_p = len(flat)
+    first: dict = {}  # slice text -> its first part
+    at = np.fromiter(map(first.setdefault, map(bytes, map(_SLICE, flat)), range(n_p)),
+                     np.int64, n_p)
+    by_value: dict = {}  # slice -> its index in `distinct` (texts that differ may be equal)
+    text_index, want = [], []
+    for text in first:
+        try:
+            key = _SLICE_TEXT.decode(text)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            raise _Reject from None
+        if any(s > MAX_DIM or e > MAX_DIM for s, e in key):
+            raise _Reject
+        if key not in by_value:
+            by_value[key] = len(by_value)
+            want.append(shape_first.get(tuple(e - s for s, e in key), -1))
+        text_index.append(by_value[key])
+    distinct = list(by_value)
+    index = np.array(text_index, np.int64)[first_use_codes(first, at)]
+    scale_at: dict = {}  # scale pair (None: 1) -> its first part
+    raw_scales = list(map(_SCALE, flat))
+    if raw_scales.count(None) == n_p:  # the common case: no part has a scale
+        scale_code, scales = np.zeros(n_p, np.int64), [_ONE]
+    else:
+        first_scale = np.fromiter(map(scale_at.setdefault, raw_scales, range(n_p)),
+                                  np.int64, n_p)
+        scales = []
+        for sc in scale_at:
+            try:
+                scales.append(decode_scale(Fraction, None if sc is None else list(sc)))
+            except ValueError:
+                raise _Reject from None
+        scale_code = first_use_codes(scale_at, first_scale)
+    s_len, s_num = s_cols_of(dict)  # the parts' codes need the numbers: returned below
+    if n_p and s_len.min() == 0:
+        raise _Reject
+    if len(s_num) and s_num.min() < 0:  # an undeclared tensor (or a None, not a name)
+        raise _Reject
+    if (s_len > 1).any():  # a tensor twice in one part: a (part, number) pair twice
+        mine = np.repeat(s_len > 1, s_len)
+        pair = np.repeat(np.arange(n_p), s_len)[mine] * (len(tids) + 1) + s_num[mine]
+        if len(np.unique(pair)) != len(pair):
+            raise _Reject
+    if len(s_num) and (t_shape[s_num] != np.repeat(np.array(want, np.int64)[index], s_len)
+                       ).any():
+        raise _Reject
+    built = PartsFromColumns(lambda nums: list(map(tids.__getitem__, nums)), s_len, s_num,
+                             distinct, index, scales, scale_code)
+    lineages = [Lineage(i, raw.single, LazySequence(n, partial(_rows_from, built, a)), al,
+                        raw.hypothesis)
+                for i, (raw, al, a, n) in enumerate(zip(raws, aligned, _ptr(per).tolist(),
+                                                        per.tolist()))]
+    return (lineages, (s_len, s_num, index, distinct),
+            _part_codes(per, LazySequence(n_p, built), scale_code, scales))
+
+
+def _rows_from(build, start: int, idx: list) -> list:
+    """`build` of rows numbered from `start` (one lineage's parts among all parts)."""
+    return build([start + i for i in idx])
+
+
+_SLICE_TEXT = msgspec.json.Decoder(tuple[tuple[int, int], ...])
 
 
 def _distinct(ids: list[str]) -> bool:

@@ -45,8 +45,9 @@ from tvsmt.errors import PlanError
 from tvsmt.heap import collector_paused
 from tvsmt.plan import reader as R
 from tvsmt.plan.csr import gather as _gather
+from tvsmt.plan.csr import PartsFromColumns
 from tvsmt.plan.csr import offsets as _ptr
-from tvsmt.plan.model import (Dim, LazySequence, Lineage, LineagePart, Node, Plan,
+from tvsmt.plan.model import (Dim, LazySequence, Lineage, Node, Plan,
                               PlanColumns, TensorInfo)
 from tvsmt.plan.numbering import ABSENT
 from tvsmt.plan.schema import HeaderRec, SectionRec, TrailerRec
@@ -819,11 +820,9 @@ class _Records:
         self.pass_names = list(sc.passes)
         self._attr_texts = list(sc.attr_texts)
         self._sources = list(sc.sources)
-        self._p_ptr = _ptr(p_len)
-        self._s_num = s_num
-        self._slices = slices
-        self._slice_index = slice_index
         self.scales, self.scale_code = scales
+        self.parts = PartsFromColumns(self.names, p_len, s_num, slices, slice_index,
+                                      *scales)
 
     # -- records on demand
 
@@ -866,15 +865,6 @@ class _Records:
                     c["rank"][rows].tolist(), c["mb"][rows].tolist(), ins_names, outs_names,
                     c["attr"][rows].tolist(), c["source"][rows].tolist())]
 
-    def parts(self, idx: list) -> list:
-        if not idx:
-            return []
-        rows = np.asarray(idx, dtype=np.int64)
-        lens, nums = _gather(self._p_ptr, self._s_num, rows)
-        names = _split(self.names(nums.tolist()), lens)
-        slices, scales = self._slices, self.scales
-        return [LineagePart(slices[s], tuple(x), scales[c]) for s, x, c in zip(
-            self._slice_index[rows].tolist(), names, self.scale_code[rows].tolist())]
 
 
 def _split(values: list, lens: np.ndarray) -> list[list]:

@@ -187,7 +187,25 @@ class HeadNode(msgspec.Struct, frozen=True, gc=False, rename={"pass_": "pass"}):
     source: Optional[str] = None
 
 
+class HeadPart(msgspec.Struct, gc=False):
+    """A lineage part without its tensors (NamesPart's, numbered by the forked process): its
+    slice as text, decoded once per distinct text (reader._lazy_lineages); its scale as
+    `decode_scale` takes it (null and absent: 1; the pair's bounds and denominator checked
+    there too)."""
+
+    slice: msgspec.Raw
+    scale: Optional[tuple[int, int]] = None
+
+
+class HeadLineage(msgspec.Struct):
+    single: str
+    parts: list[HeadPart]
+    aligned: Any = None
+    hypothesis: bool = False
+
+
 class HeadPlan(RawPlan):
-    """`RawPlan` with `HeadNode`s."""
+    """`RawPlan` with `HeadNode`s and `HeadLineage`s."""
 
     nodes: list[HeadNode]
+    lineages: Optional[list[HeadLineage]] = None
