@@ -388,6 +388,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_plan_reader.py::test_lineage_parts_read_as_columns_agree_with_the_"
          "reference",)),
     Mutation(
+        "fold-attrs-before-split-misaligned",
+        "the attribute columns computed for every node before the forked split arrives are "
+        "taken for the first nodes instead of the kept ones, so a unit's nodes are compared "
+        "with other nodes' attributes",
+        "folding (column split)",
+        (Patch("tvsmt/fold/columns.py",
+               "            self._attrs, self._attr_ptr = codes[self._keep], _ptr(al)",
+               "            self._attrs, self._attr_ptr = codes[:len(self._keep)], _ptr(al)"),),
+        ("tests/test_fold_real.py::test_a_real_plan_read_for_the_fold_folds_as_when_read_whole",)),
+    Mutation(
         "fold-columns-input-unit",
         "the column-wise split gives a graph input read by several units the unit of the "
         "first reader (not the replica unit or none), so units are compared through wrong "

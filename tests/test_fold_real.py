@@ -254,3 +254,25 @@ def test_an_all_gather_reads_no_piece_index_so_folding_may_ignore_it():
     assert out(xs, dim=0).shape != base.shape
     assert spec.semantic_attrs({"dim": 0, "ranks": [4, 5]}) != spec.semantic_attrs(
         {"dim": 1, "ranks": [4, 5]})
+
+
+def test_a_real_plan_read_for_the_fold_folds_as_when_read_whole(big, monkeypatch):
+    """The 64-rank plan read as the fold's forked process reads a large document (nodes and
+    lineage parts built on demand, the names numbered and the split computed by a forked
+    process, the attribute columns computed while waiting for that split): the same folded
+    pair as the plan read whole. Its split flattens chains of sums (2016 nodes dropped), so
+    the kept nodes are not the first ones."""
+    from tvsmt import forked
+    from tvsmt.fold_child import _FoldAnswer
+    from tvsmt.plan import numbering
+    from tvsmt.plan.reader import decode_document
+
+    monkeypatch.setattr(numbering, "FORK_MIN_BYTES", 0)
+    monkeypatch.setattr(forked, "PARALLEL", True)
+    single = plan_from_dict(big[0], "single")
+    lazy = decode_document(json.dumps(big[1]).encode(), "parallel", lazy=True)
+    assert lazy.columns is not None and lazy.columns.presplit is not None
+    whole = plan_from_dict(big[1], "parallel")
+    folded, expected = fold_plans(single, lazy), fold_plans(single, whole)
+    assert folded.info == expected.info
+    assert _FoldAnswer.encode_pair(folded) == _FoldAnswer.encode_pair(expected)

@@ -155,6 +155,11 @@ class ColumnPlan:
                     else cols.number.of_names(list(plan.outputs)))
         args = (plan.world, cols.rank, cols.mb, opc, op_names, cols.in_len, cols.in_num,
                 cols.out_len, cols.out_num, len(cols.tids), out_nums, cols.s_num)
+        # what needs no split, computed before waiting for the reader's (a forked process's)
+        self._all_attrs = None  # every node's attribute columns (the kept ones taken after)
+        text = getattr(cols, "attr_text", None)
+        if getattr(cols, "presplit", None) is not None and text is not None:
+            self._all_attrs = _attr_columns(nodes, opc, op_names, self.intern, text)
         try:
             split = _precomputed(cols, args)
             if split is None:
@@ -238,9 +243,14 @@ class ColumnPlan:
         else:
             self._pass = _interned_objects(intern, list(map(_PASS, fnodes)))
         self._rank, self._mb = f_rank, f_mb
-        text = getattr(cols, "attr_text", None)  # the reader's codes of attribute texts
-        self._attrs, self._attr_ptr, self._attr_ranks = _attr_columns(
-            fnodes, opc, names, intern, None if text is None else text[self._keep])
+        if self._all_attrs is not None:  # computed before the split: the kept nodes'
+            codes, ptr, ranks = self._all_attrs
+            al, self._attr_ranks = _gather(ptr, ranks, self._keep)
+            self._attrs, self._attr_ptr = codes[self._keep], _ptr(al)
+        else:
+            text = getattr(cols, "attr_text", None)  # the reader's codes of attribute texts
+            self._attrs, self._attr_ptr, self._attr_ranks = _attr_columns(
+                fnodes, opc, names, intern, None if text is None else text[self._keep])
         infos = cols.infos
         self._infos = infos
         # each unit's tensors by local number

@@ -406,6 +406,8 @@ def _numbers_then_split(text: bytes, note, inputs: int, unused: int) -> bytes:
     """In the child (`ForkedNumbering`'s `split`): the numbers' message as a note, then the
     fold's split computed from them and from the parent's inputs, read from the pipe
     `inputs` (`give_split_inputs`), with the digest of all its inputs, as its answer."""
+    import threading
+
     import msgspec
 
     from tvsmt.fold.split import inputs_digest, split_dataflow
@@ -428,8 +430,15 @@ def _numbers_then_split(text: bytes, note, inputs: int, unused: int) -> bytes:
     (out_len, out_num), (in_len, in_num), (_, s_num) = columns
     args = (world, rank, mb, opc, op_names, in_len, in_num, out_len, out_num,
             len(number.tids), number.of_names(outputs), s_num)
+    # the digest (14 ms for the 128-rank MoE plan) hashed by a thread meanwhile: hashlib
+    # lets go of the interpreter's lock, and the reading process's core waits for the split
+    digest: list = []
+    hasher = threading.Thread(target=lambda: digest.append(inputs_digest(*args)),
+                              name="tvsmt-split-digest", daemon=True)
+    hasher.start()
     split = split_dataflow(*args)
-    split.digest = inputs_digest(*args)
+    hasher.join()
+    split.digest = digest[0] if digest else b""  # none: the reading process splits itself
     return split.to_bytes()
 
 
