@@ -134,9 +134,35 @@ class PointsEvaluator(_Leaves):
         super().__init__(env, neg_inf)
         self.n = n
         self._functions: dict = {}
+        self._values: dict = {}  # id(term) -> (term, its value): the walk's memo
 
     def vector(self, term) -> np.ndarray:
-        return np.broadcast_to(np.asarray(self.walk(term), dtype=np.float64), (self.n,))
+        return np.broadcast_to(np.asarray(self._value(term), dtype=np.float64), (self.n,))
+
+    def _value(self, term):
+        """`walk(term)` by a plain post-order loop over the term's DAG: the same `walk_*`
+        rules (the walker's table, `self.functions`), without DagWalker's bookkeeping per
+        node, which cost as much as the arithmetic (MoE stages: 0.21 -> 0.12 s). Memo keyed
+        by object identity (pysmt makes equal terms one object; each is kept in the memo, so
+        no id is reused while it lives)."""
+        memo, functions = self._values, self.functions
+        got = memo.get(id(term))
+        if got is not None:
+            return got[1]
+        stack = [term]
+        while stack:
+            f = stack[-1]
+            if id(f) in memo:
+                stack.pop()
+                continue
+            args = f.args()
+            todo = [a for a in args if id(a) not in memo]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            memo[id(f)] = (f, functions[f.node_type()](f, [memo[id(a)][1] for a in args]))
+        return memo[id(term)][1]
 
     def walk_plus(self, formula, args, **kw):
         out = args[0]
