@@ -173,13 +173,12 @@ class ColumnPlan:
         keep, changed = split.keep, split.changed
         tids = cols.tids
         replaced = {}
-        for i, v in changed.items():
-            nd = nodes[i]
+        at = np.searchsorted(keep, list(changed)).tolist()
+        for j, nd, v in zip(at, _take(nodes, list(changed)), changed.values()):
             names = _take(tids, [x for x in v if x >= 0])[::-1]
-            replaced[int(np.searchsorted(keep, i))] = Node(
-                nd.id, nd.op, nd.pass_, nd.rank, nd.mb,
-                tuple(names.pop() if x >= 0 else None for x in v), nd.outputs, nd.attrs,
-                nd.source)
+            replaced[j] = Node(nd.id, nd.op, nd.pass_, nd.rank, nd.mb,
+                               tuple(names.pop() if x >= 0 else None for x in v), nd.outputs,
+                               nd.attrs, nd.source)
         if isinstance(nodes, list):
             fnodes = list(map(nodes.__getitem__, keep.tolist()))
             for j, nd in replaced.items():

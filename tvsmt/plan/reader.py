@@ -42,6 +42,7 @@ from msgspec.structs import force_setattr
 from tvsmt.errors import PlanError, UnsupportedOperator
 from tvsmt.heap import collector_paused
 from tvsmt.plan.csr import PartsFromColumns
+from tvsmt.plan.csr import gather as _gather
 from tvsmt.plan.csr import offsets as _ptr
 from tvsmt.plan.model import (MAX_DIM, Aligned, LazySequence, Lineage, LineagePart, Node,
                               Plan, PlanColumns, TensorInfo)
@@ -512,17 +513,24 @@ class _NodeBuilder:
         self._out = (_ptr(out_lens), out_num)
         self._in = (_ptr(in_lens), in_num)
 
-    def _names(self, ptr: np.ndarray, nums: np.ndarray, i: int) -> tuple:
+    def _names(self, ptr: np.ndarray, nums: np.ndarray, rows: np.ndarray) -> list[tuple]:
+        """Per row, the names of its numbers (None for an absent slot), gathered at once."""
+        lens, flat = _gather(ptr, nums, rows)
         tids = self._tids
-        return tuple(None if x < 0 else tids[x] for x in nums[ptr[i]:ptr[i + 1]].tolist())
+        names = [None if x < 0 else tids[x] for x in flat.tolist()]
+        out, at = [], 0
+        for n in lens.tolist():
+            out.append(tuple(names[at:at + n]))
+            at += n
+        return out
 
     def __call__(self, idx: list) -> list:
-        heads, (o_ptr, o_num), (i_ptr, i_num) = self._heads, self._out, self._in
+        heads, rows = self._heads, np.asarray(idx, dtype=np.int64)
+        ins, outs = self._names(*self._in, rows), self._names(*self._out, rows)
         out = []
-        for i in idx:
+        for i, a, b in zip(idx, ins, outs):
             h = heads[i]
-            out.append(Node(h.id, h.op, h.pass_, h.rank, h.mb, self._names(i_ptr, i_num, i),
-                            self._names(o_ptr, o_num, i),
+            out.append(Node(h.id, h.op, h.pass_, h.rank, h.mb, a, b,
                             _ATTRS_TEXT.decode(h.attrs) if len(h.attrs) else {}, h.source))
         return out
 
