@@ -236,3 +236,31 @@ def test_no_names_build_nothing():
     number = Numbering([str(i) for i in range(10)])
     assert number.of_names([]).tolist() == [] and number._dict is None
     assert number._table is None
+
+
+def test_arrow_is_imported_meanwhile_only_for_a_document_a_fork_numbers():
+    """`arrow_meanwhile`: Arrow imported by a thread (while the caller inflates the text)
+    for a document large enough to be numbered by a forked process, so that the fork
+    inherits it; for a small one, nothing is imported. A fresh interpreter for each."""
+    import os
+    import subprocess
+    import sys
+
+    if not hasattr(os, "fork") or (os.cpu_count() or 1) < 2:
+        pytest.skip("no second core to import Arrow on")
+    script = (
+        "import sys\n"
+        "from tvsmt import forked\n"
+        "from tvsmt.plan import numbering\n"
+        "forked.PARALLEL = True\n"
+        "t = numbering.arrow_meanwhile(int(sys.argv[1]))\n"
+        "t is not None and t.join()\n"
+        "print(t is not None, 'pyarrow.compute' in sys.modules, bool(numbering._POOL_SET))\n")
+    from tvsmt.plan.numbering import FORK_MIN_BYTES
+
+    def run(size: int) -> str:
+        return subprocess.run([sys.executable, "-c", script, str(size)], capture_output=True,
+                              text=True, check=True).stdout.split()
+
+    assert run(FORK_MIN_BYTES) == ["True", "True", "True"]
+    assert run(FORK_MIN_BYTES - 1) == ["False", "False", "False"]

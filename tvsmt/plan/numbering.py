@@ -218,6 +218,27 @@ FORK_MIN_BYTES = 16 << 20
 WAIT_SECONDS = 30.0
 
 
+def arrow_meanwhile(size: int | None):
+    """A thread importing Arrow while the caller decompresses a document of about `size`
+    bytes (ISA-L lets go of the interpreter's lock while it inflates, and the other core
+    waits for the load): the forked numbering's child then inherits Arrow instead of
+    importing it on the load's critical path (0.05 s of the 128-rank MoE plan's). None when
+    nothing is to gain: a document too small to be numbered by a fork, Arrow imported
+    already, no core to spare. The caller joins it before anything forks."""
+    import sys
+    import threading
+
+    if size is None or size < FORK_MIN_BYTES or "pyarrow.compute" in sys.modules:
+        return None
+    from tvsmt.forked import use_second_core
+
+    if not use_second_core():
+        return None
+    thread = threading.Thread(target=_arrow, name="tvsmt-import-arrow", daemon=True)
+    thread.start()
+    return thread
+
+
 class ForkedNumbering:
     """The numbers of a JSON document's tensor names (outputs, inputs, lineage tensors:
     `Numbering.of_lists` of the three columns), computed in a forked process from the same

@@ -50,6 +50,7 @@ from tvsmt.plan.numbering import (
     UNDECLARED,
     ForkedNumbering,
     Numbering,
+    arrow_meanwhile,
     attr_text_codes,
     first_use_codes,
 )
@@ -222,9 +223,15 @@ def load_plan(path: str | os.PathLike, lazy: bool = False) -> Plan:
 
                 return read_stream(path, f)
             limit = byte_limit(PLAN_LIMIT_ENV, DEFAULT_PLAN_LIMIT)
-            text = gunzip_whole(path, limit) if isinstance(f, igzip.IGzipFile) else None
-            if text is None:
-                text = read_document(path, f, limit)
+            gz = isinstance(f, igzip.IGzipFile)
+            importer = arrow_meanwhile(text_size(path)) if gz else None
+            try:
+                text = gunzip_whole(path, limit) if gz else None
+                if text is None:
+                    text = read_document(path, f, limit)
+            finally:
+                if importer is not None:  # before decode_document forks
+                    importer.join()
     except READ_ERRORS as e:
         raise PlanError(f"cannot read plan: {_os_reason(e)}", file=path) from None
     return decode_document(text, path, lazy)
