@@ -387,8 +387,13 @@ def _canonical_numbers(wu, stride, per, tunit, tensor_alive, f_key, f_rank, opc,
     m_ol, m_outs = _gather(f_out_ptr, f_out, m_rows)
     m_ins, m_outs = m_ins.tolist(), m_outs.tolist()
     m_ip, m_op = _ptr(m_il).tolist(), _ptr(m_ol).tolist()
-    ins_of = {i: m_ins[m_ip[k]:m_ip[k + 1]] for k, i in enumerate(m_rows.tolist())}
-    outs_of = {i: m_outs[m_op[k]:m_op[k + 1]] for k, i in enumerate(m_rows.tolist())}
+    rows_l = m_rows.tolist()
+    ins_of = {i: m_ins[m_ip[k]:m_ip[k + 1]] for k, i in enumerate(rows_l)}
+    outs_of = {i: m_outs[m_op[k]:m_op[k + 1]] for k, i in enumerate(rows_l)}
+    # per member, the first two parts of its sort key below, as Python values
+    key_of = {i: (r, op_of[c]) for i, r, c in zip(rows_l, f_rank[m_rows].tolist(),
+                                                   opc[m_rows].tolist())}
+    numl = num.tolist()  # `num` as a list, kept equal to it below (read element by element)
     level: dict[int, int] = {}
     producer: dict[int, int] = {}
     for u in replicas:
@@ -402,17 +407,19 @@ def _canonical_numbers(wu, stride, per, tunit, tensor_alive, f_key, f_rank, opc,
     r_order: dict[int, list] = {u: [] for u in replicas}
     for lev in range(top + 1):
         for u in replicas:
-            def sort_key(i: int, u=u):
-                read = sorted(int(num[x]) for x in ins_of[i] if x >= 0)
-                return (int(f_rank[i]) - (u // stride) * per, op_of[opc[i]], read, i)
+            def sort_key(i: int, base=(u // stride) * per):
+                rank, op = key_of[i]
+                return (rank - base, op, sorted(numl[x] for x in ins_of[i] if x >= 0), i)
             got = sorted((i for i in members[u] if level[i] == lev), key=sort_key)
             r_order[u] += got
             new = [x for x in dict.fromkeys(chain.from_iterable(
                 chain(ins_of[i], outs_of[i]) for i in got))
-                if x >= 0 and num[x] < 0 and tlist[x] == u]
+                if x >= 0 and numl[x] < 0 and tlist[x] == u]
             if new:
                 k = int(counters[u + 1])
                 num[new] = np.arange(k, k + len(new))
+                for x, v in zip(new, range(k, k + len(new))):
+                    numl[x] = v
                 counters[u + 1] = k + len(new)
     for u, got in r_order.items():
         order[u] = np.array(got, dtype=np.int64)
