@@ -660,8 +660,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a large document's nodes, read without their names and built on demand, take the "
         "inputs of the node before them",
         "nodes built on demand from the forked numbering (tvsmt/plan/reader.py _NodeBuilder)",
-        (Patch("tvsmt/plan/reader.py", "self._names(i_ptr, i_num, i)",
-               "self._names(i_ptr, i_num, max(i - 1, 0))"),),
+        (Patch("tvsmt/plan/reader.py", "self._names(*self._in, rows)",
+               "self._names(*self._in, np.maximum(rows - 1, 0))"),),
         ("tests/test_fold_in_child.py::test_nodes_built_on_demand_give_the_same_report",
          "tests/test_plan_reader.py::test_fast_path_agrees_with_the_reference_validator"),
         fast=True),
@@ -692,8 +692,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "part's scale",
         "the fold's codes computed while the reader waits for the forked numbering "
         "(tvsmt/plan/reader.py _fold_codes)",
-        (Patch("tvsmt/plan/reader.py", '"scale_code": first_use_codes(scale_at, first_scale),',
-               '"scale_code": np.zeros(len(scales), np.int64),'),),
+        (Patch("tvsmt/plan/reader.py",
+               "    return _part_codes(per, parts, first_use_codes(scale_at, first_scale),",
+               "    return _part_codes(per, parts, np.zeros(len(scales), np.int64),"),),
         ("tests/test_fold_columns.py::"
          "test_the_codes_a_forked_read_computes_give_the_node_by_node_split",),
         fast=True),

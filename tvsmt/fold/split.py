@@ -8,8 +8,8 @@ its inputs and outputs (the reader's `PlanColumns`). No record object is read, s
 process that numbers a large document's names (`plan.numbering.ForkedNumbering`) computes it
 too, on the second core, while the reader finishes (`Split.to_bytes`); the fold uses that
 one only when the inputs it was computed from are the fold's own (`Split.digest`, the
-`inputs_digest` of its inputs), and computes it itself otherwise. Either way it is this function's result
-(tests/test_fold_columns.py).
+`inputs_digest` of its inputs), and computes it itself otherwise. Either way it is this
+function's result (tests/test_fold_columns.py).
 """
 
 from __future__ import annotations

@@ -26,6 +26,15 @@ def gather(ptr: np.ndarray, flat: np.ndarray, rows: np.ndarray
     return lens, flat[starts + np.arange(total)]
 
 
+def split_rows(values: list, lens: np.ndarray) -> list[tuple]:
+    """`values` (the rows' values concatenated) cut into one tuple per row."""
+    out, at = [], 0
+    for n in lens.tolist():
+        out.append(tuple(values[at:at + n]))
+        at += n
+    return out
+
+
 class PartsFromColumns:
     """Lineage parts built back from a reader's columns, for the few the fold keeps (the
     builder of a `LazySequence` of all parts): per part its tensors as a CSR column of
@@ -45,11 +54,7 @@ class PartsFromColumns:
             return []
         rows = np.asarray(idx, dtype=np.int64)
         lens, nums = gather(self._ptr, self._s_num, rows)
-        names, at = self._names(nums.tolist()), 0
         slices, scales = self._slices, self._scales
-        out = []
-        for s, n, c in zip(self._slice_index[rows].tolist(), lens.tolist(),
-                           self._scale_code[rows].tolist()):
-            out.append(LineagePart(slices[s], tuple(names[at:at + n]), scales[c]))
-            at += n
-        return out
+        return [LineagePart(slices[s], names, scales[c]) for s, names, c in zip(
+            self._slice_index[rows].tolist(), split_rows(self._names(nums.tolist()), lens),
+            self._scale_code[rows].tolist())]

@@ -41,7 +41,7 @@ from msgspec.structs import force_setattr
 
 from tvsmt.errors import PlanError, UnsupportedOperator
 from tvsmt.heap import collector_paused
-from tvsmt.plan.csr import PartsFromColumns
+from tvsmt.plan.csr import PartsFromColumns, split_rows
 from tvsmt.plan.csr import gather as _gather
 from tvsmt.plan.csr import offsets as _ptr
 from tvsmt.plan.model import (MAX_DIM, Aligned, LazySequence, Lineage, LineagePart, Node,
@@ -524,12 +524,7 @@ class _NodeBuilder:
         """Per row, the names of its numbers (None for an absent slot), gathered at once."""
         lens, flat = _gather(ptr, nums, rows)
         tids = self._tids
-        names = [None if x < 0 else tids[x] for x in flat.tolist()]
-        out, at = [], 0
-        for n in lens.tolist():
-            out.append(tuple(names[at:at + n]))
-            at += n
-        return out
+        return split_rows([None if x < 0 else tids[x] for x in flat.tolist()], lens)
 
     def __call__(self, idx: list) -> list:
         heads, rows = self._heads, np.asarray(idx, dtype=np.int64)

@@ -44,8 +44,8 @@ import numpy as np
 from tvsmt.errors import PlanError
 from tvsmt.heap import collector_paused
 from tvsmt.plan import reader as R
+from tvsmt.plan.csr import PartsFromColumns, split_rows
 from tvsmt.plan.csr import gather as _gather
-from tvsmt.plan.csr import PartsFromColumns
 from tvsmt.plan.csr import offsets as _ptr
 from tvsmt.plan.model import (Dim, LazySequence, Lineage, Node, Plan,
                               PlanColumns, TensorInfo)
@@ -854,25 +854,16 @@ class _Records:
         ids = self._ids.take(self._arrow_idx(idx)).to_pylist()
         il, ins = _gather(self._in_ptr, c["in_num"], rows)
         ol, outs = _gather(self._out_ptr, c["out_num"], rows)
-        ins_names = _split(self._names_or_none(ins), il)
-        outs_names = _split(self._names_or_none(outs), ol)
+        ins_names = split_rows(self._names_or_none(ins), il)
+        outs_names = split_rows(self._names_or_none(outs), ol)
         ops, passes, texts, sources = (self.op_names, self.pass_names, self._attr_texts,
                                        self._sources)
-        return [Node(i, ops[o], passes[p], r, m, tuple(a), tuple(b),
+        return [Node(i, ops[o], passes[p], r, m, a, b,
                      _ATTRS_TEXT.decode(texts[t]) or {}, sources[s])
                 for i, o, p, r, m, a, b, t, s in zip(
                     ids, c["op"][rows].tolist(), c["pass"][rows].tolist(),
                     c["rank"][rows].tolist(), c["mb"][rows].tolist(), ins_names, outs_names,
                     c["attr"][rows].tolist(), c["source"][rows].tolist())]
-
-
-
-def _split(values: list, lens: np.ndarray) -> list[list]:
-    out, at = [], 0
-    for n in lens.tolist():
-        out.append(values[at:at + n])
-        at += n
-    return out
 
 
 def scan_plan(path: str | os.PathLike) -> ScannedPlan:
