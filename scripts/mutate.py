@@ -365,7 +365,8 @@ MUTATIONS: tuple[Mutation, ...] = (
                "        if len(np.unique(pair)) != len(pair):",
                "        if False:"),),
         ("tests/test_plan_reader.py::test_lineage_parts_read_as_columns_agree_with_the_"
-         "reference",)),
+         "reference",),
+        fast=True),
     Mutation(
         "lazy-parts-first-slice",
         "lineage parts read as columns for the fold all get the first distinct slice text's "
@@ -375,7 +376,8 @@ MUTATIONS: tuple[Mutation, ...] = (
                "        text_index.append(by_value[key])",
                "        text_index.append(0)"),),
         ("tests/test_plan_reader.py::test_lineage_parts_read_as_columns_agree_with_the_"
-         "reference",)),
+         "reference",),
+        fast=True),
     Mutation(
         "lazy-parts-scale-one",
         "lineage parts read as columns for the fold lose their scales (each distinct scale "
@@ -386,7 +388,8 @@ MUTATIONS: tuple[Mutation, ...] = (
                "list(sc)))",
                "                scales.append(_ONE)"),),
         ("tests/test_plan_reader.py::test_lineage_parts_read_as_columns_agree_with_the_"
-         "reference",)),
+         "reference",),
+        fast=True),
     Mutation(
         "fold-attrs-before-split-misaligned",
         "the attribute columns computed for every node before the forked split arrives are "
