@@ -368,13 +368,14 @@ MUTATIONS: tuple[Mutation, ...] = (
          "reference",),
         fast=True),
     Mutation(
-        "lazy-parts-first-slice",
-        "lineage parts read as columns for the fold all get the first distinct slice text's "
-        "slice, so a part claims another region of its single tensor",
-        "the reader's lineage parts as columns (reader._lazy_lineages)",
+        "slice-texts-first-slice",
+        "lineage slices kept as text (parts read as columns for the fold, the JSON Lines "
+        "scan) all decode to the first distinct text's slice, so a part claims another "
+        "region of its single tensor",
+        "lineage slices decoded once per text (reader.decode_slice_texts)",
         (Patch("tvsmt/plan/reader.py",
-               "        text_index.append(by_value[key])",
-               "        text_index.append(0)"),),
+               "        index.append(by_value.setdefault(key, len(by_value)))",
+               "        index.append(0)"),),
         ("tests/test_plan_reader.py::test_lineage_parts_read_as_columns_agree_with_the_"
          "reference",),
         fast=True),

@@ -608,20 +608,11 @@ def _lazy_lineages(raws, s_cols_of, t_shape: np.ndarray, shape_first: dict, tids
     first: dict = {}  # slice text -> its first part
     at = np.fromiter(map(first.setdefault, map(bytes, map(_SLICE, flat)), range(n_p)),
                      np.int64, n_p)
-    by_value: dict = {}  # slice -> its index in `distinct` (texts that differ may be equal)
-    text_index, want = [], []
-    for text in first:
-        try:
-            key = _SLICE_TEXT.decode(text)
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-            raise _Reject from None
-        if any(s > MAX_DIM or e > MAX_DIM for s, e in key):
-            raise _Reject
-        if key not in by_value:
-            by_value[key] = len(by_value)
-            want.append(shape_first.get(tuple(e - s for s, e in key), -1))
-        text_index.append(by_value[key])
-    distinct = list(by_value)
+    try:
+        distinct, text_index = decode_slice_texts(first)
+    except ValueError:
+        raise _Reject from None
+    want = [shape_first.get(tuple(e - s for s, e in key), -1) for key in distinct]
     index = np.array(text_index, np.int64)[first_use_codes(first, at)]
     scale_at: dict = {}  # scale pair (None: 1) -> its first part
     raw_scales = list(map(_SCALE, flat))
@@ -666,6 +657,24 @@ def _rows_from(build, start: int, idx: list) -> list:
 
 
 _SLICE_TEXT = msgspec.json.Decoder(tuple[tuple[int, int], ...])
+
+
+def decode_slice_texts(texts) -> tuple[list, list[int]]:
+    """Lineage slices kept as their JSON text (distinct texts), each decoded and checked once
+    as the typed decoding of a part checks its slice (pairs of ints, bounds at most 2**53):
+    the distinct slices, and per text the index of its slice among them (texts written
+    differently may decode alike). ValueError, with the reason, for a text that is not one."""
+    by_value: dict = {}  # slice -> its index
+    index = []
+    for text in texts:
+        try:
+            key = _SLICE_TEXT.decode(text)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            raise ValueError("a bad slice") from None
+        if any(s > MAX_DIM or e > MAX_DIM for s, e in key):
+            raise ValueError("a slice bound beyond 2**53")
+        index.append(by_value.setdefault(key, len(by_value)))
+    return list(by_value), index
 
 
 def _distinct(ids: list[str]) -> bool:

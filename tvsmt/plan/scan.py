@@ -115,7 +115,6 @@ def _decoder():
                                                     ScanLineage, TrailerRec]), node))
     return _DECODER[0]
 
-_SLICE_TEXT = msgspec.json.Decoder(tuple[tuple[int, int], ...])
 _SCALE_TEXT = msgspec.json.Decoder(Optional[tuple[int, int]])
 _ATTRS_TEXT = msgspec.json.Decoder(Optional[dict[str, Any]])
 _ID, _OP, _PASS, _RANK, _MB, _INPUTS, _OUTPUTS, _ATTRS, _SOURCE, _SHAPE, _ROLE = (
@@ -547,19 +546,13 @@ class _Scan:
         """The distinct slices (tuples of (start, end)), each part's index into them: equal
         slices written alike share a text, and texts that differ but decode alike share an
         index too."""
-        distinct: dict = {}
-        index_of_text = []
-        for text in self.slice_texts:
-            try:
-                key = _SLICE_TEXT.decode(text)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                raise NotScanned("a bad slice") from None
-            if any(s > R.MAX_DIM or e > R.MAX_DIM for s, e in key):
-                raise NotScanned("a slice bound beyond 2**53")
-            index_of_text.append(distinct.setdefault(key, len(distinct)))
+        try:
+            distinct, index_of_text = R.decode_slice_texts(self.slice_texts)
+        except ValueError as e:
+            raise NotScanned(str(e)) from None
         codes = _cat(self.p_slice)
         index = np.array(index_of_text, dtype=np.int64)[codes] if len(codes) else codes
-        return list(distinct), index
+        return distinct, index
 
     def _scales(self) -> tuple[list, np.ndarray]:
         values = []
