@@ -142,9 +142,9 @@ class PointsEvaluator(_Leaves):
     def _value(self, term):
         """`walk(term)` by a plain post-order loop over the term's DAG: the same `walk_*`
         rules (the walker's table, `self.functions`), without DagWalker's bookkeeping per
-        node, which cost as much as the arithmetic (MoE stages: 0.21 -> 0.12 s). Memo keyed
-        by object identity (pysmt makes equal terms one object; each is kept in the memo, so
-        no id is reused while it lives)."""
+        node (the MoE plan's 38 evaluated templates: 0.21 -> 0.18 s of CPU). Memo keyed by
+        object identity (pysmt makes equal terms one object; each is kept in the memo, so no
+        id is reused while it lives)."""
         memo, functions = self._values, self.functions
         got = memo.get(id(term))
         if got is not None:
