@@ -260,9 +260,9 @@ def _widen(fd: int) -> None:
 def write_framed(fd: int, data: bytes) -> None:
     """`data` into the pipe `fd`, its length first (8 bytes, little-endian): a note, or
     what a reader gives its forked numbering (`read_framed` reads it)."""
-    view = memoryview(len(data).to_bytes(8, "little") + data)
-    while view:
-        view = view[os.write(fd, view):]
+    for view in (memoryview(len(data).to_bytes(8, "little")), memoryview(data)):
+        while view:  # the head, then the data itself (not a copy of both joined)
+            view = view[os.write(fd, view):]
 
 
 def read_framed(fd: int, deadline: float | None = None) -> bytes | None:
