@@ -71,9 +71,32 @@ MUTATIONS: tuple[Mutation, ...] = (
         "encoding",
         (Patch("tvsmt/encoding/smtlib.py",
                '        diffs.append(f"(not (= l{i} r{i}))")\n',
-               '        if i < len(pairs) - 1:\n'
+               '        if i < len(distinct) - 1:\n'
                '            diffs.append(f"(not (= l{i} r{i}))")\n'),),
         (f"{T_SINGLE}[elementwise-last]", f"{T_SINGLE}[contraction-last]"), fast=True),
+    Mutation(
+        "pairs-deduplicated-by-single-side",
+        "identical comparisons are stated once, but pairs are taken as identical when their "
+        "single sides are: a wrong copy among replicated ones is dropped",
+        "encoding",
+        (Patch("tvsmt/encoding/smtlib.py",
+               "    distinct = list(dict.fromkeys(pairs))\n",
+               "    distinct = list({l: (l, r) for l, r in reversed(pairs)}.values())[::-1]\n"),
+         Patch("tvsmt/encoding/smtlib.py",
+               "    pair_names = [named[pair] for pair in pairs]\n",
+               "    pair_names = [named.get(pair, ('l0', 'r0')) for pair in pairs]\n")),
+        ("tests/test_encoding.py::"
+         "test_a_wrong_copy_among_replicated_copies_is_caught_at_its_rank",), fast=True),
+    Mutation(
+        "repeated-pairs-named-as-the-first",
+        "every comparison is given the first pair's names, so a model's mismatch is "
+        "reported at the wrong element",
+        "encoding",
+        (Patch("tvsmt/encoding/smtlib.py",
+               "    pair_names = [named[pair] for pair in pairs]\n",
+               "    pair_names = [next(iter(named.values())) for pair in pairs]\n"),),
+        ("tests/test_encoding.py::"
+         "test_a_wrong_copy_among_replicated_copies_is_caught_at_its_rank",)),
     Mutation(
         "skip-last-element",
         "the element loop skips the last element of every target part (off by one)",

@@ -57,6 +57,55 @@ def test_z3_binary_accepts_the_script(tmp_path):
     assert out.stdout.strip() == "sat"
 
 
+def test_a_pair_given_again_is_stated_once(tmp_path):
+    """Identical (single, parallel) term pairs (a tensor replicated on every rank of a
+    tensor-parallel group) are stated once; each occurrence keeps names (for the model),
+    and the script still says sat exactly when some pair can differ."""
+    be = SymbolicBackend()
+    m = be.mgr
+    a, b = m.Symbol("a", be.real), m.Symbol("b", be.real)
+    same, differ = (a * b, b * a), (a * b, a + b)
+    p = print_obligation([], [same, differ, same, differ, same])
+    assert p.text.count("(declare-fun l") == 2 and p.text.count("(not (= l") == 2
+    assert p.pairs == [("l0", "r0"), ("l1", "r1"), ("l0", "r0"), ("l1", "r1"), ("l0", "r0")]
+    assert p.text == print_obligation([], [same, differ]).text
+    z3 = Path(sys.executable).with_name("z3")
+    if not z3.exists():
+        pytest.skip("z3 binary not installed next to the interpreter")
+    for pairs, answer in (([same, differ, same], "sat"), ([same, same, same], "unsat")):
+        f = tmp_path / "o.smt2"
+        f.write_text(print_obligation([], pairs).text)
+        out = subprocess.run([str(z3), str(f)], capture_output=True, text=True, timeout=30)
+        assert out.stdout.strip() == answer
+
+
+def test_a_wrong_copy_among_replicated_copies_is_caught_at_its_rank():
+    """The all-reduce result is held by the 4 ranks of each tensor-parallel group: its
+    lineage's pairs repeat, and are stated once (above). An all-reduce that reads one
+    rank's partial sum twice, on the last rank only, is caught there, the mismatch named at
+    that rank's part."""
+    s = plan_from_dict(single_mlp(), "s")
+    good = plan_from_dict(parallel_mlp(dp=2, tp=4), "p")
+    # y's lineages: as partial sums of the 4 ranks' products, then as the 8 ranks' copies
+    y = max(i for i, lin in enumerate(good.lineages) if lin.single == "y")
+    assert len(good.lineages[y].parts) == 8
+    stage = next(st for st in cut_stages(s, good).stages if st.target == y)
+    from tvsmt.encoding.obligations import encode_one
+    from tvsmt.timing import Timer
+
+    printed = encode_one(stage, s, good, SymbolicBackend(), Timer()).printed
+    assert len(set(printed.pairs)) < len(printed.pairs)  # the shortcut is taken here
+    plan = parallel_mlp(dp=2, tp=4)
+    node = next(n for n in plan["nodes"] if n["id"] == "ar@7")
+    node["inputs"] = ["yp@4", "yp@5", "yp@5", "yp@7"]
+    bad = verify_plans(s, plan_from_dict(plan, "p"), Options())
+    assert bad.verdict == "violation"
+    (f,) = [f for f in bad.failures if f.lineage == y]
+    assert f.parallel_tensors == ["y@7"]
+    parts = {mm["part"] for mm in f.counterexample["mismatches"]}
+    assert parts == {7}, parts  # the lineage's parts are one per rank, in rank order
+
+
 def test_divisor_solver_keeps_partitions_products_and_minimums():
     s = DivisorSolver()
     H, h, d = s.new(4096), s.new(32), s.new(128)

@@ -74,7 +74,8 @@ def encode_one(stage: Stage, single: Plan, parallel: Plan, be: SymbolicBackend,
                 if out.formula.comparisons:
                     pairs = [(c.lhs, c.rhs) for c in out.formula.comparisons]
                     out.printed = p = print_obligation(out.formula.constraints, pairs)
-                    query = tuple(p.symbols) + tuple(n for pair in p.pairs for n in pair)
+                    query = tuple(p.symbols) + tuple(dict.fromkeys(n for pair in p.pairs
+                                                                   for n in pair))
                     out.obligation = Obligation(p.digest, p.text, query,
                                                 {"stage": stage.id, "lineage": stage.target})
             if out.formula.comparisons:

@@ -53,13 +53,19 @@ class Printed:
     text: str
     digest: str
     symbols: dict[str, str]  # canonical name -> original symbol name
-    pairs: list[tuple[str, str]]  # (l<i>, r<i>) names, in comparison order
+    pairs: list[tuple[str, str]]  # (l<i>, r<i>) names, one per comparison, in their order
 
 
 def print_obligation(constraints: list, pairs: list[tuple[object, object]],
                      logic: str = LOGIC) -> Printed:
-    """Script asserting `constraints` and that some pair differs, ending with (check-sat)."""
-    roots = list(constraints) + [t for pair in pairs for t in pair]
+    """Script asserting `constraints` and that some pair differs, ending with (check-sat).
+    A pair given again (the same two terms: e.g. a tensor replicated on the 8 ranks of a
+    tensor-parallel group, each rank's copy compared with the same single element) is
+    stated once, its names given to each occurrence (`Printed.pairs` stays one per pair):
+    the disjunction is the same. The 128-rank tp8 real plan's largest obligation holds 2048
+    pairs, 256 distinct: z3 took 0.13 s for it, 0.04 s for the pairs stated once."""
+    distinct = list(dict.fromkeys(pairs))
+    roots = list(constraints) + [t for pair in distinct for t in pair]
 
     refs: dict = {}
     stack = list(reversed(roots))
@@ -123,15 +129,16 @@ def print_obligation(constraints: list, pairs: list[tuple[object, object]],
 
     decls: list[str] = []
     asserts = [f"(assert {emit(c)})" for c in constraints]
-    pair_names: list[tuple[str, str]] = []
     pair_defs: list[str] = []
     diffs: list[str] = []
-    for i, (lhs, rhs) in enumerate(pairs):
+    named: dict = {}  # pair -> its names
+    for i, (lhs, rhs) in enumerate(distinct):
         lt, rt = emit(lhs), emit(rhs)
         pair_defs.append(f"(declare-fun l{i} () Real)\n(assert (= l{i} {lt}))")
         pair_defs.append(f"(declare-fun r{i} () Real)\n(assert (= r{i} {rt}))")
-        pair_names.append((f"l{i}", f"r{i}"))
+        named[(lhs, rhs)] = (f"l{i}", f"r{i}")
         diffs.append(f"(not (= l{i} r{i}))")
+    pair_names = [named[pair] for pair in pairs]
     goal = diffs[0] if len(diffs) == 1 else f"(or {' '.join(diffs)})" if diffs else "false"
     lines = [f"(set-logic {logic})", "(set-option :produce-models true)"]
     lines += [functions[k] for k in sorted(functions)]
