@@ -82,6 +82,28 @@ def test_correct_plan_is_folded_and_equivalent(pair, single):
     assert report.verdict == "equivalent" and report.fold is not None
 
 
+def test_a_hypothesis_stays_one_through_the_fold(pair, single):
+    """An inferred lineage (a hypothesis: it only cuts stages, never makes a violation by
+    itself) is still a hypothesis in the folded pair, and the hypothesis driver verifies the
+    folded plan as it does the whole one."""
+    from tvsmt.capture.driver import verify_with_hypotheses
+
+    par = copy.deepcopy(pair[1])
+    plan = plan_from_dict(par, "parallel")
+    claims = [i for i, lin in enumerate(plan.lineages)
+              if any(t in {x for n in plan.nodes for x in n.outputs}
+                     for p in lin.parts for t in p.sum_of)]
+    k = claims[len(claims) // 2]
+    par["lineages"][k]["hypothesis"] = True
+    hyp = plan_from_dict(par, "parallel")
+    folded = fold_plans(single, hyp)
+    assert [lin.hypothesis for lin in folded.parallel.lineages] == \
+        [lin.hypothesis for lin in hyp.lineages]
+    report, counts = verify_with_hypotheses(single, hyp, Options(jobs=1))
+    assert report.verdict == "equivalent" and report.fold is not None
+    assert counts["proposed"] == 1
+
+
 _PLACED: dict[str, tuple[dict, dict]] = {}
 
 

@@ -492,8 +492,11 @@ class Folder:
             lp = sorted(parts.get(lin.index, ()), key=lambda e: e[0])
             if not lp:
                 raise FoldRefused(f"lineage #{lin.index} names only folded-away units")
+            # without its `aligned` hint, which names nodes of folded-away units too: stage
+            # cutting does not read hints (stages/cutter.py), and a folded pair is never written
             lineages.append(Lineage(lin.index, lin.single,
-                                    tuple(new_slices(lin.index, p) for _, p in lp)))
+                                    tuple(new_slices(lin.index, p) for _, p in lp),
+                                    hypothesis=lin.hypothesis))
         parallel = Plan(self.header.path, self.header.name, self.header.kind,
                         self.header.world, kept_tensors, [n for _, n in nodes],
                         list(self.header.outputs), lineages)
