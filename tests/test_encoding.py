@@ -10,12 +10,14 @@ import pytest
 from conftest import fixture_pair
 from handmade import parallel_mlp, single_mlp
 
+from tvsmt.encoding.obligations import encode_one
 from tvsmt.encoding.smtlib import print_obligation
 from tvsmt.ops import SymbolicBackend
 from tvsmt.plan import load_plan, plan_from_dict
 from tvsmt.shapes import reduce_stage
 from tvsmt.shapes.dims import DivisorSolver
 from tvsmt.stages import cut_stages
+from tvsmt.timing import Timer
 from tvsmt.verify import Options, verify_plans
 
 
@@ -90,9 +92,6 @@ def test_a_wrong_copy_among_replicated_copies_is_caught_at_its_rank():
     y = max(i for i, lin in enumerate(good.lineages) if lin.single == "y")
     assert len(good.lineages[y].parts) == 8
     stage = next(st for st in cut_stages(s, good).stages if st.target == y)
-    from tvsmt.encoding.obligations import encode_one
-    from tvsmt.timing import Timer
-
     printed = encode_one(stage, s, good, SymbolicBackend(), Timer()).printed
     assert len(set(printed.pairs)) < len(printed.pairs)  # the shortcut is taken here
     plan = parallel_mlp(dp=2, tp=4)

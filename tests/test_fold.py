@@ -90,9 +90,9 @@ def test_a_hypothesis_stays_one_through_the_fold(pair, single):
 
     par = copy.deepcopy(pair[1])
     plan = plan_from_dict(par, "parallel")
+    computed = {x for n in plan.nodes for x in n.outputs}
     claims = [i for i, lin in enumerate(plan.lineages)
-              if any(t in {x for n in plan.nodes for x in n.outputs}
-                     for p in lin.parts for t in p.sum_of)]
+              if any(t in computed for p in lin.parts for t in p.sum_of)]
     k = claims[len(claims) // 2]
     par["lineages"][k]["hypothesis"] = True
     hyp = plan_from_dict(par, "parallel")
