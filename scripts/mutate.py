@@ -98,6 +98,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_encoding.py::"
          "test_a_wrong_copy_among_replicated_copies_is_caught_at_its_rank",)),
     Mutation(
+        "fork-sigterm-not-blocked",
+        "SIGTERM is not blocked across a fork, so one that reaches a pool's new worker "
+        "while it is set up is taken by the command's handler and the pool waits for ever",
+        "process hygiene",
+        (Patch("tvsmt/solving/lifeline.py",
+               "    if _TERM and _state[\"active\"]:\n",
+               "    if False:\n"),),
+        ("tests/test_lifeline.py::"
+         "test_a_sigterm_that_reaches_a_forked_worker_during_its_fork_ends_it",), fast=True),
+    Mutation(
         "skip-last-element",
         "the element loop skips the last element of every target part (off by one)",
         "encoding",

@@ -105,3 +105,34 @@ def test_a_started_solver_is_killed_with_its_starter():
     except psutil.TimeoutExpired:
         solver.kill()
         pytest.fail("the solver outlived its starter")
+
+
+def test_a_sigterm_that_reaches_a_forked_worker_during_its_fork_ends_it():
+    """A process pool stops its workers with SIGTERM and replaces a worker that died at
+    once: a SIGTERM that reaches the replacement while it is still being set up (here: an
+    at-fork hook that takes 0.5 s, registered before tvsmt's) must end it as soon as its
+    set-up is done, never be taken by the command's own handler (or dropped) and leave a
+    worker the pool waits for without end. The child reports whether it ran its own code."""
+    script = textwrap.dedent("""\
+        import os, signal, sys, time
+        os.register_at_fork(after_in_child=lambda: time.sleep(0.5))  # a slow set-up
+        from tvsmt.solving import lifeline
+        with lifeline.activate(program=False):
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.write(w, b"ran")  # the child's own code: never reached if it was ended
+                time.sleep(3)
+                os._exit(0)
+            os.close(w)
+            os.kill(pid, signal.SIGTERM)  # at once: the child is still in its hooks
+            _, status = os.waitpid(pid, 0)
+            blocked = signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        print(os.read(r, 16).decode() or "-", os.WIFSIGNALED(status)
+              and os.WTERMSIG(status) == signal.SIGTERM, blocked)
+        """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    # not run, ended by the SIGTERM, and SIGTERM not left blocked in the forking process
+    assert out.stdout.split() == ["-", "True", "False"], (out.stdout, out.stderr)
