@@ -214,10 +214,6 @@ def _unblock_term() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _TERM)
 
 
-def _after_fork_in_parent() -> None:
-    _unblock_term()
-
-
 def _after_fork_in_child() -> None:
     try:
         if not _state["active"]:
@@ -306,7 +302,7 @@ def activate(program: bool):
         for sig in (signal.SIGINT, signal.SIGTERM):
             old[sig] = signal.signal(sig, _on_signal)
     if not _hooked and hasattr(os, "register_at_fork"):
-        os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+        os.register_at_fork(before=_before_fork, after_in_parent=_unblock_term,
                             after_in_child=_after_fork_in_child)
         _hooked = True
     _state.update(active=_state["active"] + 1, received=0, finished=False, acknowledged=False,
