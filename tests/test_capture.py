@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import textwrap
 
 import pytest
@@ -106,6 +107,56 @@ def test_missing_function_is_an_input_error(tmp_path):
     path = _script(tmp_path, "WORLD_SIZE = 2\ndef build_single():\n    pass\n")
     with pytest.raises(InputError, match="build_rank"):
         capture(path)
+
+
+_SMALL_STEP = """
+    import sys
+    import torch
+    WORLD_SIZE = 2
+    def build_single():
+        return torch.nn.Linear(4, 4, bias=False), torch.randn(2, 4)
+    def build_rank(rank):
+        {build_rank}
+        return build_single()
+    def train_step(model, x):
+        {train_step}
+        loss = model(x).sum()
+        loss.backward()
+        return loss
+    """
+
+
+@pytest.mark.parametrize("where,code,shown", [
+    ("top", "raise ValueError('no config file')",
+     "importing the script failed at {at}: ValueError: no config file"),
+    ("build_rank", "assert rank == 0, 'one rank only'",
+     r"build_rank\(1\) failed at {at}: AssertionError: one rank only"),
+    ("train_step", "x = x[99]", "single at {at}: tracing the training step failed: IndexError"),
+    # the user's code ending the process must not end tvsmt with exit code 0, the code of a pass
+    ("train_step", "sys.exit(0)",
+     r"single at {at}: tracing the training step failed: the script called sys.exit\(0\)"),
+    ("top", "sys.exit(0)", r"importing the script failed at {at}: the script called sys.exit\(0\)"),
+])
+def test_the_users_code_failing_is_an_input_error_at_its_line(tmp_path, where, code, shown):
+    """An exception (or sys.exit) in the user's own code, wherever tvsmt runs it: exit 2 and
+    one line naming the user's source line, never "a bug in tvsmt" (exit 4) nor a pass."""
+    from click.testing import CliRunner
+
+    from tvsmt.cli import main
+
+    body = textwrap.dedent(_SMALL_STEP).format(
+        build_rank=code if where == "build_rank" else "pass",
+        train_step=code if where == "train_step" else "pass")
+    if where == "top":
+        body = body.replace("WORLD_SIZE = 2\n", f"WORLD_SIZE = 2\n{code}\n")
+    path = tmp_path / "train.py"
+    path.write_text(body)
+    line = next(i for i, text in enumerate(body.splitlines(), 1) if text.strip() == code)
+    result = CliRunner().invoke(main, ["check", str(path)])
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert re.search(shown.format(at=rf"train\.py:{line}"), lines[0]), lines[0]
 
 
 def test_degenerate_parameter_is_refused_by_name(tmp_path):

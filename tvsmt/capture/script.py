@@ -46,7 +46,38 @@ def _module_from_file(path: str) -> types.ModuleType:
         spec.loader.exec_module(module)
     except SyntaxError as e:
         raise InputError(f"syntax error at line {e.lineno}: {e.msg}", file=path) from None
+    except (Exception, SystemExit) as e:  # the script's own code failed as it was imported
+        raise user_code_failed(e, "importing the script", path) from None
     return module
+
+
+def user_code_failed(e: BaseException, doing: str, path: str, where: str = "") -> InputError:
+    """The one-line input error for an exception the user's own code raised while tvsmt ran
+    it (importing the script, building a model, tracing the step): the user's source line
+    and the exception, never "a bug in tvsmt". `where`: the rank it ran for, named first as
+    the capture's other errors do ("rank 1 at train.py:13: ...")."""
+    if isinstance(e, InputError):
+        return e
+    if isinstance(e, SystemExit):
+        what = f"the script called sys.exit({e.code!r})"
+    else:
+        text = str(e).splitlines()[0] if str(e) else ""
+        what = f"{type(e).__name__}: {text}" if text else type(e).__name__
+    at = _user_line(e, path)
+    message = f"{where}{at}: {doing} failed: {what}" if where else f"{doing} failed{at}: {what}"
+    return InputError(message, file=path)
+
+
+def _user_line(e: BaseException, script_path: str) -> str:
+    """' at file:line' of the innermost frame of the user's script in an exception."""
+    import traceback
+
+    mine = [f for f in traceback.extract_tb(e.__traceback__)
+            if os.path.abspath(f.filename) == script_path]
+    if not mine:
+        return ""
+    shown = os.path.relpath(mine[-1].filename)
+    return f" at {shown if not shown.startswith('..') else mine[-1].filename}:{mine[-1].lineno}"
 
 
 def load_script(script: str | os.PathLike | types.ModuleType) -> CaptureScript:

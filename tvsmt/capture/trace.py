@@ -25,7 +25,7 @@ from torch.utils import _pytree as pytree
 from tvsmt.capture import dtensor
 from tvsmt.capture.markers import microbatch_of
 from tvsmt.capture.program import CapNode, Collective, InputTensor, Program, Ref, tensor_slots
-from tvsmt.capture.script import CaptureScript
+from tvsmt.capture.script import CaptureScript, user_code_failed
 from tvsmt.capture.world import rank_world
 from tvsmt.errors import InputError
 
@@ -80,9 +80,13 @@ def build(script: CaptureScript, rank: int | None, draw: int, fake: bool = False
 
     torch.manual_seed(SEED + 7919 * draw)
     with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
-        if rank is None:
-            return _split_built(script.build_single(), "build_single", script.path)
-        return _split_built(script.build_rank(rank), f"build_rank({rank})", script.path)
+        what, make = (("build_single", script.build_single) if rank is None else
+                      (f"build_rank({rank})", lambda: script.build_rank(rank)))
+        try:
+            built = make()
+        except (Exception, SystemExit) as e:  # the user's code failed, not tvsmt
+            raise user_code_failed(e, what, script.path) from None
+        return _split_built(built, what, script.path)
 
 
 def anchor_stack_traces(path: str) -> None:
@@ -192,11 +196,9 @@ class _Tracer:
                 gm = make_fx(traced, tracing_mode="fake", record_stack_traces=True)(*ins)
         except InputError:
             raise
-        except Exception as e:  # the user's code failed under tracing
-            at = _user_line(e, self.script.path)
-            raise InputError(f"{self.where}{at}: tracing the training step failed: "
-                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                             file=self.script.path) from None
+        except (Exception, SystemExit) as e:  # the user's code failed under tracing
+            raise user_code_failed(e, "tracing the training step", self.script.path,
+                                   self.where) from None
         finally:
             quiet.setLevel(level)
         inputs = []
@@ -218,18 +220,6 @@ class _Tracer:
         program.grad_slices = {n: dtensor.grad_slice(sp, n, self.script.path)
                                for n, sp in grad_slices.items() if sp is not None}
         return _readable(program)
-
-
-def _user_line(e: BaseException, script_path: str) -> str:
-    """' at file:line' of the innermost frame of the user's script in an exception."""
-    import traceback
-
-    mine = [f for f in traceback.extract_tb(e.__traceback__)
-            if os.path.abspath(f.filename) == script_path]
-    if not mine:
-        return ""
-    shown = os.path.relpath(mine[-1].filename)
-    return f" at {shown if not shown.startswith('..') else mine[-1].filename}:{mine[-1].lineno}"
 
 
 def _declared(p) -> Any:
