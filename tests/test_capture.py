@@ -159,6 +159,30 @@ def test_the_users_code_failing_is_an_input_error_at_its_line(tmp_path, where, c
     assert re.search(shown.format(at=rf"train\.py:{line}"), lines[0]), lines[0]
 
 
+@pytest.mark.parametrize("spec,shown", [
+    ("lambda rank: 1 // (rank - rank)",
+     r"PARAM_SHARDING\['weight'\]\(\d\) failed at train\.py:{line}: ZeroDivisionError"),
+    ("lambda rank: ((0, 2.5), (0, 4))",
+     r"tensor weight: PARAM_SHARDING\['weight'\]\(\d\) returned .*, not \(\(start, end\)"),
+    ("lambda rank: 7", r"PARAM_SHARDING\['weight'\]\(\d\) returned 7, not"),
+])
+def test_a_sharding_function_that_fails_is_an_input_error(tmp_path, spec, shown):
+    from click.testing import CliRunner
+
+    from tvsmt.cli import main
+
+    body = textwrap.dedent(_SMALL_STEP).format(build_rank="pass", train_step="pass")
+    body = body.replace("WORLD_SIZE = 2\n",
+                        f"WORLD_SIZE = 2\nPARAM_SHARDING = {{'weight': {spec}}}\n")
+    path = tmp_path / "train.py"
+    path.write_text(body)
+    line = next(i for i, text in enumerate(body.splitlines(), 1) if "PARAM_SHARDING" in text)
+    result = CliRunner().invoke(main, ["check", str(path)])
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.search(shown.format(line=line), lines[0]), result.output
+
+
 def test_degenerate_parameter_is_refused_by_name(tmp_path):
     path = _script(tmp_path, """
         import torch

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import itertools
+import operator
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -22,6 +23,7 @@ import torch
 from tvsmt.capture.assemble import rid
 from tvsmt.capture.dtensor import check_values
 from tvsmt.capture.program import InputTensor, Program
+from tvsmt.capture.script import user_code_failed
 from tvsmt.errors import InputError, StructuralViolation
 
 Slice = tuple[tuple[int, int], ...]
@@ -81,25 +83,44 @@ def _degenerate(t: torch.Tensor) -> bool:
     return t.numel() > 1 and bool((t == t.reshape(-1)[0]).all())
 
 
-def _declared_slices(script_sharding: dict, name: str, rank: int, shape) -> Slice | None:
+def _declared_slices(script_sharding: dict, name: str, rank: int, shape,
+                     path: str) -> Slice | None:
     spec = script_sharding.get(name)
     if spec is None:
         return None
-    if spec == "replicate":
+    if isinstance(spec, str) and spec == "replicate":
         return full(shape)
     if callable(spec):
-        got = spec(rank)
-        return full(shape) if got is None else tuple((int(a), int(b)) for a, b in got)
+        try:
+            got = spec(rank)
+        except (Exception, SystemExit) as e:  # the user's function failed, not tvsmt
+            raise user_code_failed(e, f"PARAM_SHARDING[{name!r}]({rank})", path) from None
+        if got is None:
+            return full(shape)
+        try:
+            return tuple((_bound(a), _bound(b)) for a, b in got)
+        except (TypeError, ValueError):
+            raise InputError(f"PARAM_SHARDING[{name!r}]({rank}) returned {str(got)[:60]}, not "
+                             f"((start, end), ...) per dimension", file=path,
+                             tensor=name) from None
     raise InputError(f"PARAM_SHARDING[{name!r}] must be 'replicate' or a function of the rank "
-                     f"returning ((start, end), ...) per dimension", tensor=name)
+                     f"returning ((start, end), ...) per dimension", file=path, tensor=name)
+
+
+def _bound(x) -> int:
+    """A slice bound a sharding function returned: an int (numpy's and torch's integers
+    included), never a float or a bool that int() would take."""
+    if isinstance(x, bool) or not hasattr(x, "__index__"):
+        raise TypeError(x)
+    return operator.index(x)
 
 
 def input_lineage(single: InputTensor, rank: int, mine: InputTensor, sharding: dict,
                   path: str) -> Provenance:
     """The slice of `single` that rank `rank`'s input `mine` holds, and how it was found."""
     name = single.name if single.kind != "batch" else single.id
-    declared = _declared_slices(sharding, name, rank, single.shape) if single.kind != "batch" \
-        else None
+    declared = (_declared_slices(sharding, name, rank, single.shape, path)
+                if single.kind != "batch" else None)
     if declared is not None:
         shape = tuple(b - a for a, b in declared)
         if shape != mine.shape:
