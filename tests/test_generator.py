@@ -191,6 +191,35 @@ def test_bad_configs_raise(kw, msg):
         generate_pair(**kw)
 
 
+@pytest.mark.parametrize("model", ["mlp", "llama3", "moe", "deepseek-v3"])
+def test_the_size_estimate_bounds_the_generated_plan(model):
+    """The refusal of pairs too large to build rests on an upper bound of their nodes: it
+    must hold for every model (a generator that grew past it would be refused too late)."""
+    from tvsmt.frontends.generator import ModelConfig, World, default_batch, estimated_nodes
+
+    for layers, dp, tp, pp, mb in [(1, 1, 1, 1, 1), (2, 2, 2, 2, 2), (4, 2, 4, 2, 2),
+                                   (3, 4, 2, 3, 4)]:
+        kw = dict(layers=layers, dp=dp, tp=tp, pp=pp, mb=mb)
+        _, parallel = generate_pair(model, **kw)
+        cfg = ModelConfig(model, layers, batch=default_batch(dp, mb))
+        bound = estimated_nodes(cfg, World(dp, tp, pp, mb))
+        assert len(parallel["nodes"]) <= bound, (kw, len(parallel["nodes"]), bound)
+        assert len(parallel["nodes"]) * 2 > bound or model == "mlp", (kw, bound)
+
+
+def test_a_pair_too_large_to_build_is_refused_before_it_is_begun(tmp_path):
+    """`--layers 1000000000` once took 15 GB of memory in 15 s before anything stopped it."""
+    from tvsmt.frontends.generator import TooLargeToBuild
+
+    with pytest.raises(TooLargeToBuild, match=r"parallel nodes would take about .* GB"):
+        generate_pair("llama3", layers=10**9, dp=2, mb=2)
+    r = CliRunner().invoke(plan_cli, ["generate", "--layers", "2000", "--dp", "16", "--tp", "8",
+                                      "--mb", "8", "--heads", "8", "-o", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert "GB free" in r.output and "--format jsonl" in r.output, r.output
+    assert not (tmp_path / "o").exists()
+
+
 def test_write_pair_round_trip(tmp_path):
     s_path, p_path = write_pair(tmp_path, "llama3", dp=2, tp=2, mb=2, **TINY_LLAMA)
     assert os.path.basename(s_path) == "single.json.gz"

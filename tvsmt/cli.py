@@ -27,7 +27,8 @@ Exit codes (every command):
   1  violation: a counterexample, or a claim the plans cannot support
      (replay: a recorded verdict was not reproduced, or a corpus file is damaged)
   2  input error: a malformed plan, report or corpus, or a bad option
-     (one line on stderr naming the file, node or tensor); output that cannot be written
+     (one line on stderr naming the file, node or tensor); output that cannot be written;
+     an exception in a capture script's own code (named by its line)
   3  inconclusive: a solver timeout, `unknown`, or solvers that disagree (never a pass)
   4  internal error: a bug in tvsmt (one line on stderr; TVSMT_DEBUG=1 shows the traceback)
   128+n  stopped by signal n: 130 Ctrl-C, 143 SIGTERM (its solvers and workers killed);

@@ -59,9 +59,10 @@ def plan():
 def generate(model, layers, hidden, heads, ffn, vocab, seq, batch, dp, tp, pp, mb, ep,
              out_dir, form):
     """Write a (single, parallel) plan pair of one training iteration."""
-    from tvsmt.frontends.generator import generate_pair, write_pair_dicts
+    from tvsmt.frontends.generator import TooLargeToBuild, generate_pair, write_pair_dicts
 
-    if form == "jsonl" and model == "llama3" and batch is None and (dp > 2 or mb > 2):
+    streamable = model == "llama3" and batch is None and (dp > 2 or mb > 2)
+    if form == "jsonl" and streamable:
         return _generate_streamed(layers, hidden, heads, ffn, vocab, seq, dp, tp, pp, mb,
                                   out_dir)
     suffix = ".jsonl.gz" if form == "jsonl" else ".json.gz"
@@ -73,6 +74,10 @@ def generate(model, layers, hidden, heads, ffn, vocab, seq, batch, dp, tp, pp, m
                                          ffn=ffn, vocab=vocab, seq=seq, batch=batch, dp=dp,
                                          tp=tp, pp=pp, mb=mb, ep=ep)
         s_path, p_path = write_pair_dicts(out_dir, single, parallel, suffix=suffix)
+    except TooLargeToBuild as e:
+        hint = (" (or --format jsonl: this world is then written unit by unit, its kept "
+                "units only built)") if streamable else ""
+        raise PlanInputError(f"{e}{hint}") from None
     except ValueError as e:
         raise PlanInputError(str(e)) from None
     except OSError as e:
