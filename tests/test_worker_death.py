@@ -53,6 +53,25 @@ def test_without_a_death_every_item_is_answered():
     assert "workers left: 0" in out
 
 
+_MANY_JOBS = """if True:
+    import multiprocessing
+    from tvsmt.forked import fork_map
+
+    started = []
+    print(fork_map(lambda x: x + 1, [1, 2, 3], 40,
+                   meanwhile=lambda: started.append(len(multiprocessing.active_children()))))
+    print("workers started:", started[0])
+"""
+
+
+def test_more_jobs_than_items_start_no_more_workers_than_items():
+    """`-j 100000` must not start 100000 processes for a handful of templates (40 here)."""
+    done = subprocess.run([sys.executable, "-c", _MANY_JOBS], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "[2, 3, 4]" in done.stdout and "workers started: 3" in done.stdout, done.stdout
+
+
 def test_a_killed_encoding_worker_makes_the_run_inconclusive(tmp_path, monkeypatch):
     """Through the command: an encoding worker that dies is never a pass (exit 3, one line)."""
     from tvsmt.encoding import obligations
@@ -83,3 +102,24 @@ def test_a_killed_encoding_worker_makes_the_run_inconclusive(tmp_path, monkeypat
     assert result.exit_code == 3, result.output
     assert "inconclusive: a worker process was killed by signal 9" in result.output
     assert "equivalent" not in result.output
+
+
+def test_encoding_starts_no_more_workers_than_cores(tmp_path, monkeypatch):
+    """`-j` sets how many solvers run at once; encoding is this interpreter's CPU work, so
+    its worker processes stay within the cores (on 2 cores, `-j 50` forks 2, not 50)."""
+    from tvsmt.encoding import obligations
+
+    single, parallel = write_pair_dicts(tmp_path / "p", single_mlp(), parallel_mlp())
+    monkeypatch.setattr(obligations, "PARALLEL_TEMPLATES", 1)  # encode in workers
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    asked = []
+    plain = obligations.fork_map
+
+    def recording(fn, items, jobs, *rest, **kw):
+        asked.append(jobs)
+        return plain(fn, items, jobs, *rest, **kw)
+
+    monkeypatch.setattr(obligations, "fork_map", recording)
+    result = CliRunner().invoke(main, ["verify", "--no-corpus", "-j", "50", single, parallel])
+    assert result.exit_code == 0, result.output
+    assert asked == [2]

@@ -322,7 +322,7 @@ def fork_map(fn: Callable[[Any], Any], items: Sequence, jobs: int,
     _FORK_TASK = fn
     try:
         before = set(multiprocessing.active_children())
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        with multiprocessing.get_context("fork").Pool(worker_count(jobs, len(items))) as pool:
             workers = [p for p in multiprocessing.active_children() if p not in before]
             pending = pool.map_async(_run_fork_task, items, chunksize=1)
             if meanwhile is not None:
@@ -334,6 +334,13 @@ def fork_map(fn: Callable[[Any], Any], items: Sequence, jobs: int,
             return pending.get()
     finally:
         _FORK_TASK = None
+
+
+def worker_count(jobs: int, tasks: int) -> int:
+    """How many worker processes to start for `tasks` tasks, at most `jobs` at a time: never
+    more than the tasks (`-j 100000` would otherwise start 100000 processes for a handful of
+    templates or obligations)."""
+    return max(1, min(jobs, tasks))
 
 
 # How often `fork_map` looks whether its workers are still alive while it waits. A pool

@@ -161,7 +161,10 @@ def build_obligations(single: Plan, parallel: Plan, stages: list[Stage], timer: 
                   for i, sig in enumerate(stage_signatures(stages, single, parallel))]
         del first  # the signatures are big tuples: none stays for the collector to scan
     reps = sorted(set(rep_of))
-    jobs = (os.cpu_count() or 1) if jobs is None else jobs
+    cores = os.cpu_count() or 1
+    # encoding is this interpreter's CPU work: a worker beyond the cores only costs memory
+    # (the solvers, external processes, take `jobs` as it is)
+    jobs = cores if jobs is None else min(jobs, cores)
     # made before the workers are forked: the first backend imports pysmt and the solver
     # bindings it probes (0.14 s), which the workers then inherit instead of each importing
     # them again (scripts/phase_costs.py's encoding and solving rows)

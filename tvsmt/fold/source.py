@@ -38,7 +38,7 @@ from tvsmt.fold.units import (
     node_units,
     unit_order,
 )
-from tvsmt.forked import can_fork_workers, fork_map
+from tvsmt.forked import can_fork_workers, fork_map, worker_count
 from tvsmt.heap import collector_paused, plans_frozen
 from tvsmt.plan.model import Node, Plan
 
@@ -282,7 +282,8 @@ def _check_parallel(view, checker: Checker, chunks: list[list[Unit]], jobs: int,
             meanwhile()
         from joblib import Parallel, delayed
 
-        return Parallel(n_jobs=jobs)(delayed(_check_chunk)(view, checker, c) for c in chunks)
+        return Parallel(n_jobs=worker_count(jobs, len(chunks)))(
+            delayed(_check_chunk)(view, checker, c) for c in chunks)
     return fork_map(_chunk_checker(view, checker), chunks, jobs, meanwhile)
 
 

@@ -37,6 +37,7 @@ from dataclasses import replace
 
 import psutil
 
+from tvsmt.forked import worker_count
 from tvsmt.solving import lifeline
 from tvsmt.solving.profiles import (Profile, build_command, child_env, get_profile,
                                     require_binary, solver_version)
@@ -611,6 +612,8 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
 
     # workers of a local pool are our children and die with us (not Dask's, or others')
     parent = os.getpid() if backend in ("loky", "multiprocessing") else None
+    if jobs is not None and jobs > 0:  # never more workers than tasks
+        jobs = worker_count(jobs, len(unique) * len(profiles))
     try:
         ctx, n_jobs, own_client = _parallel_setup(backend, scheduler, jobs)
     except BaseException:
