@@ -343,6 +343,14 @@ def worker_count(jobs: int, tasks: int) -> int:
     return max(1, min(jobs, tasks))
 
 
+def cpu_workers(jobs: int | None) -> int:
+    """How many worker processes CPU work of this interpreter (encoding, the fold's check)
+    may use for `jobs` (None: every core): at most one per core, since a worker beyond the
+    cores only costs memory. The solvers, external processes, take `jobs` as it is."""
+    cores = os.cpu_count() or 1
+    return cores if jobs is None else max(1, min(jobs, cores))
+
+
 # How often `fork_map` looks whether its workers are still alive while it waits. A pool
 # whose worker is killed from outside (the out-of-memory killer, a SIGKILL) loses that
 # worker's item and would wait for it forever; the pool replaces the worker, never the item.

@@ -12,14 +12,13 @@ the outcome says so (`ObligationSet.serial_reason`).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from tvsmt.encoding.concrete import Evaluation, evaluate_at_random
 from tvsmt.encoding.smtlib import Printed, print_obligation
 from tvsmt.encoding.stage import StageFormula, encode_stage
 from tvsmt.errors import StructuralViolation
-from tvsmt.forked import can_fork_workers, fork_map
+from tvsmt.forked import can_fork_workers, cpu_workers, fork_map
 from tvsmt.ops import SymbolicBackend
 from tvsmt.plan import Plan
 from tvsmt.report.failures import stage_failure, underivable
@@ -161,10 +160,7 @@ def build_obligations(single: Plan, parallel: Plan, stages: list[Stage], timer: 
                   for i, sig in enumerate(stage_signatures(stages, single, parallel))]
         del first  # the signatures are big tuples: none stays for the collector to scan
     reps = sorted(set(rep_of))
-    cores = os.cpu_count() or 1
-    # encoding is this interpreter's CPU work: a worker beyond the cores only costs memory
-    # (the solvers, external processes, take `jobs` as it is)
-    jobs = cores if jobs is None else min(jobs, cores)
+    jobs = cpu_workers(jobs)
     # made before the workers are forked: the first backend imports pysmt and the solver
     # bindings it probes (0.14 s), which the workers then inherit instead of each importing
     # them again (scripts/phase_costs.py's encoding and solving rows)

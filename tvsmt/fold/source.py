@@ -17,7 +17,6 @@ fix each lineage's batch dimension), then the rest, in worker processes when `jo
 
 from __future__ import annotations
 
-import os
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import replace
@@ -39,7 +38,7 @@ from tvsmt.fold.units import (
     node_units,
     unit_order,
 )
-from tvsmt.forked import can_fork_workers, fork_map, worker_count
+from tvsmt.forked import can_fork_workers, cpu_workers, fork_map, worker_count
 from tvsmt.heap import collector_paused, plans_frozen
 from tvsmt.plan.model import Node, Plan
 
@@ -246,7 +245,7 @@ def _fold_source(source: UnitSource, extra: int, jobs: int, ahead: Ahead | None)
             pass  # no guess: the whole check will say why, or refuse it later
         else:
             ahead(guess)
-    jobs = min(jobs, os.cpu_count() or 1)  # the check is CPU work: no worker beyond the cores
+    jobs = cpu_workers(jobs)
     view = source.worker_view() if jobs > 1 and len(rest) >= 8 * jobs else None
     if view is None:
         for u in rest:
