@@ -371,6 +371,35 @@ def test_damaged_report_is_an_input_error(tmp_path, damage):
     assert str(out) in line
 
 
+@pytest.mark.parametrize("damage, why", [
+    ({"failures": [{"kind": "counterexample", "message": "x differs"}]}, "lists 1 failure"),
+    ({"stages_proven": 0}, "proves 0 of"),
+    ({"stages_total": 0, "stages_proven": 0}, "proves no stage"),
+    ({"stages_inconclusive": 1}, "stages"),
+])
+def test_a_report_that_contradicts_its_pass_is_never_shown_as_one(tmp_path, damage, why):
+    """`tvsmt report` of a report that says equivalent while recording a failure or a stage
+    not proven (edited, or pieced together): exit 2, never 0."""
+    s, p = write_pair(tmp_path)
+    out = tmp_path / "r.json"
+    assert run("verify", s, p, "--no-corpus", "--jobs", "1", "--report", out).exit_code == 0
+    assert run("report", out).exit_code == 0
+    out.write_text(json.dumps({**json.loads(out.read_text()), **damage}))
+    line = one_line_error(run("report", out), code=2)
+    assert "inconsistent report" in line and why in line, line
+
+
+def test_a_folded_runs_report_reads_back_as_it_was_written(tmp_path):
+    from tvsmt.frontends import write_pair as generate
+
+    s, p = generate(tmp_path / "p", "llama3", layers=2, dp=4, mb=4, heads=2, hidden=16,
+                    ffn=16, vocab=16, seq=4)
+    out = tmp_path / "r.json"
+    r = run("verify", s, p, "--no-corpus", "--jobs", "1", "--report", out)
+    assert r.exit_code == 0 and json.loads(out.read_text())["fold"] is not None, r.output
+    assert run("report", out).exit_code == 0
+
+
 def test_replay_of_something_that_is_not_a_folder_is_an_input_error():
     line = one_line_error(run("replay", "/dev/null"))
     assert "/dev/null" in line and "not a folder" in line

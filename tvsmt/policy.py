@@ -125,3 +125,22 @@ def decide(report: Report, failures: list[Failure]) -> None:
         report.verdict = INCONCLUSIVE
     else:
         report.verdict = EQUIVALENT
+
+
+def contradicted_pass(report: Report) -> str | None:
+    """Why a report that says `equivalent` cannot be one, by what it records itself (a
+    failure, a stage not proven, no stage at all); None when it can. `tvsmt report` refuses
+    such a report (hand-edited, or put together from two runs): re-rendering a report never
+    turns what it records into a pass. A report that says less than its contents (an
+    `inconclusive` with no failure, as `tvsmt export` writes) is never a pass, so it stands."""
+    if report.verdict != EQUIVALENT:
+        return None
+    if report.failures:
+        return f"it says equivalent but lists {len(report.failures)} failure(s)"
+    if report.stages_total < 1:
+        return "it says equivalent but proves no stage"
+    if (report.stages_proven != report.stages_total or report.stages_violated
+            or report.stages_inconclusive):
+        return (f"it says equivalent but proves {report.stages_proven} of "
+                f"{report.stages_total} stages")
+    return None

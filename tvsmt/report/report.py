@@ -132,7 +132,13 @@ def load_report(path: str) -> Report:
         raise PlanError(f"malformed report: {problem}", file=path)
     fields["failures"] = [Failure(**{k: v for k, v in f.items()
                                      if k in Failure.__dataclass_fields__}) for f in failures]
-    return Report(**fields)
+    report = Report(**fields)
+    from tvsmt.policy import contradicted_pass  # the verdict policy's (it imports this module)
+
+    problem = contradicted_pass(report)
+    if problem:
+        raise PlanError(f"inconsistent report: {problem}", file=path)
+    return report
 
 
 _FOLD_KEYS = ("replicas", "micro_batches", "kept_replicas", "kept_units", "batch_factor",
