@@ -33,7 +33,7 @@ import msgspec  # noqa: E402
 import orjson  # noqa: E402
 
 from tvsmt.errors import PlanError  # noqa: E402
-from tvsmt.plan.reader import load_plan, plan_from_dict  # noqa: E402
+from tvsmt.plan import load_plan, plan_from_dict  # noqa: E402
 
 
 def _text(path: str) -> bytes:

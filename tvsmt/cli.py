@@ -463,10 +463,10 @@ def replay(corpus, jobs, timeout, solver, backend, scheduler):
               help="Also write the report as a self-contained HTML file.")
 def report_cmd(path, as_json, html_path):
     """Re-render a saved JSON report."""
-    from tvsmt.report import load_report
+    from tvsmt.policy import load_trusted_report
 
     _check_folder("--html", html_path)
-    report = load_report(path)
+    report = load_trusted_report(path)
     if as_json:
         click.echo(report.to_json())
         if html_path:

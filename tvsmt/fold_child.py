@@ -18,7 +18,7 @@ from fractions import Fraction
 from tvsmt.heap import collector_paused, leave_to_exit, plans_frozen
 from tvsmt.plan import Plan
 from tvsmt.report.report import Report
-from tvsmt.solving.dispatch import _solver_names
+from tvsmt.solving.dispatch import solver_names
 from tvsmt.timing import Timer, mark
 from tvsmt.pipeline import (
     Options,
@@ -183,7 +183,7 @@ def prepare_phases_after_load(opts: Options) -> None:
         from tvsmt.solving.profiles import get_profile, require_binary, solver_version
 
         SymbolicBackend.fresh()  # the first one imports pysmt and probes its solvers
-        for name in _solver_names(opts):
+        for name in solver_names(opts):
             profile = get_profile(name)
             require_binary(profile)
             solver_version(profile)  # cached for this process

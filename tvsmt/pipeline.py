@@ -24,7 +24,7 @@ from tvsmt.plan.reader import check_pair
 from tvsmt.policy import decide, judge_stage, stage_status
 from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, Failure, Report
 from tvsmt.solving.dispatch import (
-    _solver_names,
+    solver_names,
     check_solver_choice,
     solve_obligations,
     store_in_corpus,
@@ -83,7 +83,7 @@ class Prepared(NamedTuple):
 def prepare(single: Plan, parallel: Plan, opts: Options, timer: Timer) -> Prepared:
     """Checks, stages, templates, obligations (deduplicated), concrete evaluations."""
     report = Report(EQUIVALENT, single.path, parallel.path,
-                    solver="+".join(_solver_names(opts)))
+                    solver="+".join(solver_names(opts)))
     failures: list[Failure] = []
     if opts.progress:
         opts.progress("cutting stages", 0, None)

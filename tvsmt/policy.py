@@ -23,12 +23,17 @@ from dataclasses import replace
 
 from tvsmt.encoding.concrete import evaluate_at_random
 from tvsmt.encoding.obligations import EVALUATION_POINTS, StageOutcome, encode_one
+from tvsmt.errors import PlanError
 from tvsmt.ops import SymbolicBackend
 from tvsmt.plan import Plan
-from tvsmt.report.counterexample import (confirm, counterexample, first_mismatch_part,
-                                         uses_abstraction)
+from tvsmt.report.counterexample import (
+    confirm,
+    counterexample,
+    first_mismatch_part,
+    uses_abstraction,
+)
 from tvsmt.report.failures import stage_failure
-from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, VIOLATION, Failure, Report
+from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, VIOLATION, Failure, Report, load_report
 from tvsmt.solving.types import SAT, UNKNOWN, UNSAT, SolverResult
 from tvsmt.timing import Timer
 
@@ -144,3 +149,14 @@ def contradicted_pass(report: Report) -> str | None:
         return (f"it says equivalent but proves {report.stages_proven} of "
                 f"{report.stages_total} stages")
     return None
+
+
+def load_trusted_report(path: str) -> Report:
+    """A saved report (`report.load_report`) whose verdict what it records can support: one
+    that says `equivalent` against its own contents (`contradicted_pass`) is an input error,
+    never re-rendered as a pass."""
+    report = load_report(path)
+    problem = contradicted_pass(report)
+    if problem:
+        raise PlanError(f"inconsistent report: {problem}", file=path)
+    return report

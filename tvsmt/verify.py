@@ -33,7 +33,7 @@ from tvsmt.report.report import INCONCLUSIVE, Failure, Report
 from tvsmt.solving.dispatch import (  # noqa: F401 - re-exported for callers and tests
     SMALL_RUN,
     _both_must_prove,
-    _solver_names,
+    solver_names,
     check_solver_choice,
     solve_obligations,
     store_in_corpus,

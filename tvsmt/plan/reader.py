@@ -5,8 +5,8 @@ Everything a plan producer can get wrong is checked here, once, and reported as 
 Checks that need both plans (lineages refer to single-plan tensors) are in `check_pair`.
 
 Two forms (docs/format.md): one JSON document (`.json`, `.json.gz`) or JSON Lines, one record
-per line (`.jsonl`, `.jsonl.gz`, read by `tvsmt.plan.stream`); `load_plan` tells them apart by
-name and content. A document is decoded by msgspec straight into typed structs
+per line (`.jsonl`, `.jsonl.gz`, read by `tvsmt.plan.stream`); `tvsmt.plan.load.load_plan`
+tells them apart by name and content. A document is decoded by msgspec straight into typed structs
 (`tvsmt.plan.schema`) and checked by `_build`, a loop that only says yes or no; when it says
 no (or the types do not fit), the document is decoded again generically and `plan_from_dict`,
 the reference validator, finds and words the error. So the fast path costs nothing in
@@ -50,7 +50,6 @@ from tvsmt.plan.numbering import (
     UNDECLARED,
     ForkedNumbering,
     Numbering,
-    arrow_meanwhile,
     attr_text_codes,
     first_use_codes,
 )
@@ -98,7 +97,7 @@ def open_binary(path: str):
         magic = f.peek(2)[:2]  # peek, not read: pipes cannot seek back
     except OSError as e:
         f.close()
-        raise PlanError(f"cannot read plan: {_os_reason(e)}", file=path) from None
+        raise PlanError(f"cannot read plan: {os_reason(e)}", file=path) from None
     if magic == GZIP_MAGIC:
         return igzip.IGzipFile(fileobj=f, mode="rb")  # ISA-L: the stdlib's gzip, 3x faster
     return f
@@ -211,33 +210,7 @@ def _too_big(path: str, limit: int) -> PlanError:
                      "raise it, or use the JSON Lines form)", file=path)
 
 
-def load_plan(path: str | os.PathLike, lazy: bool = False) -> Plan:
-    """Read an execplan file in either form and validate it on its own (`lazy`: see
-    `decode_document`)."""
-    path = os.fspath(path)
-    try:
-        with open_binary(path) as f:
-            head = f.peek(64)[:64] if hasattr(f, "peek") else b""
-            if is_stream(path, head):
-                from tvsmt.plan.stream import read_stream
-
-                return read_stream(path, f)
-            limit = byte_limit(PLAN_LIMIT_ENV, DEFAULT_PLAN_LIMIT)
-            gz = isinstance(f, igzip.IGzipFile)
-            importer = arrow_meanwhile(text_size(path)) if gz else None
-            try:
-                text = gunzip_whole(path, limit) if gz else None
-                if text is None:
-                    text = read_document(path, f, limit)
-            finally:
-                if importer is not None:  # before decode_document forks
-                    importer.join()
-    except READ_ERRORS as e:
-        raise PlanError(f"cannot read plan: {_os_reason(e)}", file=path) from None
-    return decode_document(text, path, lazy)
-
-
-def _os_reason(e: BaseException) -> str:
+def os_reason(e: BaseException) -> str:
     return getattr(e, "strerror", None) or str(e) or type(e).__name__
 
 

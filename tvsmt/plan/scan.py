@@ -893,7 +893,7 @@ def _blocks_into(path: str, f, size: int | None = None):
             if left is not None:
                 left -= n or 0
         except R.READ_ERRORS as e:
-            raise PlanError(f"cannot read plan after line {lineno}: {R._os_reason(e)}",
+            raise PlanError(f"cannot read plan after line {lineno}: {R.os_reason(e)}",
                             file=path) from None
         end = start + (n or 0)
         if not n:  # the end: what is left is a last line without its newline

@@ -188,7 +188,7 @@ def _blocks(path: str, f) -> Iterator[tuple[int, _Lines, bytes]]:
         try:
             chunk = f.read(R._CHUNK)
         except R.READ_ERRORS as e:
-            raise PlanError(f"cannot read plan after line {lineno}: {R._os_reason(e)}",
+            raise PlanError(f"cannot read plan after line {lineno}: {R.os_reason(e)}",
                             file=path) from None
         if not chunk:
             break

@@ -56,7 +56,7 @@ def check_solver_choice(solver: str, crosscheck: "bool | str | Sequence[str]") -
                          f"{', '.join(names)}")
 
 
-def _solver_names(opts: "Options") -> tuple[str, ...]:
+def solver_names(opts: "Options") -> tuple[str, ...]:
     """The solver profiles (names or paths) a run uses."""
     return crosscheck_list(opts.crosscheck) or (opts.solver,)
 
@@ -107,7 +107,7 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcom
     from tvsmt.solving.profiles import get_profile, solver_version
     from tvsmt.solving.runner import crosscheck, reconcile, solve_all
 
-    names = _solver_names(opts)
+    names = solver_names(opts)
     profiles = [get_profile(n) for n in names]
     corpus = Corpus(opts.corpus, fresh=opts.fresh) if opts.corpus else None
     results: dict[str, SolverResult] = {}
