@@ -24,9 +24,9 @@ from tvsmt.plan.reader import check_pair
 from tvsmt.policy import decide, judge_stage, stage_status
 from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, Failure, Report
 from tvsmt.solving.dispatch import (
-    solver_names,
     check_solver_choice,
     solve_obligations,
+    solver_names,
     store_in_corpus,
 )
 from tvsmt.solving.types import DEFAULT_BACKEND, Obligation

@@ -33,9 +33,9 @@ from tvsmt.report.report import INCONCLUSIVE, Failure, Report
 from tvsmt.solving.dispatch import (  # noqa: F401 - re-exported for callers and tests
     SMALL_RUN,
     _both_must_prove,
-    solver_names,
     check_solver_choice,
     solve_obligations,
+    solver_names,
     store_in_corpus,
 )
 from tvsmt.timing import Timer

@@ -4,14 +4,14 @@ Everything a plan producer can get wrong is checked here, once, and reported as 
 `PlanError` naming the file and the node or tensor: later phases may trust the dataclasses.
 Checks that need both plans (lineages refer to single-plan tensors) are in `check_pair`.
 
-Two forms (docs/format.md): one JSON document (`.json`, `.json.gz`) or JSON Lines, one record
-per line (`.jsonl`, `.jsonl.gz`, read by `tvsmt.plan.stream`); `tvsmt.plan.load.load_plan`
-tells them apart by name and content. A document is decoded by msgspec straight into typed structs
-(`tvsmt.plan.schema`) and checked by `_build`, a loop that only says yes or no; when it says
-no (or the types do not fit), the document is decoded again generically and `plan_from_dict`,
-the reference validator, finds and words the error. So the fast path costs nothing in
-messages, and it can never accept what `plan_from_dict` refuses (tests/test_plan_reader.py
-compares both on damaged plans).
+Two forms (docs/format.md): one JSON document (`.json`, `.json.gz`), decoded here, or JSON
+Lines, one record per line (`.jsonl`, `.jsonl.gz`, read by `tvsmt.plan.stream`);
+`tvsmt.plan.load.load_plan` tells them apart by name and content. A document is decoded by
+msgspec straight into typed structs (`tvsmt.plan.schema`) and checked by `_build`, a loop that
+only says yes or no; when it says no (or the types do not fit), the document is decoded again
+generically and `plan_from_dict`, the reference validator, finds and words the error. So the
+fast path costs nothing in messages, and it can never accept what `plan_from_dict` refuses
+(tests/test_plan_reader.py compares both on damaged plans).
 
 Limits (bounded time and memory on hostile input): a document's decompressed text may not
 exceed TVSMT_MAX_PLAN_BYTES (default 1 GiB); a JSON Lines record may not exceed
