@@ -365,7 +365,7 @@ def verify(single, parallel, report_path, html_path, **options):
 def _crosscheck_value(value: str | None) -> tuple[str, ...] | None:
     """The --crosscheck list, checked at once: a bare --crosscheck before the plan files
     swallows the first one as its value, which deserves a clear message."""
-    from tvsmt.solving.dispatch import crosscheck_list
+    from tvsmt.options import crosscheck_list
     from tvsmt.solving.profiles import ProfileError, get_profile
 
     if value is None:
@@ -386,7 +386,7 @@ def _crosscheck_value(value: str | None) -> tuple[str, ...] | None:
 def _solver_choice(solvers: tuple[str, ...], crosscheck: tuple[str, ...] | None
                    ) -> tuple[str, tuple[str, ...] | bool]:
     """(solver, crosscheck) for Options from --solver (repeatable) and --crosscheck."""
-    from tvsmt.solving.dispatch import check_solver_choice
+    from tvsmt.options import check_solver_choice
 
     if crosscheck is not None and solvers:
         raise click.UsageError("--crosscheck takes its solvers as a list (--crosscheck z3,cvc5);"

@@ -18,7 +18,7 @@ from fractions import Fraction
 from tvsmt.heap import collector_paused, leave_to_exit, plans_frozen
 from tvsmt.plan import Plan
 from tvsmt.report.report import Report
-from tvsmt.solving.dispatch import solver_names
+from tvsmt.options import solver_names
 from tvsmt.timing import Timer, mark
 from tvsmt.pipeline import (
     Options,

@@ -23,34 +23,11 @@ from tvsmt.plan import Plan, load_plan
 from tvsmt.plan.reader import check_pair
 from tvsmt.policy import decide, judge_stage, stage_status
 from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, Failure, Report
-from tvsmt.solving.dispatch import (
-    check_solver_choice,
-    solve_obligations,
-    solver_names,
-    store_in_corpus,
-)
-from tvsmt.solving.types import DEFAULT_BACKEND, Obligation
+from tvsmt.options import Options, solver_names
+from tvsmt.solving.dispatch import solve_obligations, store_in_corpus
+from tvsmt.solving.types import Obligation
 from tvsmt.stages import cut_stages
 from tvsmt.timing import Timer
-
-
-@dataclass
-class Options:
-    jobs: int | None = None
-    solver: str = "z3"
-    timeout: float = 60.0
-    # True: z3 and cvc5; or the profiles (names or paths) that must all prove each stage
-    crosscheck: bool | str | tuple[str, ...] = False
-    corpus: str | None = None
-    fresh: bool = False
-    backend: str = DEFAULT_BACKEND
-    scheduler: str | None = None
-    fold: bool = True  # replica folding (tvsmt/fold) when the plan has > 2 replicas or mbs
-    strict: bool = False  # parallel results that no lineage claims make the run fail
-    progress: Callable[[str, int, int | None], None] | None = None  # (phase, done, total)
-
-    def __post_init__(self):
-        check_solver_choice(self.solver, self.crosscheck)
 
 
 @dataclass(frozen=True)

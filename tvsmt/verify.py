@@ -15,8 +15,8 @@ from __future__ import annotations
 from tvsmt.encoding.obligations import PARALLEL_TEMPLATES, StageOutcome  # noqa: F401
 from tvsmt.fold_child import fold_in_child, verify_folded_in_child
 from tvsmt.heap import collector_paused, leave_to_exit, plans_frozen
+from tvsmt.options import Options, check_solver_choice, solver_names  # noqa: F401
 from tvsmt.pipeline import (  # noqa: F401 - the phases, re-exported for callers and tests
-    Options,
     PlanPair,
     Prepared,
     Run,
@@ -33,9 +33,7 @@ from tvsmt.report.report import INCONCLUSIVE, Failure, Report
 from tvsmt.solving.dispatch import (  # noqa: F401 - re-exported for callers and tests
     SMALL_RUN,
     _both_must_prove,
-    check_solver_choice,
     solve_obligations,
-    solver_names,
     store_in_corpus,
 )
 from tvsmt.timing import Timer

@@ -111,7 +111,8 @@ def verify_with_hypotheses(single: Plan, parallel: Plan, opts=None, max_rounds: 
     programs contradicts. Their counterexamples stand as violations even when their stage
     assumed hypotheses (all proven in that run), and one of them proven equivalent would
     contradict the real programs: the verdict is then inconclusive, never equivalent."""
-    from tvsmt.pipeline import Options, verify_plans
+    from tvsmt.options import Options
+    from tvsmt.pipeline import verify_plans
 
     opts = opts or Options()
     witnessed = witnessed or {}
@@ -168,7 +169,7 @@ def _as_capture_report(report: Report, pair: CapturedPair | None, hyp: dict) -> 
 
 
 def check_pair(pair: CapturedPair, opts=None) -> CaptureReport:
-    from tvsmt.pipeline import Options
+    from tvsmt.options import Options
 
     opts = opts or Options()
     opts = dataclasses.replace(opts, fold=False)  # captured ids never follow the fold layout

@@ -10,55 +10,17 @@ a solver of the same name, version and profile file (tvsmt/solving/corpus.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from tvsmt.options import Options, solver_names
 from tvsmt.solving.types import Obligation, SolverResult
 
-if TYPE_CHECKING:  # pragma: no cover - types only (tvsmt.pipeline imports this module)
+if TYPE_CHECKING:  # pragma: no cover - types only
     from tvsmt.encoding.obligations import StageOutcome
-    from tvsmt.pipeline import Options
     from tvsmt.plan import Plan
     from tvsmt.report.report import Report
 
-#: `--crosscheck` without a list
-DEFAULT_CROSSCHECK = ("z3", "cvc5")
 SMALL_RUN = 24  # obligations below which loky's solving stays in this process (one solver)
-
-
-def crosscheck_list(value: "bool | str | Sequence[str]") -> tuple[str, ...]:
-    """The solvers of a `crosscheck` option: True = z3 and cvc5; "a,b" or ["a", "b"] as given
-    (False/empty: none)."""
-    if value is True:
-        return DEFAULT_CROSSCHECK
-    if not value:
-        return ()
-    items = value.split(",") if isinstance(value, str) else list(value)
-    return tuple(s.strip() for s in items if s.strip())
-
-
-def check_solver_choice(solver: str, crosscheck: "bool | str | Sequence[str]") -> None:
-    """ValueError unless the choice is one solver, or a cross-check of two or more distinct
-    profiles (without a separate `solver`)."""
-    names = crosscheck_list(crosscheck)
-    if crosscheck is not False and crosscheck is not None and not names:
-        raise ValueError("--crosscheck got an empty list of solvers")
-    if not names:
-        return
-    if solver != "z3":
-        raise ValueError("--crosscheck takes its solvers as a list (--crosscheck z3,cvc5); "
-                         "it takes no --solver")
-    from tvsmt.solving.profiles import get_profile
-
-    profiles = [get_profile(n).name for n in names]  # an unknown profile: ProfileError
-    if len(names) < 2 or len(set(profiles)) != len(profiles):
-        raise ValueError(f"--crosscheck needs two or more distinct solver profiles, got "
-                         f"{', '.join(names)}")
-
-
-def solver_names(opts: "Options") -> tuple[str, ...]:
-    """The solver profiles (names or paths) a run uses."""
-    return crosscheck_list(opts.crosscheck) or (opts.solver,)
 
 
 def store_in_corpus(corpus, unique: dict[str, Obligation], outcomes: "list[StageOutcome]",
