@@ -16,12 +16,8 @@ import contextlib
 from fractions import Fraction
 
 from tvsmt.heap import collector_paused, leave_to_exit, plans_frozen
-from tvsmt.plan import Plan
-from tvsmt.report.report import Report
-from tvsmt.options import solver_names
-from tvsmt.timing import Timer, mark
+from tvsmt.options import Options, solver_names
 from tvsmt.pipeline import (
-    Options,
     PlanPair,
     Prepared,
     _through_fold,
@@ -29,6 +25,9 @@ from tvsmt.pipeline import (
     solve_and_judge,
     verify_unfolded,
 )
+from tvsmt.plan import Plan
+from tvsmt.report.report import Report
+from tvsmt.timing import Timer, mark
 
 # A plan document at least this large (decompressed) is loaded and folded in a forked
 # process, and only the folded pair comes back (`_FoldAnswer`). This process then never holds

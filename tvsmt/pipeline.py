@@ -19,11 +19,11 @@ from tvsmt.encoding.obligations import StageOutcome, build_obligations
 from tvsmt.graph import Graph
 from tvsmt.heap import collector_paused, plans_frozen
 from tvsmt.lineage import check_output_coverage, check_plan_shapes, unclaimed_sinks
+from tvsmt.options import Options, solver_names
 from tvsmt.plan import Plan, load_plan
 from tvsmt.plan.reader import check_pair
 from tvsmt.policy import decide, judge_stage, stage_status
 from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, Failure, Report
-from tvsmt.options import Options, solver_names
 from tvsmt.solving.dispatch import solve_obligations, store_in_corpus
 from tvsmt.solving.types import Obligation
 from tvsmt.stages import cut_stages
