@@ -22,6 +22,9 @@ cases in 694 s. None lost by the fold. Four were no violation folded or unfolded
 of the sequence length, OPS.md) to another replica's copy of the same constant. A bug that
 makes a unit read another's or a reducer miss one (`pp-wrong-stage`, `wrong-group`,
 `reducer-before-last-accum`) is refused by the fold and verified unfolded.
+On the two 8-rank MoE-family plans, which are not folded (a check of the verifier itself):
+llama3moe-ly2-dp2pp2tp2mb2 seed 71, 40 cases in 44 s; moe-ly4-dp2pp2tp2mb2 seed 61, 40 cases
+in 242 s (every MoE bug of the catalogue drawn): every verdict a violation.
 """
 
 from __future__ import annotations
@@ -83,7 +86,8 @@ def main() -> int:
         folded = verify_plans(single, parallel, Options(jobs=1))
         done += 1
         drawn[bug] += 1
-        if args.real and folded.fold is None:
+        if (args.real and folded.fold is None
+                and not (folded.fold_note or "").startswith("nothing to fold")):
             print(f"{bug} at {record.get('target')}: not folded ({folded.fold_note})")
         if folded.verdict == "violation":
             continue
