@@ -1,6 +1,7 @@
-"""Signals and orphans (issue 9 item 5): however `tvsmt verify` dies (SIGINT, SIGTERM, SIGKILL,
-a terminal's Ctrl-C to its process group), no solver or worker process survives it, the
-caller's pipe closes, and an interrupt ends with 128 + signal and one line, no traceback.
+"""Signals and orphans (issue 9 item 5): however `tvsmt verify` dies (SIGINT, SIGTERM, SIGHUP,
+SIGKILL, a terminal's Ctrl-C or hangup to its process group), no solver or worker process
+survives it, the caller's pipe closes, and an interrupt ends with 128 + signal and one line,
+no traceback.
 
 Each run is killed at one moment: while loading (the plan is a FIFO nobody writes), while a
 forked process reads half of a JSON Lines plan, while encoding (forked encoding workers alive), while solving with a slow fake solver in the tvsmt
@@ -126,6 +127,10 @@ CASES = [(m, s) for m in ("loading", "encoding", "workers")
 CASES += [("solving", "SIGKILL"), ("solving", "SIGTERM"), ("workers", "ctrl-c")]
 CASES += [("threads", s) for s in ("SIGINT", "SIGTERM", "SIGKILL", "ctrl-c")]
 CASES += [("scanning", s) for s in ("SIGINT", "SIGTERM", "SIGKILL")]
+# a closed terminal: SIGHUP to tvsmt alone, or to its whole process group (not with loky's
+# workers: its resource tracker, a process of the group, dies of it and prints tracebacks)
+CASES += [("encoding", "SIGHUP"), ("workers", "SIGHUP"), ("threads", "hangup"),
+          ("encoding", "hangup"), ("scanning", "hangup")]
 
 
 @pytest.mark.parametrize("moment,how", CASES)
@@ -146,6 +151,8 @@ def test_no_child_survives_and_the_pipe_closes(plans, moment, how, tmp_path):
         before = _tagged(tag)
         if how == "ctrl-c":  # what a terminal does: SIGINT to the whole foreground group
             os.killpg(proc.pid, signal.SIGINT)
+        elif how == "hangup":  # a terminal that closes: SIGHUP to the whole group
+            os.killpg(proc.pid, signal.SIGHUP)
         else:
             os.kill(proc.pid, getattr(signal, how))
         try:
@@ -168,7 +175,7 @@ def test_no_child_survives_and_the_pipe_closes(plans, moment, how, tmp_path):
         if how == "SIGKILL":
             assert proc.returncode == -signal.SIGKILL
         else:
-            expected = 143 if how == "SIGTERM" else 130
+            expected = {"SIGTERM": 143, "SIGHUP": 129, "hangup": 129}.get(how, 130)
             assert proc.returncode == expected, text
             assert "Traceback" not in text and "Warning" not in text, text
             assert text.strip().splitlines()[-1].startswith("tvsmt: interrupted"), text
@@ -186,7 +193,7 @@ def test_no_child_survives_and_the_pipe_closes(plans, moment, how, tmp_path):
                 pass
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "SIGHUP"])
 def test_a_swallowed_interrupt_still_ends_the_run_as_interrupted(plans, how, monkeypatch):
     """Python ignores an exception raised where it cannot propagate: a signal that lands
     while a worker pool forks raises its interrupt inside an at-fork hook, and it is lost
@@ -223,5 +230,5 @@ def test_a_swallowed_interrupt_still_ends_the_run_as_interrupted(plans, how, mon
             assert not t.is_alive()
     assert got.exit_code == 128 + signum, got.output
     assert got.output.strip().splitlines()[-1] == (
-        "tvsmt: interrupted" + (" (SIGTERM)" if how == "SIGTERM" else "")), got.output
+        "tvsmt: interrupted" + (f" ({how})" if how != "SIGINT" else "")), got.output
     assert "Traceback" not in got.output

@@ -31,7 +31,8 @@ Exit codes (every command):
      an exception in a capture script's own code (named by its line)
   3  inconclusive: a solver timeout, `unknown`, or solvers that disagree (never a pass)
   4  internal error: a bug in tvsmt (one line on stderr; TVSMT_DEBUG=1 shows the traceback)
-  128+n  stopped by signal n: 130 Ctrl-C, 143 SIGTERM (its solvers and workers killed);
+  128+n  stopped by signal n: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP (its solvers and
+     workers killed);
      141: the reader of the output went away (`tvsmt plan bugs | head -1`)
 """
 
@@ -43,8 +44,9 @@ class Cli(click.Group):
     """Turns every error into one line on stderr and its exit code (see EXIT_CODES_HELP),
     never a traceback. Ids and file names in messages are escaped (tvsmt/textsafe.py).
 
-    SIGTERM is handled like Ctrl-C (tvsmt/solving/lifeline.py): the run stops, its solver
-    and worker processes are killed, and the exit code is 128 + the signal number."""
+    SIGTERM and SIGHUP are handled like Ctrl-C (tvsmt/solving/lifeline.py): the run stops,
+    its solver and worker processes are killed, and the exit code is 128 + the signal
+    number."""
 
     def main(self, args=None, *a, **kw):
         program = args is None
@@ -174,11 +176,15 @@ def _say(message: str) -> None:
 
 
 def _interrupted(code: int) -> NoReturn:
-    """The command was interrupted (Ctrl-C: 130, SIGTERM: 143): one line, that exit code."""
+    """The command was interrupted (Ctrl-C: 130, SIGTERM: 143, SIGHUP: 129): one line, that
+    exit code; a signal other than Ctrl-C's is named."""
+    import signal
+
     from tvsmt.solving.lifeline import acknowledge
 
     acknowledge()
-    click.echo("tvsmt: interrupted" + (" (SIGTERM)" if code == 143 else ""), err=True)
+    name = f" ({signal.Signals(code - 128).name})" if code != 130 and code > 128 else ""
+    click.echo("tvsmt: interrupted" + name, err=True)
     sys.exit(code)
 
 

@@ -11,19 +11,20 @@ Three pieces, each cheap:
 * `arm_worker(parent)`: called at the start of every solving task in a worker process (loky);
   a worker whose parent is the tvsmt process starts a lifeline thread that waits for the
   parent to end (a pidfd, else polling getppid) and then ends the worker, whose solvers die
-  with it; the worker ignores SIGINT (its parent handles Ctrl-C and stops it). Workers forked
-  by tvsmt (the process pool that encodes stages) are armed by an `os.register_at_fork` hook
-  while `activate()` is in force. Workers do not use the parent-death signal: it fires when
-  the *thread* that started them ends, and joblib starts loky workers from a short-lived
-  dispatching thread.
-* `activate()`: used by the command line. SIGTERM is handled like SIGINT (an `Interrupted`,
-  a KeyboardInterrupt, is raised in the main thread, so every `finally` that stops solvers
-  runs); an interrupt that Python swallowed (raised inside an at-fork hook or a destructor)
-  is raised again until the command acknowledges it, and the cleanup gets 30 s at most. A
-  second signal, or a signal once the command has finished, ends the process at once with
-  128 + signal number (the children then die with it), never with a traceback. Across a
-  fork, SIGTERM is blocked in the forking thread until the child has reset it to the default
-  (see `_before_fork`): a pool's SIGTERM then always ends a worker it has just started.
+  with it; the worker ignores SIGINT and SIGHUP (its parent handles them and stops it).
+  Workers forked by tvsmt (the process pool that encodes stages) are armed by an
+  `os.register_at_fork` hook while `activate()` is in force. Workers do not use the
+  parent-death signal: it fires when the *thread* that started them ends, and joblib starts
+  loky workers from a short-lived dispatching thread.
+* `activate()`: used by the command line. SIGTERM and SIGHUP (a closed terminal) are handled
+  like SIGINT (an `Interrupted`, a KeyboardInterrupt, is raised in the main thread, so every
+  `finally` that stops solvers runs); an interrupt that Python swallowed (raised inside an
+  at-fork hook or a destructor) is raised again until the command acknowledges it, and the
+  cleanup gets 30 s at most. A second signal, or a signal once the command has finished,
+  ends the process at once with 128 + signal number (the children then die with it), never
+  with a traceback. Across a fork, SIGTERM is blocked in the forking thread until the child
+  has reset it to the default (see `_before_fork`): a pool's SIGTERM then always ends a
+  worker it has just started.
 
 On systems without prctl (not Linux) only the run's own kill-on-exit bookkeeping remains
 (tvsmt/solving/runner.py).
@@ -44,10 +45,16 @@ import threading
 import time
 
 PR_SET_PDEATHSIG = 1
+# what the command handles as an interrupt (SIGHUP: the terminal went away; not on Windows)
+_HANDLED = (signal.SIGINT, signal.SIGTERM,
+            *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else []))
+# what a worker ignores, as its parent handles it and stops the worker; not SIGTERM, by which
+# a process pool stops its workers
+_LEFT_TO_PARENT = tuple(sig for sig in _HANDLED if sig != signal.SIGTERM)
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM received: the run stops, its children are killed."""
+    """SIGINT, SIGTERM or SIGHUP received: the run stops, its children are killed."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -153,7 +160,8 @@ def arm_worker(parent: int | None) -> None:
     _watching[os.getpid()] = parent
     if threading.current_thread() is threading.main_thread():
         with contextlib.suppress(ValueError, OSError):
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            for sig in _LEFT_TO_PARENT:
+                signal.signal(sig, signal.SIG_IGN)
     try:
         pidfd = os.pidfd_open(parent)
     except (AttributeError, OSError):
@@ -299,7 +307,7 @@ def activate(program: bool):
     main = threading.current_thread() is threading.main_thread()
     old = {}
     if main:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in _HANDLED:
             old[sig] = signal.signal(sig, _on_signal)
     if not _hooked and hasattr(os, "register_at_fork"):
         os.register_at_fork(before=_before_fork, after_in_parent=_unblock_term,
