@@ -127,10 +127,10 @@ CASES = [(m, s) for m in ("loading", "encoding", "workers")
 CASES += [("solving", "SIGKILL"), ("solving", "SIGTERM"), ("workers", "ctrl-c")]
 CASES += [("threads", s) for s in ("SIGINT", "SIGTERM", "SIGKILL", "ctrl-c")]
 CASES += [("scanning", s) for s in ("SIGINT", "SIGTERM", "SIGKILL")]
-# a closed terminal: SIGHUP to tvsmt alone, or to its whole process group (not with loky's
-# workers: its resource tracker, a process of the group, dies of it and prints tracebacks)
-CASES += [("encoding", "SIGHUP"), ("workers", "SIGHUP"), ("threads", "hangup"),
-          ("encoding", "hangup"), ("scanning", "hangup")]
+# a closed terminal: SIGHUP to tvsmt alone, or to its whole process group (with loky's
+# workers, whose resource tracker is a process of that group too)
+CASES += [("encoding", "SIGHUP"), ("workers", "SIGHUP"), ("workers", "hangup"),
+          ("threads", "hangup"), ("encoding", "hangup"), ("scanning", "hangup")]
 
 
 @pytest.mark.parametrize("moment,how", CASES)

@@ -172,6 +172,23 @@ def arm_worker(parent: int | None) -> None:
                      daemon=True).start()
 
 
+
+def start_loky_tracker_deaf_to_hangup() -> None:
+    """Start loky's resource tracker (a process of tvsmt's process group, shared by its
+    worker pools) with SIGHUP blocked. It ignores SIGINT and SIGTERM by itself, but a
+    terminal's hangup killed it, and the tracker loky started again printed tracebacks
+    after tvsmt's one line. The blocked signal is inherited and the tracker never unblocks
+    it; in this process a SIGHUP of that moment is delivered when the mask is restored."""
+    if not (hasattr(signal, "SIGHUP") and hasattr(signal, "pthread_sigmask")):
+        return
+    from joblib.externals.loky.backend import resource_tracker
+
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
 _watching: dict[int, int] = {}  # this process's pid -> the parent it watches
 
 

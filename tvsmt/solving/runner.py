@@ -612,6 +612,8 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
 
     # workers of a local pool are our children and die with us (not Dask's, or others')
     parent = os.getpid() if backend in ("loky", "multiprocessing") else None
+    if backend == "loky":
+        lifeline.start_loky_tracker_deaf_to_hangup()
     if jobs is not None and jobs > 0:  # never more workers than tasks
         jobs = worker_count(jobs, len(unique) * len(profiles))
     try:
