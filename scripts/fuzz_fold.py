@@ -19,7 +19,9 @@ and 41, 46 cases in 963 s; llama3-ly2-dp4pp4tp8mb8 seed 31, 12 cases in 142 s;
 llama3adpt-ly2-dp64pp2tp2mb1 seed 51, 12 cases in 485 s; moe-ly2-dp16pp2tp4mb16 seed 21, 12
 cases in 694 s. None lost by the fold. Four were no violation folded or unfolded, rightly:
 `pp-wrong-stage` re-routed the pipeline message of the causal mask (`create_mask`, a constant
-of the sequence length, OPS.md) to another replica's copy of the same constant. A bug that
+of the sequence length, OPS.md) to another replica's copy of the same constant; drawn at
+random, `pp-wrong-stage` now prefers messages with a lineage (seed 11 again, 12 cases in 190 s:
+every one a violation, its two `pp-wrong-stage` on activations). A bug that
 makes a unit read another's or a reducer miss one (`pp-wrong-stage`, `wrong-group`,
 `reducer-before-last-accum`) is refused by the fold and verified unfolded.
 On the two 8-rank MoE-family plans, which are not folded (a check of the verifier itself):

@@ -355,6 +355,9 @@ def pp_wrong_stage(v: PlanView, rng, where):
         if alts:
             alts.sort(key=lambda a: (a[0], a[1]))
             cands.append((n, sender, alts[-1][2]))
+    if where is None:  # a message with a lineage certainly differs from the one it replaces;
+        # one without may be a constant all replicas share (a real plan's causal mask)
+        cands = [c for c in cands if slices(c[0]["outputs"][0])] or cands
     fw = [c for c in cands if v.role(c[0]["outputs"][0]) != "grad"]
     n, sender, s2 = _pick(fw or cands, rng, where, "pipeline receive that can be re-routed "
                           "(pp > 1)", node_of=lambda c: c[0])
