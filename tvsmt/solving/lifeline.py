@@ -172,7 +172,6 @@ def arm_worker(parent: int | None) -> None:
                      daemon=True).start()
 
 
-
 def start_loky_tracker_deaf_to_hangup() -> None:
     """Start loky's resource tracker (a process of tvsmt's process group, shared by its
     worker pools) with SIGHUP blocked. It ignores SIGINT and SIGTERM by itself, but a
@@ -188,6 +187,7 @@ def start_loky_tracker_deaf_to_hangup() -> None:
         resource_tracker.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
 
 _watching: dict[int, int] = {}  # this process's pid -> the parent it watches
 
