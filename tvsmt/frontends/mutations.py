@@ -20,7 +20,9 @@ shapes), except the mutations marked `breaks_graph`, whose point is a broken dat
 
 from __future__ import annotations
 
+import bisect
 import copy
+import heapq
 import random
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -267,23 +269,36 @@ def drop_bw_reduction(v: PlanView, rng, where):
     return _to_identity(v, n)
 
 
-def _same_lineage_elsewhere(v: PlanView, t: str, node: dict, avoid_ranks: set[int]) -> list[str]:
+def _same_lineage_elsewhere(v: PlanView, t: str, node: dict, avoid_ranks: set[int],
+                            by_lineage: dict[int, list[tuple[int, str]]]) -> list[str]:
     """Tensors that some lineage relates to the same single tensor as t, with t's shape, held
-    by a rank outside `avoid_ranks` and written before `node`."""
+    by a rank outside `avoid_ranks` and written before `node`, in the order of their writers
+    (`by_lineage`: `_tensors_by_lineage`)."""
     lins = {i for i, _ in v.parts_of.get(t, [])}
     out = []
-    for u, parts in v.parts_of.items():
-        if u == t or not lins & {i for i, _ in parts}:
+    for k, u in {e for i in lins for e in by_lineage[i]}:
+        if u == t:
             continue
         r = v.rank_of(u)
         if r is None or r in avoid_ranks or v.shape(u) != v.shape(t) or not v.before(u, node):
             continue
-        out.append(u)
-    return sorted(out, key=lambda u: v.pos[v.producer[u]["id"]])
+        out.append((v.pos[v.producer[u]["id"]], k, u))
+    return [u for *_, u in sorted(out)]
+
+
+def _tensors_by_lineage(v: PlanView) -> dict[int, list[tuple[int, str]]]:
+    """Lineage index -> (position in `v.parts_of`, tensor) of every tensor its parts name: a
+    512-rank plan's collectives are too many to scan every part for each of their inputs."""
+    out: dict[int, list[tuple[int, str]]] = {}
+    for k, (u, parts) in enumerate(v.parts_of.items()):
+        for i in {i for i, _ in parts}:
+            out.setdefault(i, []).append((k, u))
+    return out
 
 
 def wrong_group(v: PlanView, rng, where):
     cands = []
+    by_lineage = _tensors_by_lineage(v)
     for n in v.nodes:
         if n["op"] not in ("all_reduce", "all_gather", "reducer"):
             continue
@@ -291,7 +306,7 @@ def wrong_group(v: PlanView, rng, where):
         first = min(inst, key=lambda m: v.pos[m["id"]])
         group = {v.rank_of(t) for t in n["inputs"] if t is not None}
         for j, t in enumerate(n["inputs"]):
-            subs = _same_lineage_elsewhere(v, t, first, group)
+            subs = _same_lineage_elsewhere(v, t, first, group, by_lineage)
             if subs:
                 cands.append((n, j, subs[-1]))
                 break
@@ -330,31 +345,56 @@ def pp_wrong_stage(v: PlanView, rng, where):
         if sender is None or sender["op"] != "move" or sender["rank"] == n["rank"]:
             continue
         receivers.append((n, sender))
+    # Each receiver's alternative: the latest earlier sender of another rank (else of the
+    # same rank) among the receivers of the same shape that share a lineage with it but no
+    # slice; without a lineage, the latest earlier sender of another replica. Found through
+    # indexes sorted by the senders' positions: a 512-rank plan has 16k receivers.
+    per_replica = v.w("pp") * v.w("tp")
+    spos = [v.pos[s2["id"]] for _, s2 in receivers]
+    by_lineage: dict = {}
+    by_replica: dict = {}
+    for j, (n2, s2) in enumerate(receivers):
+        shape = tuple(v.shape(n2["outputs"][0]))
+        for i in {i for i, _ in slices(n2["outputs"][0])}:
+            by_lineage.setdefault((shape, i), []).append(j)
+        by_replica.setdefault(shape, {}).setdefault(s2["rank"] // per_replica, []).append(j)
+    for index in (by_lineage, *by_replica.values()):
+        for key, js in index.items():
+            js.sort(key=spos.__getitem__)
+            index[key] = (js, [spos[j] for j in js])
+
+    def latest_first(js: list, keys: list, limit: int):
+        return (js[k] for k in range(bisect.bisect_left(keys, limit) - 1, -1, -1))
+
     cands = []
     for n, sender in receivers:
         out = n["outputs"][0]
+        shape, limit = tuple(v.shape(out)), v.pos[n["id"]]
         mine = slices(out)
-        lins = {i for i, _ in mine}
-        alts = []
-        for n2, s2 in receivers:
-            if n2 is n or v.shape(n2["outputs"][0]) != v.shape(out):
+        best = None  # (another rank, position, sender)
+        seen: set = set()
+        for j in heapq.merge(*(latest_first(*by_lineage[(shape, i)], limit)
+                               for i in {i for i, _ in mine}), key=lambda j: -spos[j]):
+            n2, s2 = receivers[j]
+            if j in seen or n2 is n or slices(n2["outputs"][0]) & mine:
                 continue
-            theirs = slices(n2["outputs"][0])
-            if not lins & {i for i, _ in theirs} or theirs & mine:
-                continue
-            if v.pos[s2["id"]] < v.pos[n["id"]]:
-                alts.append((s2["rank"] != sender["rank"], v.pos[s2["id"]], s2))
+            seen.add(j)
+            alt = (s2["rank"] != sender["rank"], spos[j], s2)
+            if best is None or alt[:2] > best[:2]:
+                best = alt
+            if alt[0]:
+                break
         if not mine and out in v.consumers:
             # no lineage to compare slices: another replica's message of the same shape
-            per_replica = v.w("pp") * v.w("tp")
-            for n2, s2 in receivers:
-                if (n2 is not n and v.shape(n2["outputs"][0]) == v.shape(out)
-                        and s2["rank"] // per_replica != sender["rank"] // per_replica
-                        and v.pos[s2["id"]] < v.pos[n["id"]]):
-                    alts.append((True, v.pos[s2["id"]], s2))
-        if alts:
-            alts.sort(key=lambda a: (a[0], a[1]))
-            cands.append((n, sender, alts[-1][2]))
+            for replica, (js, keys) in by_replica[shape].items():
+                if replica == sender["rank"] // per_replica:
+                    continue
+                j = next((j for j in latest_first(js, keys, limit) if receivers[j][0] is not n),
+                         None)
+                if j is not None and (best is None or (True, spos[j]) > best[:2]):
+                    best = (True, spos[j], receivers[j][1])
+        if best is not None:
+            cands.append((n, sender, best[2]))
     if where is None:  # a message with a lineage certainly differs from the one it replaces;
         # one without may be a constant all replicas share (a real plan's causal mask)
         cands = [c for c in cands if slices(c[0]["outputs"][0])] or cands
