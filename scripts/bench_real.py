@@ -20,6 +20,10 @@ under 4 GB.
 
     python scripts/bench_real.py [--jobs 2] [--only NAME ...] [--json out.json] [--repeat N]
 
+`--extra DIR ...`: plan folders outside ../shared/plans measured the same way (e.g. a plan
+grown by `scripts/grow_real_plan.py`, which names its source in `DIR/source`: the expected
+verdict is the source's).
+
 `--repeat N`: the fixture and each plan are run N times, alternating, and each side's
 fastest run is kept (the machine's other load comes in spikes of a few seconds that land on
 one side of a ratio; the fastest of a few alternating runs is the least disturbed of each).
@@ -48,13 +52,17 @@ def readme_table() -> dict[str, tuple[str, str, int]]:
             continue
         name = cells[0].strip("`")
         verdict = re.search(r"`(equivalent|violation)`", cells[4])
-        ranks = re.search(r"dp(\d+)pp(\d+)tp(\d+)", name)
-        n = 1
-        if ranks:
-            for g in ranks.groups():
-                n *= int(g)
-        out[name] = (verdict.group(1) if verdict else "input error", cells[5], n)
+        out[name] = (verdict.group(1) if verdict else "input error", cells[5], ranks_of(name))
     return out
+
+
+def ranks_of(name: str) -> int:
+    """dp * pp * tp read off a plan's folder name (1 if it has none)."""
+    found = re.search(r"dp(\d+)pp(\d+)tp(\d+)", name)
+    n = 1
+    for g in found.groups() if found else ():
+        n *= int(g)
+    return n
 
 
 def child(folder: str, jobs: int) -> None:
@@ -82,6 +90,13 @@ def child(folder: str, jobs: int) -> None:
     print("BENCH " + json.dumps(row, default=str))
 
 
+FOLDERS: dict[str, Path] = {}  # plan name -> its folder (../shared/plans/NAME or --extra)
+
+
+def folder_of(name: str) -> Path:
+    return FOLDERS.get(name, PLANS / name)
+
+
 def command(name: str, jobs: int) -> dict:
     """`python -m tvsmt verify` on one pair: its wall time, peak memory, and from its JSON
     report the verdict, fold and phase timings."""
@@ -89,7 +104,7 @@ def command(name: str, jobs: int) -> dict:
     import tempfile
     import time
 
-    folder = PLANS / name
+    folder = folder_of(name)
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         err = Path(tmp) / "stderr"
@@ -120,7 +135,7 @@ def command(name: str, jobs: int) -> dict:
 
 def run(name: str, jobs: int) -> dict:
     """`verify_pair` timed in a child process (`child`)."""
-    proc = subprocess.run([sys.executable, __file__, "--child", str(PLANS / name),
+    proc = subprocess.run([sys.executable, __file__, "--child", str(folder_of(name)),
                            "--jobs", str(jobs)], capture_output=True, text=True)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH ")), None)
     if line is None:
@@ -145,6 +160,8 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--extra", nargs="*", default=[], type=Path,
+                    help="plan folders outside ../shared/plans, measured the same way")
     ap.add_argument("--repeat", type=int, default=1,
                     help="runs of the fixture and of each plan, alternating; the fastest kept")
     args = ap.parse_args()
@@ -155,6 +172,13 @@ def main() -> int:
     names = sorted(p.name for p in PLANS.iterdir() if (p / "parallel.json.gz").exists())
     if args.only:
         names = [n for n in names if n in args.only or n == BASELINE]
+    for extra in args.extra:
+        FOLDERS[extra.name] = extra.resolve()
+        names.append(extra.name)
+        source = extra / "source"
+        if source.exists():  # a grown plan: the expected verdict is its source's
+            expected, _, _ = table.get(source.read_text().strip(), ("?", "", 0))
+            table[extra.name] = (expected, "-", ranks_of(extra.name))
     names.sort(key=lambda n: (n != BASELINE, table.get(n, ("", "", 0))[2], n))
     measures = {"command": command, "in-process": run}
     rows: dict[str, dict[str, dict]] = {m: {} for m in measures}  # measure -> plan -> row

@@ -59,10 +59,13 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--count", type=int, default=40)
     ap.add_argument("--real", metavar="NAME",
-                    help="a real plan pair of ../shared/plans (e.g. llama3-ly2-dp16pp4tp1mb8)")
+                    help="a real plan pair of ../shared/plans (e.g. llama3-ly2-dp16pp4tp1mb8), "
+                         "or the folder of one (e.g. grown by scripts/grow_real_plan.py)")
     args = ap.parse_args()
     if args.real:
-        folder = Path(__file__).resolve().parents[2] / "shared" / "plans" / args.real
+        folder = Path(args.real)
+        if not folder.is_dir():
+            folder = Path(__file__).resolve().parents[2] / "shared" / "plans" / args.real
         if not (folder / "parallel.json.gz").exists():
             print(f"fuzz_fold: no real plan pair at {folder}", file=sys.stderr)
             return 2

@@ -5,7 +5,7 @@ format allows (an unknown tensor `role`, which is informative only) must keep th
 
     python scripts/probe_hostile_real.py [--plan NAME]
 
-NAME is a pair of ../shared/plans (default the 64-rank `llama3-ly2-dp16pp4tp1mb8`: large
+NAME is a pair of ../shared/plans or a pair's folder (default the 64-rank `llama3-ly2-dp16pp4tp1mb8`: large
 enough to be read and folded in forked processes, tvsmt/fold_child.py). tests/test_fuzz_input.py
 damages small hand-made plans under Hypothesis; this takes the large-plan path.
 
@@ -76,7 +76,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--plan", default="llama3-ly2-dp16pp4tp1mb8")
     args = ap.parse_args()
-    folder = Path(__file__).resolve().parents[2] / "shared" / "plans" / args.plan
+    folder = Path(args.plan)  # a folder, or the name of a pair of ../shared/plans
+    if not folder.is_dir():
+        folder = Path(__file__).resolve().parents[2] / "shared" / "plans" / args.plan
     if not (folder / "parallel.json.gz").exists():
         print(f"probe_hostile_real: no real plan pair at {folder}", file=sys.stderr)
         return 2

@@ -5,8 +5,8 @@ code or as interrupted (one line `tvsmt: interrupted...`, 128 + signal).
 
     python scripts/probe_signals.py [--plan NAME] [--seed S] [--count N]
 
-NAME is a pair of ../shared/plans (default the 128-rank MoE plan, which is read and folded
-in forked processes). The signals: SIGINT, SIGTERM, SIGHUP to tvsmt; Ctrl-C and a hangup
+NAME is a pair of ../shared/plans or a pair's folder (default the 128-rank MoE plan, which
+is read and folded in forked processes). The signals: SIGINT, SIGTERM, SIGHUP to tvsmt; Ctrl-C and a hangup
 to its whole process group. tests/test_signals.py holds the same properties at chosen
 moments; this draws the moments at random over the whole run.
 
@@ -41,7 +41,9 @@ def main() -> int:
     ap.add_argument("--latest", type=float, default=2.6,
                     help="the latest moment drawn, in seconds after the start")
     args = ap.parse_args()
-    folder = Path(__file__).resolve().parents[2] / "shared" / "plans" / args.plan
+    folder = Path(args.plan)  # a folder, or the name of a pair of ../shared/plans
+    if not folder.is_dir():
+        folder = Path(__file__).resolve().parents[2] / "shared" / "plans" / args.plan
     if not (folder / "parallel.json.gz").exists():
         print(f"probe_signals: no real plan pair at {folder}", file=sys.stderr)
         return 2
