@@ -63,6 +63,7 @@ class PlanView:
                 sl = tuple(tuple(r) for r in p["slice"])
                 for t in p["sum_of"]:
                     self.parts_of.setdefault(t, []).append((i, sl))
+        self._instances: dict[tuple, list[dict]] | None = None  # built when first asked
 
     # -- facts
     @property
@@ -90,7 +91,11 @@ class PlanView:
     def instance(self, n: dict) -> list[dict]:
         """The nodes of one collective: same operator, same inputs (every member of a
         collective lists the inputs of the whole group)."""
-        return [m for m in self.nodes if m["op"] == n["op"] and m["inputs"] == n["inputs"]]
+        if self._instances is None:
+            self._instances = {}
+            for m in self.nodes:
+                self._instances.setdefault((m["op"], tuple(m["inputs"])), []).append(m)
+        return list(self._instances[(n["op"], tuple(n["inputs"]))])
 
     def tp_group(self, rank: int) -> set[int]:
         tp = self.w("tp")
