@@ -10,7 +10,9 @@ enough to be read and folded in forked processes, tvsmt/fold_child.py). tests/te
 damages small hand-made plans under Hypothesis; this takes the large-plan path.
 
 Measured on this machine (2026-12-06, the default plan): 18 damages, each a one-line input
-error; the role change kept `equivalent`.
+error; the role change kept `equivalent`. The same on the 512-rank plan grown by
+scripts/grow_real_plan.py (`--plan DIR`, 6 min 47 s), where it showed that a node outside the
+world was worded without naming the node; it is named since (`reader._misplaced`).
 """
 
 from __future__ import annotations

@@ -365,8 +365,9 @@ def test_a_node_outside_the_world_is_an_input_error_in_both_forms(tmp_path, fiel
     node = plan["nodes"][3]
     node[field] = value
     document = write_plan(tmp_path / "p.json", plan)
-    with pytest.raises(PlanError):
+    with pytest.raises(PlanError) as refused:
         load_plan(document)
+    assert node["id"] in str(refused.value) and words in str(refused.value)
     stream = write_plan(tmp_path / "p.jsonl", plan)
     lines = open(stream, encoding="utf-8").read().splitlines()
     at = next(k for k, x in enumerate(lines, 1) if f'"id":"{node["id"]}"' in x)

@@ -779,6 +779,16 @@ def placement_problem(ranks: Any, mbs: Any, extent: tuple[int, int]) -> str | No
     return None
 
 
+def _misplaced(nodes: list, world: dict, problem: str) -> str | None:
+    """The first node outside the world, which `problem` (world_problem's) is about, or None
+    when the problem is the world's own."""
+    if problem.startswith("world."):
+        return None
+    extent = world_extent(world)
+    return next((n.id for n in nodes
+                 if placement_problem((n.rank,), (n.mb,), extent) is not None), None)
+
+
 def _or_default(value: Any, default: Any) -> Any:
     """An optional field's value, its default when null or absent. Only null: a 0, false or
     "" where an object or list belongs is a wrong type, not an absent value."""
@@ -868,7 +878,8 @@ def plan_from_dict(data: Any, path: str = "<memory>") -> Plan:
                             node=nid)
         nodes.append(Node(nid, op, pass_, rank, mb, tuple(ins), tuple(outs), attrs, source))
     problem = world_problem(world, (n.rank for n in nodes), (n.mb for n in nodes))
-    _require(problem is None, problem or "", path)
+    if problem is not None:
+        raise PlanError(problem, file=path, node=_misplaced(nodes, world, problem))
 
     # Topological order: every input is a graph input or written by an earlier node.
     position = {n.id: i for i, n in enumerate(nodes)}
