@@ -63,7 +63,7 @@ class Layout:
     def rank_to(self, rank: int, k: int) -> int:
         return rank + k * self.per if rank >= 0 else rank - k * self.per
 
-    def name_replica(self, name: str) -> int | None:
+    def name_replica(self, name: str) -> int:
         m = _NAME.search(name)
         if m is None:
             sys.exit(f"grow_real_plan: name {name!r} does not end in @r<rank>m<mb>")
@@ -132,9 +132,8 @@ def grow_parallel(par: dict, lay: Layout) -> dict:
              for t, info in par["tensors"].items() if lay.name_replica(t) == 0]
     grown.sort(key=lambda e: e[0])
     tensors = {t: info for _, t, info in grown}
-    return dict(par, world=_world(par["world"], lay), tensors=tensors,
-                nodes=nodes, lineages=[_grow_lineage(li, lay)
-                                                   for li in par["lineages"]],
+    return dict(par, world=_world(par["world"], lay), tensors=tensors, nodes=nodes,
+                lineages=[_grow_lineage(lin, lay) for lin in par["lineages"]],
                 name=par["name"].replace(f"dp{lay.dp}", f"dp{lay.new_dp}") + "-grown")
 
 
