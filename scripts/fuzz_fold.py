@@ -47,6 +47,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from real_plans import plan_folder  # noqa: E402 (scripts/real_plans.py)
+
 from tvsmt.frontends import generate_pair  # noqa: E402
 from tvsmt.frontends.mutations import MUTATIONS, NotApplicable, apply  # noqa: E402
 from tvsmt.plan import plan_from_dict  # noqa: E402
@@ -68,11 +70,9 @@ def main() -> int:
                          "or the folder of one (e.g. grown by scripts/grow_real_plan.py)")
     args = ap.parse_args()
     if args.real:
-        folder = Path(args.real)
-        if not folder.is_dir():
-            folder = Path(__file__).resolve().parents[2] / "shared" / "plans" / args.real
-        if not (folder / "parallel.json.gz").exists():
-            print(f"fuzz_fold: no real plan pair at {folder}", file=sys.stderr)
+        folder = plan_folder(args.real)
+        if folder is None:
+            print(f"fuzz_fold: no real plan pair at {args.real}", file=sys.stderr)
             return 2
         single_d, parallel_d = (json.load(gzip.open(folder / f"{kind}.json.gz"))
                                 for kind in ("single", "parallel"))

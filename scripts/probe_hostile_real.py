@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from real_plans import plan_folder  # scripts/real_plans.py
+
 
 def damages(n: int) -> dict:
     """name -> function(plan dict) changing it in place (or returning "truncate")."""
@@ -78,11 +80,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--plan", default="llama3-ly2-dp16pp4tp1mb8")
     args = ap.parse_args()
-    folder = Path(args.plan)  # a folder, or the name of a pair of ../shared/plans
-    if not folder.is_dir():
-        folder = Path(__file__).resolve().parents[2] / "shared" / "plans" / args.plan
-    if not (folder / "parallel.json.gz").exists():
-        print(f"probe_hostile_real: no real plan pair at {folder}", file=sys.stderr)
+    folder = plan_folder(args.plan)
+    if folder is None:
+        print(f"probe_hostile_real: no real plan pair at {args.plan}", file=sys.stderr)
         return 2
     single = folder / "single.json.gz"
     with gzip.open(folder / "parallel.json.gz") as f:

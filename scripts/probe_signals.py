@@ -26,9 +26,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import psutil
+from real_plans import plan_folder  # scripts/real_plans.py
 
 HOW = ["SIGINT", "SIGTERM", "SIGHUP", "ctrl-c", "hangup"]
 
@@ -41,11 +41,9 @@ def main() -> int:
     ap.add_argument("--latest", type=float, default=2.6,
                     help="the latest moment drawn, in seconds after the start")
     args = ap.parse_args()
-    folder = Path(args.plan)  # a folder, or the name of a pair of ../shared/plans
-    if not folder.is_dir():
-        folder = Path(__file__).resolve().parents[2] / "shared" / "plans" / args.plan
-    if not (folder / "parallel.json.gz").exists():
-        print(f"probe_signals: no real plan pair at {folder}", file=sys.stderr)
+    folder = plan_folder(args.plan)
+    if folder is None:
+        print(f"probe_signals: no real plan pair at {args.plan}", file=sys.stderr)
         return 2
     rng = random.Random(args.seed)
     failed = 0
