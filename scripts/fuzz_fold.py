@@ -28,7 +28,8 @@ On the two 8-rank MoE-family plans, which are not folded (a check of the verifie
 llama3moe-ly2-dp2pp2tp2mb2 seed 71, 40 cases in 44 s; moe-ly4-dp2pp2tp2mb2 seed 61, 40 cases
 in 242 s (every MoE bug of the catalogue drawn): every verdict a violation.
 On the 512-rank plan grown from llama3-ly2-dp4pp4tp8mb8 (scripts/grow_real_plan.py --dp 16,
-`--real DIR`): seed 82, 10 cases in 487 s, every one a violation; seed 81, the first two
+`--real DIR`): seed 82, 10 cases in 487 s, and seed 83, 10 cases in 864 s (beside a test
+run), every one a violation; seed 81, the first two
 cases (stopped then, to make two bugs' searches fast enough for 16k pipeline receives): one
 a violation, one rightly none: `pp-wrong-stage` re-routed a chunk of the causal mask (this
 plan's pipeline messages carry no lineage, so the bug cannot prefer one that has).
