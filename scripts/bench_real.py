@@ -38,8 +38,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PLANS = ROOT.parent / "shared" / "plans"
+from real_plans import SHARED_PLANS as PLANS  # scripts/real_plans.py
+
 BASELINE = "llama3-ly2-dp2pp2tp2mb2"
 
 

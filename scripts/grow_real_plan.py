@@ -103,6 +103,7 @@ def grow_parallel(par: dict, lay: Layout) -> dict:
         twin = by_id.get(lay.name_to(n["id"], 1)) if lay.dp > 1 else None
         return twin is None or twin["attrs"].get("ranks") != n["attrs"].get("ranks")
 
+    moves = {n["id"]: ranks_move(n) for n in template}  # once per node, not per replica
     pos = {n["id"]: i for i, n in enumerate(par["nodes"])}
     keyed = []
     for k in range(lay.new_dp):
@@ -113,7 +114,7 @@ def grow_parallel(par: dict, lay: Layout) -> dict:
                          f"{k % lay.dp}")
             moved = dict(n, id=lay.name_to(n["id"], k), rank=lay.rank_to(n["rank"], k),
                          outputs=[x and lay.name_to(x, k) for x in n["outputs"]],
-                         attrs=_moved_attrs(n["attrs"], lay, k, n["mb"], ranks_move(n)))
+                         attrs=_moved_attrs(n["attrs"], lay, k, n["mb"], moves[n["id"]]))
             if n["op"] == "reducer":
                 first = n["inputs"][0]
                 if [lay.name_replica(x) for x in n["inputs"]] != list(range(lay.dp)):
