@@ -262,6 +262,23 @@ def test_backward_matches_autograd(case):
         assert_close(g, np.zeros(x.shape) if e is None else e.numpy())
 
 
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_shape_only_is_said_by_exactly_the_operators_that_ignore_their_inputs_values(case):
+    """The registry's `shape_only` (outputs depend on the inputs' shapes alone): its forward
+    gives the same outputs for other values of the same shapes, and every other operator's
+    does not (float inputs moved up by random amounts, staying in their operator's domain;
+    integer ones shuffled)."""
+    spec = all_ops()[case.op]
+    rng = np.random.default_rng(7)
+    other = [x + rng.uniform(0.1, 0.5, x.shape) if np.issubdtype(x.dtype, np.floating)
+             else rng.permutation(x.ravel()).reshape(x.shape)
+             for x in map(np.asarray, case.inputs)]
+    first = spec.forward(NB, case.inputs, case.attrs, case.ctx)
+    again = spec.forward(NB, other, case.attrs, case.ctx)
+    same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(first, again))
+    assert same == spec.shape_only, f"{case.op}: shape_only={spec.shape_only}, same={same}"
+
+
 def test_multiref_backward_sums_only_the_listed_gradients():
     spec = all_ops()["multiref"]
     g1, g2 = rand(2, 3), rand(2, 3)

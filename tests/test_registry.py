@@ -28,6 +28,7 @@ def test_entry_is_complete(name):
     if spec.unit_sum:
         assert spec.communication, f"{name}: a sum over units is a communication op"
     assert isinstance(spec.rank_attrs, tuple)
+    assert isinstance(spec.shape_only, bool)  # which: tests/test_ops_torch.py
 
 
 def test_every_uninterpreted_function_is_used_by_some_operator_or_the_backend():

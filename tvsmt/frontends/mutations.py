@@ -64,6 +64,7 @@ class PlanView:
                 for t in p["sum_of"]:
                     self.parts_of.setdefault(t, []).append((i, sl))
         self._instances: dict[tuple, list[dict]] | None = None  # built when first asked
+        self._shape_only: dict[str, bool | None] = {}
 
     # -- facts
     @property
@@ -96,6 +97,35 @@ class PlanView:
             for m in self.nodes:
                 self._instances.setdefault((m["op"], tuple(m["inputs"])), []).append(m)
         return list(self._instances[(n["op"], tuple(n["inputs"]))])
+
+    def shape_only(self, t: str) -> bool:
+        """t's value depends on no plan input's value: every node it comes from reads its
+        inputs' shapes only (operator fact `shape_only`, a causal mask) or reads only such
+        tensors. Units of the same shapes hold the same such tensor: re-routing it from one to
+        another changes nothing."""
+        memo = self._shape_only  # tensor -> answer; None while its inputs are looked at
+        stack = [t]
+        while stack:  # iterative: chains through a plan are long
+            x = stack[-1]
+            if memo.get(x) is not None:
+                stack.pop()
+                continue
+            node = self.producer.get(x)
+            spec = get_op(node["op"]) if node is not None else None
+            if node is None or (spec is not None and spec.shape_only):
+                memo[x] = node is not None  # no producer: a plan input (data, weights)
+                stack.pop()
+                continue
+            ins = [i for i in node["inputs"] if i is not None]
+            todo = [i for i in ins if i not in memo]
+            if x not in memo and todo:
+                memo[x] = None
+                stack.extend(todo)
+                continue
+            # a cycle (not a plan, but this may be handed one) reads as not shape-only
+            memo[x] = all(memo.get(i) is True for i in ins)
+            stack.pop()
+        return bool(memo[t])
 
     def tp_group(self, rank: int) -> set[int]:
         tp = self.w("tp")
@@ -402,7 +432,8 @@ def pp_wrong_stage(v: PlanView, rng, where):
             cands.append((n, sender, best[2]))
     if where is None:  # a message with a lineage certainly differs from the one it replaces;
         # one without may be a constant all replicas share (a real plan's causal mask)
-        cands = [c for c in cands if slices(c[0]["outputs"][0])] or cands
+        cands = ([c for c in cands if slices(c[0]["outputs"][0])]
+                 or [c for c in cands if not v.shape_only(c[0]["outputs"][0])] or cands)
     fw = [c for c in cands if v.role(c[0]["outputs"][0]) != "grad"]
     n, sender, s2 = _pick(fw or cands, rng, where, "pipeline receive that can be re-routed "
                           "(pp > 1)", node_of=lambda c: c[0])

@@ -140,6 +140,9 @@ class OpSpec:
     reads_mirrors: bool = False
     # Why there is no backward (required when backward is None, for the completeness test).
     no_backward: str = ""
+    # Its outputs depend on its inputs' shapes only, never their values (a causal mask): every
+    # unit computes the same tensor. The bug catalogue's re-routed message avoids such ones.
+    shape_only: bool = False
 
 
 REGISTRY: dict[str, OpSpec] = {}

@@ -119,7 +119,8 @@ def create_mask_shape(c, ins, outs, attrs):
 register(OpSpec("create_mask", create_mask_fw, create_mask_shape,
                 doc="[tokens, h] -> [mask (1, 1, S, S)], S = tokens.shape[1]: -inf strictly "
                     "above the diagonal, 0 elsewhere; no backward",
-                no_backward="a constant of the token shape: nothing to differentiate"))
+                no_backward="a constant of the token shape: nothing to differentiate",
+                shape_only=True))
 
 
 def apply_mask_fw(be, ins, attrs, ctx):
