@@ -61,6 +61,7 @@ from tvsmt.fold.units import (
     REPRESENTATIVE_REPLICA,
     SUM_OPS,
     FoldRefused,
+    NodeRefused,
     Unit,
     WorldUnits,
 )
@@ -207,7 +208,7 @@ def _canonical(tab: UnitTable, unit: Unit, wu: WorldUnits, sum_ops: np.ndarray,
         ins, in_ptr, _ = canonical_inputs(tab, unit, wu, sum_ops, deviations)
     except GroupError as e:
         n, why = e.args
-        raise FoldRefused(f"node #{int(tab.n_pos[n])}: {why}") from None
+        raise NodeRefused(int(tab.n_pos[n]), why) from None
     mb = tab.n_mb if m_u is None else np.where(tab.n_mb == m_u, 0, tab.n_mb + OTHER)
     return {
         "t_shape": tab.t_shape, "n_op": tab.n_op, "n_pass": tab.n_pass,
@@ -367,11 +368,16 @@ class Folder:
     def add_unit(self, unit: Unit, tab: UnitTable,
                  records: UnitRecords | Callable[[], UnitRecords]) -> bool:
         """Compare one unit with its representative; keep its records if it stays."""
-        if unit in (REPRESENTATIVE, REPRESENTATIVE_REPLICA):
-            self.checker.set_representative(unit, tab)
-            ok, piece = True, None
-        else:
-            ok, piece = self.checker.compare(unit, tab)
+        try:
+            if unit in (REPRESENTATIVE, REPRESENTATIVE_REPLICA):
+                self.checker.set_representative(unit, tab)
+                ok, piece = True, None
+            else:
+                ok, piece = self.checker.compare(unit, tab)
+        except NodeRefused as e:  # named by its id, which the unit's records hold
+            recs = records() if callable(records) else records
+            name = next((n.id for pos, n in recs.nodes if pos == e.pos), f"#{e.pos}")
+            raise FoldRefused(f"node {name}: {e.why}") from None
         if not ok:
             self.exceptions.append(unit)
             piece = self.checker.exception_piece(unit, tab)

@@ -54,6 +54,15 @@ class FoldRefused(Exception):
     """The plan does not have the structure folding needs; verify it unfolded."""
 
 
+class NodeRefused(FoldRefused):
+    """A refusal about one node of a unit, which the check knows by its position only:
+    `Folder.add_unit` names it by its id from the unit's records."""
+
+    def __init__(self, pos: int, why: str):
+        super().__init__(f"node #{pos}: {why}")
+        self.pos, self.why = pos, why
+
+
 def unit_order(units) -> list[Unit]:
     """Representatives first, then instance units, then replica units."""
     return sorted(units, key=lambda u: (u not in (REPRESENTATIVE, REPRESENTATIVE_REPLICA),
