@@ -12,7 +12,7 @@ from conftest import fixture_pair
 
 from tvsmt.frontends.builder import write_plan
 from tvsmt.frontends.generator import generate_pair, write_pair_dicts
-from tvsmt.frontends.mutations import MUTATIONS, NotApplicable, apply
+from tvsmt.frontends.mutations import MUTATIONS, NotApplicable, PlanView, apply
 
 from tvsmt.errors import TvsmtError
 from tvsmt.plan import plan_from_dict
@@ -132,8 +132,6 @@ def test_a_rerouted_pipeline_message_of_a_real_plan_is_an_activation_not_the_mas
 
 
 def test_shape_only_follows_the_mask_through_copies_and_stops_at_plan_inputs():
-    from tvsmt.frontends.mutations import PlanView
-
     def node(i, op, ins, outs):
         return {"id": f"n{i}", "op": op, "inputs": ins, "outputs": outs}
 
