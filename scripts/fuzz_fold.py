@@ -36,8 +36,9 @@ a violation, one rightly none: `pp-wrong-stage` re-routed a chunk of the causal 
 plan's pipeline messages carry no lineage, so the bug cannot prefer one that has). Since
 then `pp-wrong-stage` drawn at random also passes over messages computed from the mask alone
 (the registry's `shape_only`, tvsmt/ops): `--bug pp-wrong-stage` (new) on
-llama3-ly2-dp4pp4tp8mb8, seed 5, 8 cases in 192 s, and on the grown plan, seed 81, 3 cases in
-375 s: every one a violation (refused by the fold, verified unfolded). The bugs not drawn on
+llama3-ly2-dp4pp4tp8mb8, seed 5, 8 cases in 192 s, on moe-ly2-dp16pp2tp4mb16, seed 22, 3 cases
+in 874 s, and on the grown plan, seed 81, 3 cases in 375 s: every one a violation (refused by
+the fold, verified unfolded). The bugs not drawn on
 the grown plan before, `--bug drop-bw-reduction --bug wrong-constant-group --bug
 reducer-before-last-accum`, seed 84, 4 cases in 112 s (two of each of the first two), and
 `--bug reducer-before-last-accum`, seed 85, 2 cases in 239 s: every one a violation; so
