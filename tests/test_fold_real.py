@@ -158,6 +158,21 @@ def test_a_reducer_of_a_real_plan_missing_a_replica_is_not_folded(big_plans):
         fold_plans(single, replace(parallel, nodes=nodes))
 
 
+def test_a_lineage_summing_all_but_one_unit_is_not_folded_and_is_named(big_plans):
+    """A gradient's lineage part that sums every replica and micro-batch but one: refused,
+    the lineage named by its index and its single tensor (lineages have no id)."""
+    single, parallel = big_plans
+    lin = next(lin for lin in parallel.lineages if any(len(p.sum_of) > 8 for p in lin.parts))
+    j = next(j for j, p in enumerate(lin.parts) if len(p.sum_of) > 8)
+    parts = list(lin.parts)
+    parts[j] = replace(parts[j], sum_of=parts[j].sum_of[:-1])
+    lineages = list(parallel.lineages)
+    lineages[lin.index] = replace(lin, parts=tuple(parts))
+    with pytest.raises(FoldRefused, match=f"^lineage #{lin.index} of {re.escape(lin.single)}: "
+                                          "a sum over .* misses some"):
+        fold_plans(single, replace(parallel, lineages=lineages))
+
+
 def _quirk_gather(parallel: dict) -> dict:
     """An all-gather of replica 1 that carries the export's `idx` (see above)."""
     per = parallel["world"]["pp"] * parallel["world"]["tp"]

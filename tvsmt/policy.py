@@ -79,13 +79,13 @@ def judge_stage(out: StageOutcome, res: SolverResult, single: Plan,
         own = out.evaluation.counterexample if out.evaluation is not None else None
         cex = own or ev.counterexample  # a copy's own points may miss what its template's hit
         return stage_failure(
-            "solver-failure", f"SOLVER OR ENCODING FAILURE on lineage #{lin.index} of "
-            f"{lin.single}: {res.solver} answered unsat, but both plans evaluated at concrete "
+            "solver-failure", f"SOLVER OR ENCODING FAILURE on {lin.label}: {res.solver} "
+            "answered unsat, but both plans evaluated at concrete "
             "inputs with the real functions give different values; the proof is not "
             "trusted", out.stage, single, parallel, part=first_mismatch_part(cex),
             counterexample=cex, solver=solver)
     _own_encoding(out, single, parallel)
-    found = f"the parallel plan does not compute lineage #{lin.index} of {lin.single}"
+    found = f"the parallel plan does not compute {lin.label}"
     why = f"solver answered {res.status}" + (f": {res.message}" if res.message else "")
     cex = None
     if res.status == SAT and out.printed is not None:
@@ -103,7 +103,7 @@ def judge_stage(out: StageOutcome, res: SolverResult, single: Plan,
                              f"both plans; {why})", out.stage, single, parallel,
                              part=first_mismatch_part(screened), counterexample=screened,
                              solver=solver)
-    return stage_failure("inconclusive", f"lineage #{lin.index} of {lin.single}: {why}",
+    return stage_failure("inconclusive", f"{lin.label}: {why}",
                          out.stage, single, parallel, part=first_mismatch_part(cex or {}),
                          counterexample=cex, solver=solver)
 

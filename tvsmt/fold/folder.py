@@ -149,11 +149,11 @@ class Canon:
         self.deviations: list[tuple[int, int]] = []  # as Checker.deviations
         self._levels: dict = {}  # (id(d), id(m)) -> (d, m, level, keys): arrays shared by parts
 
-    def group(self, refs, where: str) -> np.ndarray | None:
+    def group(self, refs, where: Callable[[], str]) -> np.ndarray | None:
         """The unit keys (see unit_keys) of a part's tensors (a list of (unit, local number)
         pairs, or `SumRefs`), or None when they all belong to one unit (or to none). A sum
         that does not take one copy of the same tensor from every unit of a level cannot be
-        folded."""
+        folded (`where()` names the part in the refusal)."""
         if not isinstance(refs, SumRefs):
             refs = SumRefs.of(refs)
         d, m, ks = refs.d, refs.m, refs.k
@@ -165,10 +165,10 @@ class Canon:
         if level == "one":
             return None
         if level == "none":
-            raise FoldRefused(f"{where}: a sum over tensors that are not one per replica or "
+            raise FoldRefused(f"{where()}: a sum over tensors that are not one per replica or "
                               "micro-batch")
         if level is None or level < 0:
-            raise FoldRefused(f"{where}: a sum over {len(d)} replicas/micro-batches that "
+            raise FoldRefused(f"{where()}: a sum over {len(d)} replicas/micro-batches that "
                               "misses some of them")
         if len(ks) and not (ks == ks[0]).all():
             # the most common number (the first met among the most common) is the sum's
@@ -363,7 +363,8 @@ class Folder:
             raise FoldRefused("global lineage parts without the units of their tensors")
         for (lin, _, _), refs in zip(recs.parts, recs.part_refs):
             # validate the sums now (raises FoldRefused), and remember their units
-            self.global_part_units.append(self.canon.group(refs, f"lineage #{lin}"))
+            self.global_part_units.append(
+                self.canon.group(refs, lambda lin=lin: self.header.lineages[lin].label))
 
     def add_unit(self, unit: Unit, tab: UnitTable,
                  records: UnitRecords | Callable[[], UnitRecords]) -> bool:
@@ -375,9 +376,7 @@ class Folder:
             else:
                 ok, piece = self.checker.compare(unit, tab)
         except NodeRefused as e:  # named by its id, which the unit's records hold
-            recs = records() if callable(records) else records
-            name = next((n.id for pos, n in recs.nodes if pos == e.pos), f"#{e.pos}")
-            raise FoldRefused(f"node {name}: {e.why}") from None
+            raise e.naming((records() if callable(records) else records).nodes) from None
         if not ok:
             self.exceptions.append(unit)
             piece = self.checker.exception_piece(unit, tab)
@@ -483,8 +482,8 @@ class Folder:
                     continue
                 for x in sum_of:
                     if x not in kept_tensors:
-                        raise FoldRefused(f"lineage #{lin} names {x}, which belongs to a "
-                                          "folded-away unit")
+                        raise FoldRefused(f"{self.header.lineages[lin].label} names {x}, "
+                                          "which belongs to a folded-away unit")
                 parts[lin].append((pos, LineagePart(p.slice, sum_of, p.scale)))
         nodes.sort(key=lambda e: e[0])
         factor = Fraction(len(instance_kept), wu.dp * wu.mb)
@@ -497,7 +496,7 @@ class Folder:
         for lin in self.header.lineages:
             lp = sorted(parts.get(lin.index, ()), key=lambda e: e[0])
             if not lp:
-                raise FoldRefused(f"lineage #{lin.index} names only folded-away units")
+                raise FoldRefused(f"{lin.label} names only folded-away units")
             # without its `aligned` hint, which names nodes of folded-away units too: stage
             # cutting does not read hints (stages/cutter.py), and a folded pair is never written
             lineages.append(Lineage(lin.index, lin.single,
@@ -545,7 +544,7 @@ def _check_folded(single: Plan, parallel: Plan) -> None:
         for p in lin.parts:
             for t in p.sum_of:
                 if parallel.tensors[t].shape != p.shape:
-                    raise FoldRefused(f"lineage #{lin.index}: {t} does not have the shape of "
+                    raise FoldRefused(f"{lin.label}: {t} does not have the shape of "
                                       "its folded slice")
 
 

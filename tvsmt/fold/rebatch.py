@@ -58,7 +58,7 @@ def rebatch_single(single: Plan, header: Plan, fold_dim: dict[int, int],
         s = header.lineages[lin].single
         n = single.tensors[s].shape[k]
         if n != total_pieces * piece_len[lin]:
-            raise FoldRefused(f"lineage #{lin}: {s} has {n} rows along dim {k}, not "
+            raise FoldRefused(f"{header.lineages[lin].label}: {n} rows along dim {k}, not "
                               f"{total_pieces} pieces of {piece_len[lin]}")
         d = dims[s][k]
         if isinstance(d, Dim):
@@ -116,12 +116,13 @@ def rebatch_single(single: Plan, header: Plan, fold_dim: dict[int, int],
                 length = piece_len[lin]
                 new = pieces.get(a // length) if (b - a) == length and a % length == 0 else None
                 if new is None:
-                    raise FoldRefused(f"lineage #{lin}: slice {a}:{b} is not a kept piece")
+                    raise FoldRefused(f"{header.lineages[lin].label}: slice {a}:{b} is not a "
+                                      "kept piece")
                 out.append((new * length, (new + 1) * length))
             elif (a, b) == (0, single.tensors[s].shape[k]):
                 out.append((0, tensors[s].shape[k]))
             else:
-                raise FoldRefused(f"lineage #{lin}: slice {a}:{b} of {s} cuts a batch "
+                raise FoldRefused(f"{header.lineages[lin].label}: slice {a}:{b} cuts a batch "
                                   "dimension that is not split by replica")
         return tuple(out)
 

@@ -55,12 +55,18 @@ class FoldRefused(Exception):
 
 
 class NodeRefused(FoldRefused):
-    """A refusal about one node of a unit, which the check knows by its position only:
-    `Folder.add_unit` names it by its id from the unit's records."""
+    """A refusal about one node of a unit, which the check knows by its position only: its
+    callers name it by its id (`naming`) from the unit's records."""
 
     def __init__(self, pos: int, why: str):
         super().__init__(f"node #{pos}: {why}")
         self.pos, self.why = pos, why
+
+    def naming(self, nodes) -> FoldRefused:
+        """The same refusal with the node's id, found among a unit's (position, node)
+        records (its position, if they do not hold it)."""
+        name = next((n.id for pos, n in nodes if pos == self.pos), f"#{self.pos}")
+        return FoldRefused(f"node {name}: {self.why}")
 
 
 def unit_order(units) -> list[Unit]:

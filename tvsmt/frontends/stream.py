@@ -45,7 +45,7 @@ from tvsmt.fold.table import (
     group_level,
     trim_slices,
 )
-from tvsmt.fold.units import Unit, WorldUnits, unit_order
+from tvsmt.fold.units import NodeRefused, Unit, WorldUnits, unit_order
 from tvsmt.frontends.generator import ModelConfig, _world_dict, build_pair, default_batch
 from tvsmt.frontends.mutations import apply as apply_mutation
 from tvsmt.frontends.spmd import World
@@ -180,12 +180,18 @@ class StreamedPlan:
         """Which dimension of each lineage the micro-batch moves, and by how much: from the
         representative trace's units (0, 0) and (0, 1) (or (1, 0))."""
         chk = Checker(self.rep_wu, np.array([], dtype=np.int64), len(self.header.lineages))
-        chk.set_representative((0, 0), self._tables[(0, 0)])
+        try:
+            chk.set_representative((0, 0), self._tables[(0, 0)])
+        except NodeRefused as e:
+            raise e.naming(units[(0, 0)].nodes) from None
         for other in ((0, 1), (1, 0)):
             if other in units:
                 r = units[other]
-                ok, _ = chk.compare(other, build_table(other, r.tensors, r.nodes, r.parts,
-                                                       umap.locate, self.intern))
+                try:
+                    ok, _ = chk.compare(other, build_table(other, r.tensors, r.nodes, r.parts,
+                                                           umap.locate, self.intern))
+                except NodeRefused as e:
+                    raise e.naming(r.nodes) from None
                 if not ok:
                     raise FoldRefused(f"the representative trace's unit {other} is not a copy")
         self._fold_dim, self._piece_len = chk.fold_dim, chk.piece_len
@@ -201,12 +207,12 @@ class StreamedPlan:
         for (lin, pos, p), refs in zip(glob.parts, glob.part_refs):
             pairs = [(u[0], -1 if u[1] is None else u[1]) for u, _ in refs]
             if any(u is None for u, _ in refs) or len({k for _, k in refs}) != 1:
-                raise FoldRefused(f"lineage #{lin}: the representative trace has a sum over "
-                                  "units that is not one copy per unit")
+                raise FoldRefused(f"{self.header.lineages[lin].label}: the representative "
+                                  "trace has a sum over units that is not one copy per unit")
             level = group_level(pairs, rep_wu, -1)
             if level not in (0, 2):
-                raise FoldRefused(f"lineage #{lin}: the representative trace has a sum of "
-                                  f"level {level} over units")
+                raise FoldRefused(f"{self.header.lineages[lin].label}: the representative "
+                                  f"trace has a sum of level {level} over units")
             k, first = refs[0][1], p.sum_of[0]
             if level not in of_level:
                 units = ([(d, None) for d in range(wu.dp)] if level == 0 else

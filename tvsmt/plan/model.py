@@ -115,6 +115,11 @@ class Lineage:
     # only a failing claim that is not a hypothesis can make a violation.
     hypothesis: bool = False
 
+    @property
+    def label(self) -> str:
+        """How messages name it: lineages have no id, so by index and single tensor."""
+        return f"lineage #{self.index} of {self.single}"
+
     def parallel_tensors(self) -> list[str]:
         """Every parallel tensor named by a part, first occurrence order, no duplicates."""
         seen: dict[str, None] = {}

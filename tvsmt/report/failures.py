@@ -71,7 +71,7 @@ def underivable(stage: Stage, single: Plan, parallel: Plan) -> Failure:
     if stage.free_parallel:
         why.append("the parallel plan computes it from " + ", ".join(stage.free_parallel[:4])
                    + (" ..." if len(stage.free_parallel) > 4 else ""))
-    msg = (f"claimed lineage #{lin.index} of {lin.single} cannot be derived from the graph: "
+    msg = (f"claimed {lin.label} cannot be derived from the graph: "
            + "; ".join(why) + ", which no earlier lineage relates to the other plan")
     failure = stage_failure("structural", msg, stage, single, parallel,
                             free_tensors=list(stage.free_single) + list(stage.free_parallel))
