@@ -238,6 +238,15 @@ MUTATIONS: tuple[Mutation, ...] = (
          f"{T_ORCH}::test_crosscheck_policy_pass_needs_every_solver_counterexample_stands_alone"),
         fast=True),
     Mutation(
+        "refuted-budget-everywhere",
+        "every obligation gets the short solver budget of one already refuted at concrete "
+        "points (proofs cut short: inconclusive, never a pass, but not the policy)",
+        "solving",
+        (Patch("tvsmt/solving/dispatch.py",
+               "([ob for ob in todo if ob.digest not in refuted], opts.timeout)",
+               "([ob for ob in todo if ob.digest not in refuted], refuted_budget(opts.timeout))"),),
+        (f"{T_ORCH}::test_an_obligation_refuted_at_concrete_points_gets_a_short_solver_budget",)),
+    Mutation(
         "evaluation-ignored",
         "belt and braces off: an unsat is trusted although a concrete point contradicts it",
         "solving",

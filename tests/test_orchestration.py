@@ -210,6 +210,31 @@ def test_solver_timeout_is_inconclusive_never_a_pass(tmp_path, mlp_pair):
                 and "sleepy" in " ".join(psutil.Process(p).cmdline())]
 
 
+def test_an_obligation_refuted_at_concrete_points_gets_a_short_solver_budget(
+        tmp_path, buggy_pair, monkeypatch):
+    """Where random concrete points already show a difference, only `unsat` could change the
+    outcome (to a solver failure): such an obligation gets the policy's short budget, and a
+    solver that never answers leaves it a violation. Every other obligation keeps the run's
+    timeout (here they end inconclusive: the solver never answers)."""
+    import tvsmt.policy
+
+    monkeypatch.setattr(tvsmt.policy, "REFUTED_BUDGET_S", 0.5)
+    prof = fake_solver_profile(tmp_path, "sleepy", "sat")
+    (tmp_path / "sleepy_solver.py").write_text("import time\ntime.sleep(30)\nprint('sat')\n")
+    out = tmp_path / "r.json"
+    r = run("verify", *buggy_pair, "--no-corpus", "--solver", prof, "--timeout", "1.5",
+            "--jobs", "4", "--report", out)
+    assert r.exit_code == 1, r.output
+    failures = json.loads(out.read_text())["failures"]
+    budget = "killed after 0.5 s, the budget of an obligation that concrete points already refute"
+    refuted = [f for f in failures if f["kind"] == "counterexample"]
+    assert [f["tensor"] for f in refuted] == ["hs"], failures
+    assert budget in refuted[0]["message"] and budget in refuted[0]["solver"]["message"]
+    others = [f for f in failures if f["kind"] != "counterexample"]
+    assert others and all(f["kind"] == "inconclusive" and "killed after 1.5 s" in f["message"]
+                          and "budget" not in f["message"] for f in others), others
+
+
 def test_crosscheck_policy_pass_needs_every_solver_counterexample_stands_alone():
     from tvsmt.solving.runner import reconcile
     from tvsmt.solving.types import SolverResult

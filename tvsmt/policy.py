@@ -15,6 +15,11 @@ with the real functions, do not contradict the proof. Everything else is a failu
 | nothing claimed at all                                     | error             | inconclusive |
 
 A violation needs evidence of a difference; an inconclusive stage never counts as a pass.
+
+An obligation whose random concrete points already show a difference (before solving) gets at
+most `REFUTED_BUDGET_S` seconds of solver time: only `unsat` could change its outcome (to a
+solver failure), a `sat` or no answer leaves it a violation. Nonlinear `sat` queries are where
+solvers time out, so a bug would otherwise cost the whole timeout per obligation.
 """
 
 from __future__ import annotations
@@ -34,10 +39,14 @@ from tvsmt.report.counterexample import (
 )
 from tvsmt.report.failures import stage_failure
 from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, VIOLATION, Failure, Report, load_report
-from tvsmt.solving.types import SAT, UNKNOWN, UNSAT, SolverResult
+from tvsmt.solving.types import SAT, TIMEOUT, UNKNOWN, UNSAT, SolverResult
 from tvsmt.timing import Timer
 
 VIOLATION_KINDS = ("counterexample", "structural")
+# Solver seconds for an obligation already refuted at concrete points: far above the slowest
+# proof of the real plans' obligations (z3, about 0.1 s), so that an `unsat` (a solver or
+# encoding failure) is still seen.
+REFUTED_BUDGET_S = 3.0
 INCONCLUSIVE_KINDS = ("inconclusive", "error", "solver-failure", "unclaimed")
 
 
@@ -49,6 +58,26 @@ def both_must_prove(res: SolverResult) -> SolverResult:
         others = ", ".join(f"{d.solver} says {d.status}" for d in res.details)
         return replace(res, status=UNKNOWN, message=f"not proven by every solver: {others}")
     return res
+
+
+def refuted_at_concrete_points(outcomes: list[StageOutcome]) -> set[str]:
+    """The digests of the obligations whose random concrete points show a difference."""
+    return {o.obligation.digest for o in outcomes if o.obligation is not None
+            and o.evaluation is not None and o.evaluation.counterexample is not None}
+
+
+def refuted_budget(timeout: float | None) -> float:
+    """The solver timeout of an obligation refuted at concrete points (`timeout`: the run's,
+    None or 0 = none)."""
+    return REFUTED_BUDGET_S if not timeout or timeout <= 0 else min(timeout, REFUTED_BUDGET_S)
+
+
+def within_refuted_budget(res: SolverResult) -> SolverResult:
+    """A refuted obligation's answer, a timeout saying why the budget was short."""
+    if res.status != TIMEOUT:
+        return res
+    why = "the budget of an obligation that concrete points already refute"
+    return replace(res, message=f"{res.message}, {why}" if res.message else why)
 
 
 def _solver_info(res: SolverResult) -> dict:

@@ -65,6 +65,7 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcom
     The report counts the reused verdicts per solver (`cache`), the obligations answered
     wholly from the corpus (`cache_hits`), and the recorded verdicts refused, by reason
     (`cache_refused`: changed outside tvsmt, other version, other profile)."""
+    from tvsmt.policy import refuted_at_concrete_points, refuted_budget, within_refuted_budget
     from tvsmt.solving.corpus import Corpus
     from tvsmt.solving.profiles import get_profile, solver_version
     from tvsmt.solving.runner import crosscheck, reconcile, solve_all
@@ -108,14 +109,22 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcom
     jobs = opts.jobs
     if opts.backend == "loky" and len(todo) * len(profiles) <= SMALL_RUN:
         jobs = 1  # starting worker processes (~0.5 s) costs more than solving in this one
-    common = dict(jobs=jobs, timeout_s=opts.timeout, backend=opts.backend,
-                  scheduler=opts.scheduler, progress=progress)
-    if todo:
+    common = dict(jobs=jobs, backend=opts.backend, scheduler=opts.scheduler, progress=progress)
+    # obligations that concrete points already refute get the policy's short budget
+    refuted = refuted_at_concrete_points(outcomes)
+    for group, timeout in (([ob for ob in todo if ob.digest in refuted],
+                            refuted_budget(opts.timeout)),
+                           ([ob for ob in todo if ob.digest not in refuted], opts.timeout)):
+        if not group:
+            continue
         if len(profiles) > 1:
-            solved = [_both_must_prove(r) for r in crosscheck(todo, solvers=profiles, **common)]
+            solved = [_both_must_prove(r) for r in crosscheck(group, solvers=profiles,
+                                                                timeout_s=timeout, **common)]
         else:
-            solved = solve_all(todo, solver=profiles[0], **common)
-        for ob, res in zip(todo, solved):
+            solved = solve_all(group, solver=profiles[0], timeout_s=timeout, **common)
+        for ob, res in zip(group, solved):
+            if ob.digest in refuted:
+                res = within_refuted_budget(res)
             results[ob.digest] = res
             if corpus is not None:
                 for raw in (res.details or [res]):
