@@ -120,14 +120,14 @@ def run_capture_demo(console: Console, root: str) -> bool:
             f.write(text)
     console.rule("4. from PyTorch code: a tensor-parallel MLP (tvsmt check tp_mlp.py)")
     console.print(Syntax(MLP_SCRIPT, "python", line_numbers=True))
-    good = check(good_path, Options(timeout=2))
+    good = check(good_path, Options())
     render(good, console, max_failures=3)
     console.rule("5. the same code with the forward all-reduce removed (tvsmt check "
                  "tp_mlp_bug.py)")
     line = MLP_SCRIPT.splitlines().index(MLP_BUG[0]) + 1
     console.print(Syntax(bad_text, "python", line_numbers=True, line_range=(line - 3, line + 3),
                          highlight_lines={line}))
-    bad = check(bad_path, Options(timeout=2))
+    bad = check(bad_path, Options())
     render(bad, console, max_failures=1)
     pointed = sorted({n["source"] for f in bad.failures[:1] for n in f.parallel_nodes
                       if n.get("source")})

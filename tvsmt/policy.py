@@ -43,11 +43,11 @@ from tvsmt.solving.types import SAT, TIMEOUT, UNKNOWN, UNSAT, SolverResult
 from tvsmt.timing import Timer
 
 VIOLATION_KINDS = ("counterexample", "structural")
+INCONCLUSIVE_KINDS = ("inconclusive", "error", "solver-failure", "unclaimed")
 # Solver seconds for an obligation already refuted at concrete points: far above the slowest
 # proof of the real plans' obligations (z3, about 0.1 s), so that an `unsat` (a solver or
 # encoding failure) is still seen.
 REFUTED_BUDGET_S = 3.0
-INCONCLUSIVE_KINDS = ("inconclusive", "error", "solver-failure", "unclaimed")
 
 
 def both_must_prove(res: SolverResult) -> SolverResult:
