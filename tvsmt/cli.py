@@ -288,9 +288,12 @@ def _solver_options(several: bool):
         for opt in reversed([
             click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
                          help="Parallel solver workers (default: all cores)."),
+            # 3 s: tvsmt.policy.REFUTED_BUDGET_S (not imported here: the CLI starts light)
             click.option("--timeout", type=Seconds(), default=60.0, show_default=True,
                          help="Seconds per obligation, 0 for no limit; the solver is killed "
-                              "after it. A timeout is inconclusive, never a pass."),
+                              "after it. A timeout is inconclusive, never a pass. An "
+                              "obligation that random concrete points already refute gets "
+                              "at most 3 s: only `unsat` could change its outcome."),
             solver,
             click.option("--backend", type=click.Choice(["threading", "loky", "dask"]),
                          default=DEFAULT_BACKEND, show_default=True,
