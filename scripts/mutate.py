@@ -247,6 +247,15 @@ MUTATIONS: tuple[Mutation, ...] = (
                "([ob for ob in todo if ob.digest not in refuted], refuted_budget(opts.timeout))"),),
         (f"{T_ORCH}::test_an_obligation_refuted_at_concrete_points_gets_a_short_solver_budget",)),
     Mutation(
+        "refuted-budget-timeout-recorded",
+        "a timeout at the short budget is recorded in the corpus as the solver's verdict (a "
+        "replay with the full timeout would count it as not reproduced)",
+        "caching",
+        (Patch("tvsmt/solving/dispatch.py",
+               "if not (ob.digest in refuted and raw.status == TIMEOUT):",
+               "if True:"),),
+        (f"{T_ORCH}::test_an_obligation_refuted_at_concrete_points_gets_a_short_solver_budget",)),
+    Mutation(
         "evaluation-ignored",
         "belt and braces off: an unsat is trusted although a concrete point contradicts it",
         "solving",

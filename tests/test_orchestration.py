@@ -215,17 +215,28 @@ def test_an_obligation_refuted_at_concrete_points_gets_a_short_solver_budget(
     """Where random concrete points already show a difference, only `unsat` could change the
     outcome (to a solver failure): such an obligation gets the policy's short budget, and a
     solver that never answers leaves it a violation. Every other obligation keeps the run's
-    timeout (here they end inconclusive: the solver never answers)."""
+    timeout (here they end inconclusive: the solver never answers). A budget cut short is no
+    verdict of the obligation: the corpus does not record it (a replay with the full timeout
+    would otherwise count it as not reproduced)."""
     import tvsmt.policy
 
     monkeypatch.setattr(tvsmt.policy, "REFUTED_BUDGET_S", 0.5)
     prof = fake_solver_profile(tmp_path, "sleepy", "sat")
     (tmp_path / "sleepy_solver.py").write_text("import time\ntime.sleep(30)\nprint('sat')\n")
-    out = tmp_path / "r.json"
-    r = run("verify", *buggy_pair, "--no-corpus", "--solver", prof, "--timeout", "1.5",
+    out, corpus = tmp_path / "r.json", tmp_path / "corpus"
+    r = run("verify", *buggy_pair, "--corpus", corpus, "--solver", prof, "--timeout", "1.5",
             "--jobs", "4", "--report", out)
     assert r.exit_code == 1, r.output
-    failures = json.loads(out.read_text())["failures"]
+    data = json.loads(out.read_text())
+    failures = data["failures"]
+    digest = {st[0]: st[4] for st in data["stages"]}
+    recorded = Corpus(corpus).verdicts
+    for f in failures:
+        got = recorded.get(digest[f["stage"]], {}).get("sleepy")
+        if f["kind"] == "counterexample":
+            assert got is None, got
+        else:
+            assert got is not None and got["status"] == "timeout", (f, got)
     budget = "killed after 0.5 s, the budget of an obligation that concrete points already refute"
     refuted = [f for f in failures if f["kind"] == "counterexample"]
     assert [f["tensor"] for f in refuted] == ["hs"], failures

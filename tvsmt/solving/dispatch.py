@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tvsmt.options import Options, solver_names
-from tvsmt.solving.types import Obligation, SolverResult
+from tvsmt.solving.types import TIMEOUT, Obligation, SolverResult
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from tvsmt.encoding.obligations import StageOutcome
@@ -128,7 +128,8 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcom
             results[ob.digest] = res
             if corpus is not None:
                 for raw in (res.details or [res]):
-                    corpus.record(ob.digest, raw)
+                    if not (ob.digest in refuted and raw.status == TIMEOUT):
+                        corpus.record(ob.digest, raw)  # a budget cut short is no verdict
     if corpus is not None:
         corpus.save()
     return results
