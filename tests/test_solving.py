@@ -516,6 +516,29 @@ def test_replay_reports_differences_and_mismatches(tmp_path):
     assert report.total == 2 and obs[0].digest not in report.results
 
 
+def test_replay_reproduces_verdicts_not_timeouts(tmp_path):
+    """A recorded timeout, unknown or error depended on the time its run gave: replay, with
+    more time, answers and that is no difference; where another solver recorded a verdict,
+    the answer is compared with that one (and a wrong one still differs)."""
+    c = Corpus(tmp_path)
+    obs = basic_obligations()[:3]
+    for i, o in enumerate(obs):
+        c.add(o, stage_ids=[f"s{i}"])
+    c.record(obs[0].digest, SolverResult(TIMEOUT, "z3", "x", 0.5, message="killed after 0.5 s"))
+    c.record(obs[1].digest, SolverResult(UNKNOWN, "z3", "x", 0.01))
+    c.record(obs[1].digest, SolverResult(EXPECTED[1], "cvc5", "y", 0.01))
+    wrong = UNSAT if EXPECTED[2] == SAT else SAT
+    c.record(obs[2].digest, SolverResult(ERROR, "z3", "x", 0.01))
+    c.record(obs[2].digest, SolverResult(wrong, "cvc5", "y", 0.01))
+    c.save()
+    report = replay(tmp_path, "z3", jobs=1, timeout=20)
+    assert [report.results[o.digest].status for o in obs] == EXPECTED[:3]
+    assert report.unrecorded == [obs[0].digest]
+    assert [(d.digest, d.recorded, d.recorded_by) for d in report.differences] == \
+        [(obs[2].digest, wrong, "cvc5 y")]
+    assert report.agree == 1 and not report.ok
+
+
 # --------------------------------------------------------------------------------------------
 # the command line's solver choice (--crosscheck LIST, repeated --solver) and an installed
 # package (these use the CLI and the handmade plans)

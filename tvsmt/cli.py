@@ -438,7 +438,8 @@ def export(single, parallel, corpus):
 @click.argument("corpus", type=click.Path(file_okay=False, exists=True))
 @solver_options
 def replay(corpus, jobs, timeout, solver, backend, scheduler):
-    """Re-solve every obligation of a corpus and compare with the recorded verdicts."""
+    """Re-solve every obligation of a corpus and compare with the recorded verdicts (sat or
+    unsat; a recorded timeout or unknown is no verdict to reproduce)."""
     from tvsmt.errors import PlanError
     from tvsmt.solving.replay import replay as run_replay
 

@@ -65,9 +65,11 @@ def replay(corpus_dir: str | os.PathLike, solver: str = "z3", jobs: int | None =
            progress: Progress | None = None) -> ReplayReport:
     """Re-solve every intact obligation of the corpus with `solver` and compare statuses.
 
-    Each result is compared with the verdict recorded by the same solver name if there is
-    one, else with every recorded sat/unsat verdict of other solvers (a cross-check). Every
-    compared verdict's seal is checked: one changed outside tvsmt is listed in `unsealed`.
+    Each result is compared with the verdict recorded by the same solver name if it is one
+    (sat or unsat), else with every recorded sat/unsat verdict of other solvers (a
+    cross-check). A recorded timeout, unknown or error is no verdict to reproduce: it depended
+    on the time the run gave (e.g. `--timeout`). Every compared verdict's seal is checked: one
+    changed outside tvsmt is listed in `unsealed`.
     """
     t0 = time.monotonic()
     corpus = Corpus(corpus_dir, create=False)
@@ -83,10 +85,9 @@ def replay(corpus_dir: str | os.PathLike, solver: str = "z3", jobs: int | None =
     for ob, res in zip(obligations, results):
         report.results[ob.digest] = res
         recorded = corpus.verdicts.get(ob.digest, {})
-        if profile.name in recorded:
-            compare = {profile.name: recorded[profile.name]}
-        else:
-            compare = {s: v for s, v in recorded.items() if v["status"] in (SAT, UNSAT)}
+        decisive = {s: v for s, v in recorded.items() if v["status"] in (SAT, UNSAT)}
+        compare = ({profile.name: decisive[profile.name]} if profile.name in decisive
+                   else decisive)
         if not compare:
             report.unrecorded.append(ob.digest)
             continue
