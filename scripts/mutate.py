@@ -248,8 +248,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (f"{T_ORCH}::test_an_obligation_refuted_at_concrete_points_gets_a_short_solver_budget",)),
     Mutation(
         "refuted-budget-timeout-recorded",
-        "a timeout at the short budget is recorded in the corpus as the solver's verdict (a "
-        "replay with the full timeout would count it as not reproduced)",
+        "a timeout at the short budget is recorded in the corpus as the solver's answer (cut "
+        "short on purpose, it says nothing of the obligation)",
         "caching",
         (Patch("tvsmt/solving/dispatch.py",
                "if not (ob.digest in refuted and raw.status == TIMEOUT):",

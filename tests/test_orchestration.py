@@ -215,9 +215,8 @@ def test_an_obligation_refuted_at_concrete_points_gets_a_short_solver_budget(
     """Where random concrete points already show a difference, only `unsat` could change the
     outcome (to a solver failure): such an obligation gets the policy's short budget, and a
     solver that never answers leaves it a violation. Every other obligation keeps the run's
-    timeout (here they end inconclusive: the solver never answers). A budget cut short is no
-    verdict of the obligation: the corpus does not record it (a replay with the full timeout
-    would otherwise count it as not reproduced)."""
+    timeout (here they end inconclusive: the solver never answers). A budget cut short on
+    purpose says nothing of the obligation: the corpus does not record it."""
     import tvsmt.policy
 
     monkeypatch.setattr(tvsmt.policy, "REFUTED_BUDGET_S", 0.5)
