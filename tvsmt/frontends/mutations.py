@@ -101,8 +101,8 @@ class PlanView:
     def shape_only(self, t: str) -> bool:
         """t's value depends on no plan input's value: every node it comes from reads its
         inputs' shapes only (operator fact `shape_only`, a causal mask) or reads only such
-        tensors (or nothing). Units of the same shapes hold the same such tensor: re-routing it from one to
-        another changes nothing."""
+        tensors (or nothing). Units of the same shapes hold the same such tensor: re-routing
+        it from one to another changes nothing."""
         memo = self._shape_only  # tensor -> answer; None while its inputs are looked at
         stack = [t]
         while stack:  # iterative: chains through a plan are long
