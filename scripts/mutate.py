@@ -243,9 +243,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         "points (proofs cut short: inconclusive, never a pass, but not the policy)",
         "solving",
         (Patch("tvsmt/solving/dispatch.py",
-               "([ob for ob in todo if ob.digest not in refuted], opts.timeout)",
-               "([ob for ob in todo if ob.digest not in refuted], refuted_budget(opts.timeout))"),),
+               "for ob in todo if ob.digest in refuted}",
+               "for ob in todo}"),),
         (f"{T_ORCH}::test_an_obligation_refuted_at_concrete_points_gets_a_short_solver_budget",)),
+    Mutation(
+        "solver-budget-ignored",
+        "the solver runner ignores an obligation's own budget and gives it the run's timeout",
+        "solving",
+        (Patch("tvsmt/solving/runner.py",
+               "limit = self.limit(timeout_s)",
+               "limit = self.limit(None)"),),
+        (f"{T_ORCH}::test_an_obligation_refuted_at_concrete_points_gets_a_short_solver_budget",
+         "tests/test_solving.py::test_a_budget_limits_its_obligation_only_in_the_same_run")),
     Mutation(
         "refuted-budget-timeout-recorded",
         "a timeout at the short budget is recorded in the corpus as the solver's answer (cut "

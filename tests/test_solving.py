@@ -320,6 +320,26 @@ def test_threads_time_out_a_hard_obligation_and_go_on():
     assert_no_survivor(tag, within=0.5)
 
 
+@pytest.mark.parametrize("backend, stdin", [("threading", True), ("loky", True),
+                                             ("threading", False)],
+                         ids=["threads", "loky", "file-protocol"])
+def test_a_budget_limits_its_obligation_only_in_the_same_run(backend, stdin):
+    """`budgets` gives some obligations a time limit below the run's, in the same run (the
+    policy's budget of obligations already refuted at concrete points): that one is killed at
+    its budget, the others keep the run's timeout."""
+    profile, tag = tagged_profile("z3")
+    if not stdin:
+        profile = dataclasses.replace(profile, stdin_command=None)
+    hard = [ob(hard_softmax() + f"; copy {i}\n") for i in range(2)]
+    easy = [ob(UNSAT_UF + f"; copy {i}\n") for i in range(4)]
+    results = solve_all(hard + easy, profile, jobs=2, timeout_s=2, backend=backend,
+                        budgets={hard[0].digest: 0.5})
+    assert [r.status for r in results] == [TIMEOUT, TIMEOUT] + [UNSAT] * 4, results
+    assert "after 0.5 s" in results[0].message and 0.4 <= results[0].seconds < 1.5
+    assert "after 2 s" in results[1].message and results[1].seconds >= 1.9
+    assert_no_survivor(tag, within=0.5)
+
+
 def test_a_solving_thread_that_fails_ends_the_run_and_leaves_no_solver(monkeypatch):
     from tvsmt.solving import runner
 
@@ -327,11 +347,11 @@ def test_a_solving_thread_that_fails_ends_the_run_and_leaves_no_solver(monkeypat
     calls = []
     real_solve = runner._Batch.solve
 
-    def failing_solve(self, o):
+    def failing_solve(self, o, timeout_s=None):
         calls.append(1)
         if len(calls) == 3:
             raise RuntimeError("boom in a solving thread")
-        return real_solve(self, o)
+        return real_solve(self, o, timeout_s)
 
     monkeypatch.setattr(runner._Batch, "solve", failing_solve)
     obs = [ob(UNSAT_UF + f"; copy {i}\n") for i in range(8)]

@@ -110,26 +110,26 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcom
     if opts.backend == "loky" and len(todo) * len(profiles) <= SMALL_RUN:
         jobs = 1  # starting worker processes (~0.5 s) costs more than solving in this one
     common = dict(jobs=jobs, backend=opts.backend, scheduler=opts.scheduler, progress=progress)
-    # obligations that concrete points already refute get the policy's short budget
+    # obligations that concrete points already refute get the policy's short budget, in the
+    # same run as the others (first: they are the ones likely to use it up)
     refuted = refuted_at_concrete_points(outcomes)
-    for group, timeout in (([ob for ob in todo if ob.digest in refuted],
-                            refuted_budget(opts.timeout)),
-                           ([ob for ob in todo if ob.digest not in refuted], opts.timeout)):
-        if not group:
-            continue
-        if len(profiles) > 1:
-            solved = [_both_must_prove(r) for r in crosscheck(group, solvers=profiles,
-                                                                timeout_s=timeout, **common)]
-        else:
-            solved = solve_all(group, solver=profiles[0], timeout_s=timeout, **common)
-        for ob, res in zip(group, solved):
-            if ob.digest in refuted:
-                res = within_refuted_budget(res)
-            results[ob.digest] = res
-            if corpus is not None:
-                for raw in (res.details or [res]):
-                    if not (ob.digest in refuted and raw.status == TIMEOUT):
-                        corpus.record(ob.digest, raw)  # a budget cut short is no verdict
+    todo.sort(key=lambda ob: ob.digest not in refuted)
+    budgets = {ob.digest: refuted_budget(opts.timeout) for ob in todo if ob.digest in refuted}
+    if len(profiles) > 1:
+        solved = [_both_must_prove(r) for r in crosscheck(todo, solvers=profiles,
+                                                            timeout_s=opts.timeout,
+                                                            budgets=budgets, **common)]
+    else:
+        solved = solve_all(todo, solver=profiles[0], timeout_s=opts.timeout, budgets=budgets,
+                           **common)
+    for ob, res in zip(todo, solved):
+        if ob.digest in refuted:
+            res = within_refuted_budget(res)
+        results[ob.digest] = res
+        if corpus is not None:
+            for raw in (res.details or [res]):
+                if not (ob.digest in refuted and raw.status == TIMEOUT):
+                    corpus.record(ob.digest, raw)  # a budget cut short is no verdict
     if corpus is not None:
         corpus.save()
     return results

@@ -32,7 +32,7 @@ import subprocess
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 import psutil
@@ -47,6 +47,8 @@ from tvsmt.solving.types import (DEFAULT_BACKEND, ERROR, SAT, TIMEOUT, UNKNOWN, 
 
 ANSWERS = (SAT, UNSAT, UNKNOWN)
 Progress = Callable[[int, SolverResult], object]
+# time limits of some obligations (by digest) below the run's timeout (policy.refuted_budget)
+Budgets = Mapping[str, float] | None
 
 # --------------------------------------------------------------------------------------------
 # Process bookkeeping shared by a run: pid files of live solvers plus a cancel flag, so that the
@@ -368,16 +370,22 @@ class _Batch:
             self.proc = _SolverProcess(argv, self.env, self.registry)
         return self.proc
 
-    def _solve_stdin(self, ob: Obligation, prefix: str) -> SolverResult:
+    def limit(self, timeout_s: float | None) -> float:
+        """The time limit of one obligation: the batch's, or a lower one of its own."""
+        if timeout_s is None or timeout_s <= 0:
+            return self.timeout
+        return min(self.timeout, float(timeout_s))
+
+    def _solve_stdin(self, ob: Obligation, prefix: str, limit: float) -> SolverResult:
         proc = self._process()
         text = prefix if proc.served == 0 else f"{self.profile.reset}\n{prefix}"
         t0 = time.monotonic()
-        deadline = t0 + self.timeout
+        deadline = t0 + limit
         try:
             out = proc.exchange(text, deadline)
             status, message = classify(out, self.profile)
             values = {}
-            if status == UNKNOWN and time.monotonic() - t0 >= self.timeout:
+            if status == UNKNOWN and time.monotonic() - t0 >= limit:
                 status, message = TIMEOUT, "unknown at the time limit"
             if status == SAT:
                 # a sat must come with a model (cvc5 has answered sat without one on a valid
@@ -394,7 +402,7 @@ class _Batch:
                     status, message = UNKNOWN, f"sat, but no model: {err}"
         except _TimedOut:
             self._drop()
-            return self.result(TIMEOUT, time.monotonic() - t0, f"killed after {self.timeout:g} s")
+            return self.result(TIMEOUT, time.monotonic() - t0, f"killed after {limit:g} s")
         except _Died as died:
             code = proc.exit_code()
             tail = " ".join(proc.stderr_tail().split())[-300:]
@@ -408,7 +416,7 @@ class _Batch:
         return self.result(status, time.monotonic() - t0, message, values)
 
     # -- file protocol (profiles without a stdin command) --------------------------------
-    def _solve_file(self, ob: Obligation, prefix: str) -> SolverResult:
+    def _solve_file(self, ob: Obligation, prefix: str, limit: float) -> SolverResult:
         try:  # in the run's directory, when there is one: swept if this process is killed
             fd, path = tempfile.mkstemp(prefix=f"tvsmt-{ob.digest[:12]}-", suffix=".smt2",
                                         dir=self.registry.path)
@@ -417,19 +425,21 @@ class _Batch:
         try:
             with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
                 fh.write(prefix + "\n")
-            return self.run_file(path)
+            return self.run_file(path, limit)
         finally:
             try:
                 os.unlink(path)
             except OSError:
                 pass
 
-    def run_file(self, path: str) -> SolverResult:
-        """Run the profile's `file` command on a script file (one fresh process)."""
+    def run_file(self, path: str, limit: float | None = None) -> SolverResult:
+        """Run the profile's `file` command on a script file (one fresh process), for at most
+        `limit` seconds (None: the batch's timeout)."""
         if self.registry.cancelled():
             raise Cancelled()
+        limit = self.timeout if limit is None else limit
         argv = build_command(self.profile, "file", self.binary, file=path,
-                             timeout_s=self.timeout_s)
+                             timeout_s=None if math.isinf(limit) else limit)
         t0 = time.monotonic()
         with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
             argv, preexec = lifeline.spawn_args(argv)
@@ -441,11 +451,11 @@ class _Batch:
                 if self.registry.cancelled():
                     raise Cancelled()
                 try:
-                    code = popen.wait(timeout=None if math.isinf(self.timeout) else self.timeout)
+                    code = popen.wait(timeout=None if math.isinf(limit) else limit)
                     reaped = True
                 except subprocess.TimeoutExpired:
                     return self.result(TIMEOUT, time.monotonic() - t0,
-                                       f"killed after {self.timeout:g} s")
+                                       f"killed after {limit:g} s")
             finally:
                 _kill_tree(popen.pid, reaped=reaped)  # also the descendants of a finished one
                 popen.wait()
@@ -463,7 +473,7 @@ class _Batch:
             return self.result(ERROR, seconds, f"solver exited with code {code}"
                                + (f": {tail}" if tail else f" after answering {status}"))
         values: dict = {}
-        if status == UNKNOWN and seconds >= self.timeout:
+        if status == UNKNOWN and seconds >= limit:
             status, message = TIMEOUT, "unknown at the time limit"
         if status == SAT:
             rest = out.split("\n", 1)[1] if "\n" in out.strip() else ""
@@ -474,21 +484,23 @@ class _Batch:
                     values = {}
         return self.result(status, seconds, message, values)
 
-    def solve(self, ob: Obligation) -> SolverResult:
+    def solve(self, ob: Obligation, timeout_s: float | None = None) -> SolverResult:
+        """One obligation's answer, within the batch's timeout or a lower `timeout_s`."""
+        limit = self.limit(timeout_s)
         prefix = script_prefix(ob.smt2)
         if prefix is None:
             return self.result(ERROR, 0.0, "script has no (check-sat)")
         if self.profile.stdin_command is None:
-            return self._solve_file(ob, prefix)
+            return self._solve_file(ob, prefix, limit)
         if not _balanced(prefix):
             # an unclosed parenthesis would swallow the end marker: let a one-off process
             # reading the script as a file report it
-            return self._solve_file(ob, prefix)
+            return self._solve_file(ob, prefix, limit)
         fresh_process = self.proc is None or self.proc.served == 0
-        res = self._solve_stdin(ob, prefix)
+        res = self._solve_stdin(ob, prefix, limit)
         if res.status == ERROR and not fresh_process:
             # the error may come from the state left by earlier scripts: retry on a new process
-            res = self._solve_stdin(ob, prefix)
+            res = self._solve_stdin(ob, prefix, limit)
         if not self.profile.keepalive:
             self._drop()
         return res
@@ -505,14 +517,16 @@ def _balanced(text: str) -> bool:
 
 
 def solve_batch(obligations: Sequence[Obligation], profile: "Profile | str",
-                timeout_s: float | None = 60, *, registry: tuple[str, str] | None = None
-                ) -> list[SolverResult]:
+                timeout_s: float | None = 60, *, registry: tuple[str, str] | None = None,
+                budgets: Budgets = None) -> list[SolverResult]:
     """Solve `obligations` one after the other with one solver (kept-alive process when the
-    profile allows). Each result's `seconds` is that obligation's solving time."""
+    profile allows). Each result's `seconds` is that obligation's solving time; `budgets`
+    gives some obligations (by digest) a time limit below `timeout_s`."""
     profile = get_profile(profile)
     batch = _Batch(profile, timeout_s, _Registry(registry))
+    budgets = budgets or {}
     try:
-        return [batch.solve(ob) for ob in obligations]
+        return [batch.solve(ob, budgets.get(ob.digest)) for ob in obligations]
     finally:
         batch.close()
 
@@ -525,11 +539,12 @@ def run_file(path: str | os.PathLike, profile: "Profile | str", timeout_s: float
 
 
 def _task(profile: Profile, items: list[tuple[int, Obligation]], timeout_s, registry,
-          parent: int | None = None):
+          parent: int | None = None, budgets: Budgets = None):
     """One joblib task: a chunk of obligations for one solver. In a worker process of the
     tvsmt process `parent`, the worker first arranges to die with it (lifeline)."""
     lifeline.arm_worker(parent)
-    results = solve_batch([ob for _, ob in items], profile, timeout_s, registry=registry)
+    results = solve_batch([ob for _, ob in items], profile, timeout_s, registry=registry,
+                          budgets=budgets)
     return profile.name, [(i, r) for (i, _), r in zip(items, results)]
 
 
@@ -571,8 +586,9 @@ def _chunks(indices: list[int], chunk_size: int) -> list[list[int]]:
     return [indices[i:i + chunk_size] for i in range(0, len(indices), chunk_size)]
 
 
-def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeout_s, backend,
-         scheduler, chunk_size, on_result: Callable[[str, int, SolverResult], None]) -> None:
+def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeout_s, budgets,
+         backend, scheduler, chunk_size,
+         on_result: Callable[[str, int, SolverResult], None]) -> None:
     """Solve every (unique) obligation with every profile; on_result(solver, index, result)
     is called for every original index as results arrive."""
 
@@ -601,7 +617,8 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
     if backend == "threading" or (jobs == 1 and backend != "dask"):
         # in this process: threads driving kept-alive solvers, no worker pool to start
         try:
-            _run_threads(obligations, unique, profiles, jobs, timeout_s, token, deliver)
+            _run_threads(obligations, unique, profiles, jobs, timeout_s, budgets, token,
+                         deliver)
         except BaseException:
             registry.cancel_and_kill()
             raise
@@ -633,8 +650,10 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
                 for p, chunks in zip(profiles, per_profile):
                     if k < len(chunks):
                         items = [(i, obligations[i]) for i in chunks[k]]
+                        mine = {ob.digest: budgets[ob.digest] for _, ob in items
+                                if ob.digest in budgets}
                         tasks.append(joblib.delayed(_task)(p, items, timeout_s, token,
-                                                           parent))
+                                                           parent, mine))
             gen = joblib.Parallel(n_jobs=n_jobs, batch_size=1, pre_dispatch="all",
                                   return_as="generator_unordered")(tasks)
             try:
@@ -657,7 +676,8 @@ def _run(obligations: list[Obligation], profiles: list[Profile], *, jobs, timeou
 
 
 def _run_threads(obligations: list[Obligation], unique: list[int], profiles: list[Profile],
-                 jobs: int | None, timeout_s, token, deliver) -> None:
+                 jobs: int | None, timeout_s, budgets: dict[str, float], token,
+                 deliver) -> None:
     """Solve in threads of this process, each driving its own kept-alive solver per profile
     and taking the next obligation when it is free: the solvers do the work, so no worker
     processes are started (loky's cost ~0.3 s a run, measured by scripts/bench_solvers.py)
@@ -688,7 +708,8 @@ def _run_threads(obligations: list[Obligation], unique: list[int], profiles: lis
                 batch = batches.get(p.name)
                 if batch is None:
                     batch = batches[p.name] = _Batch(p, timeout_s, registry)
-                answers.put((p.name, i, batch.solve(obligations[i])))
+                ob = obligations[i]
+                answers.put((p.name, i, batch.solve(ob, budgets.get(ob.digest))))
         except BaseException as e:  # noqa: BLE001 - raised again in the calling thread
             answers.put((None, None, e))
         finally:
@@ -718,7 +739,7 @@ def _run_threads(obligations: list[Obligation], unique: list[int], profiles: lis
 def solve_all(obligations: Iterable[Obligation], solver: "str | Profile" = "z3",
               jobs: int | None = None, timeout_s: float | None = 60,
               backend: str = DEFAULT_BACKEND, scheduler=None, progress: Progress | None = None,
-              *, chunk_size: int | None = None) -> list[SolverResult]:
+              *, chunk_size: int | None = None, budgets: Budgets = None) -> list[SolverResult]:
     """Solve every obligation with one solver, in parallel; results in input order.
 
     jobs: how many solvers at once (None = all cores / all Dask worker threads). backend:
@@ -726,7 +747,8 @@ def solve_all(obligations: Iterable[Obligation], solver: "str | Profile" = "z3",
     ("loky", ...) or "dask", with `scheduler` an address
     ("tcp://host:8786") or a `distributed.Client` (None = the current default client).
     progress(index, result) is called in the caller's process as results arrive. Identical
-    obligations (same digest) are solved once.
+    obligations (same digest) are solved once. `budgets` gives some obligations (by digest) a
+    time limit of their own below `timeout_s`, in the same run.
     """
     obligations = list(obligations)
     profile = get_profile(solver)
@@ -737,8 +759,8 @@ def solve_all(obligations: Iterable[Obligation], solver: "str | Profile" = "z3",
         if progress is not None:
             progress(i, res)
 
-    _run(obligations, [profile], jobs=jobs, timeout_s=timeout_s, backend=backend,
-         scheduler=scheduler, chunk_size=chunk_size, on_result=on_result)
+    _run(obligations, [profile], jobs=jobs, timeout_s=timeout_s, budgets=dict(budgets or {}),
+         backend=backend, scheduler=scheduler, chunk_size=chunk_size, on_result=on_result)
     assert all(r is not None for r in results)
     return results  # type: ignore[return-value]
 
@@ -793,8 +815,9 @@ def crosscheck(obligations: Iterable[Obligation], solvers: Sequence["str | Profi
                jobs: int | None = None, timeout_s: float | None = 60,
                backend: str = DEFAULT_BACKEND,
                scheduler=None, progress: Progress | None = None, *, strict: bool = False,
-               chunk_size: int | None = None) -> list[SolverResult]:
-    """Run every solver on every obligation (all in one parallel run) and `reconcile`.
+               chunk_size: int | None = None, budgets: Budgets = None) -> list[SolverResult]:
+    """Run every solver on every obligation (all in one parallel run) and `reconcile`;
+    `budgets` as for `solve_all`.
 
     progress(index, reconciled_result) is called once all solvers answered that obligation.
     """
@@ -813,7 +836,7 @@ def crosscheck(obligations: Iterable[Obligation], solvers: Sequence["str | Profi
             if progress is not None:
                 progress(i, results[i])
 
-    _run(obligations, profiles, jobs=jobs, timeout_s=timeout_s, backend=backend,
-         scheduler=scheduler, chunk_size=chunk_size, on_result=on_result)
+    _run(obligations, profiles, jobs=jobs, timeout_s=timeout_s, budgets=dict(budgets or {}),
+         backend=backend, scheduler=scheduler, chunk_size=chunk_size, on_result=on_result)
     assert all(r is not None for r in results)
     return results  # type: ignore[return-value]
