@@ -4,11 +4,14 @@ leave no child process, no half-written report, no traceback, and end with the v
 code or as interrupted (one line `tvsmt: interrupted...`, 128 + signal).
 
     python scripts/probe_signals.py [--plan NAME] [--seed S] [--count N]
+    python scripts/probe_signals.py --check examples/FILE.py [--bug NAME] --latest 8 ...
 
 NAME is a pair of ../shared/plans or a pair's folder (default the 128-rank MoE plan, which
 is read and folded in forked processes). The signals: SIGINT, SIGTERM, SIGHUP to tvsmt; Ctrl-C and a hangup
 to its whole process group. tests/test_signals.py holds the same properties at chosen
-moments; this draws the moments at random over the whole run.
+moments; this draws the moments at random over the whole run. With `--check`, the run is `tvsmt check`
+of a capture example (tracing every rank with torch, hypothesis rounds, solving), with
+`TVSMT_BUG` set to `--bug` if given.
 
 Measured on this machine (2026-12-06, the MoE plan): at 6168417, before SIGHUP was handled,
 seed 3, 10 runs: 3 failed, all hangups (killed by the signal, exit -1, no line); at the
@@ -40,11 +43,21 @@ def main() -> int:
     ap.add_argument("--count", type=int, default=12)
     ap.add_argument("--latest", type=float, default=2.6,
                     help="the latest moment drawn, in seconds after the start")
+    ap.add_argument("--check", metavar="SCRIPT", help="run `tvsmt check SCRIPT` instead")
+    ap.add_argument("--bug", help="with --check: the planted bug (TVSMT_BUG)")
     args = ap.parse_args()
-    folder = plan_folder(args.plan)
-    if folder is None:
-        print(f"probe_signals: no real plan pair at {args.plan}", file=sys.stderr)
-        return 2
+    env = dict(os.environ)
+    env.pop("TVSMT_BUG", None)
+    if args.check:
+        what = ["check", args.check]
+        if args.bug:
+            env["TVSMT_BUG"] = args.bug
+    else:
+        folder = plan_folder(args.plan)
+        if folder is None:
+            print(f"probe_signals: no real plan pair at {args.plan}", file=sys.stderr)
+            return 2
+        what = ["verify", str(folder / "single.json.gz"), str(folder / "parallel.json.gz")]
     rng = random.Random(args.seed)
     failed = 0
     for _ in range(args.count):
@@ -52,10 +65,10 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as work:
             report = os.path.join(work, "out.json")
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tvsmt", "verify", "--no-corpus", "-j", "2",
-                 "--report", report, str(folder / "single.json.gz"),
-                 str(folder / "parallel.json.gz")],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                [sys.executable, "-m", "tvsmt", *what, "--no-corpus", "-j", "2",
+                 "--report", report],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                env=env)
             time.sleep(delay)
             try:
                 kids = psutil.Process(proc.pid).children(recursive=True)
