@@ -256,6 +256,26 @@ MUTATIONS: tuple[Mutation, ...] = (
         (f"{T_ORCH}::test_an_obligation_refuted_at_concrete_points_gets_a_short_solver_budget",
          "tests/test_solving.py::test_a_budget_limits_its_obligation_only_in_the_same_run")),
     Mutation(
+        "pinned-functions-free",
+        "a refuted obligation is asked at its point with only its inputs fixed, its "
+        "uninterpreted functions left free (a nonlinear query again)",
+        "solving",
+        (Patch("tvsmt/encoding/smtlib.py",
+               "             for (name, args), v in applications.items()]",
+               "             for (name, args), v in applications.items() if False]"),),
+        ("tests/test_capture_dtensor.py::"
+         "test_a_refuted_obligation_is_confirmed_at_its_point_where_the_whole_one_times_out",)),
+    Mutation(
+        "exact-point-from-floats",
+        "the inputs the assumptions determine keep the float point's values (which satisfy "
+        "the assumptions only up to rounding) instead of being computed exactly",
+        "solving",
+        (Patch("tvsmt/encoding/concrete.py",
+               "            exact[p] = sum(",
+               "            exact[p] = Fraction(point[p]) or sum("),),
+        ("tests/test_encoding.py::"
+         "test_a_refuting_point_made_exact_keeps_the_assumptions_and_the_difference",)),
+    Mutation(
         "refuted-budget-timeout-recorded",
         "a timeout at the short budget is recorded in the corpus as the solver's answer (cut "
         "short on purpose, it says nothing of the obligation)",
@@ -313,20 +333,15 @@ MUTATIONS: tuple[Mutation, ...] = (
         "caching",
         (Patch("tvsmt/solving/dispatch.py",
                "    if corpus is not None:\n"
-               "        store_in_corpus(corpus, unique, outcomes, parallel)\n",
+               "        store_in_corpus(corpus, unique, outcomes, parallel, pinned)\n",
                "    from tvsmt.solving.corpus import pair_key\n"
                "    previous = (dict(corpus.pairs.get(pair_key(parallel.path), {}))\n"
                "                if corpus is not None else {})\n"
                "    if corpus is not None:\n"
-               "        store_in_corpus(corpus, unique, outcomes, parallel)\n"),
+               "        store_in_corpus(corpus, unique, outcomes, parallel, pinned)\n"),
          Patch("tvsmt/solving/dispatch.py",
-               "                why = corpus.refusal(dg, name, version=version, profile=digest)",
-               "                why = corpus.refusal(previous.get(ob.meta['stage'], dg), name,\n"
-               "                                     version=version, profile=digest)"),
-         Patch("tvsmt/solving/dispatch.py",
-               "                cached = [corpus.lookup(dg, name, version=version, profile=digest)",
-               "                cached = [corpus.lookup(previous.get(ob.meta['stage'], dg), name,\n"
-               "                                        version=version, profile=digest)")),
+               "                   else from_corpus(dg, refused))",
+               "                   else from_corpus(previous.get(ob.meta['stage'], dg), refused))")),
         ("tests/test_shortcut_guards.py::test_a_corpus_never_answers_for_another_obligation",),
         fast=True),
     Mutation(

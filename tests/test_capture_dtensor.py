@@ -118,6 +118,26 @@ def test_wrong_input_layout_is_a_violation_at_the_users_line(monkeypatch):
         _sources(report)
 
 
+def test_a_refuted_obligation_is_confirmed_at_its_point_where_the_whole_one_times_out(
+        monkeypatch):
+    """The planted bug's obligations are nonlinear: asked whole, z3 runs out of even the
+    short budget on some of them; asked with their inputs and uninterpreted functions fixed at the
+    point that refutes them, it answers sat at once, and the violation stands on that."""
+    from tvsmt.encoding import obligations
+
+    monkeypatch.setenv("TVSMT_BUG", "wrong-input-layout")
+    report = check(MLP, Options(jobs=1, timeout=1))
+    wrong = [f for f in report.failures if f.kind == "counterexample"]
+    assert report.verdict == "violation" and wrong
+    assert all(f.solver["status"] == "sat" and "fixed at the concrete point" in
+               f.solver["message"] for f in wrong), [f.solver for f in wrong]
+    monkeypatch.setattr(obligations, "exact_refutation", lambda *args: None)
+    whole = check(MLP, Options(jobs=1, timeout=1))
+    assert _failures(whole) == _failures(report)
+    assert any(f.solver["status"] == "timeout" for f in whole.failures
+               if f.kind == "counterexample"), [f.solver for f in whole.failures]
+
+
 def _failures(report) -> list[tuple]:
     return sorted((f.kind, f.tensor, f.lineage, f.stage) for f in report.failures)
 

@@ -194,3 +194,52 @@ def test_direct_infix_builds_the_very_nodes_pysmt_builds():
                 pysmts(p, p)
             with pytest.raises(theirs.type):
                 direct(q, q)
+
+
+def _formula(constraints, comparisons, names):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(constraints=constraints, inputs={n: (f"s:{n}", ()) for n in names},
+                           comparisons=[SimpleNamespace(lhs=a, rhs=b) for a, b in comparisons])
+
+
+def test_a_refuting_point_made_exact_keeps_the_assumptions_and_the_difference():
+    """A point of a float evaluation satisfies the stage's linear assumptions only up to
+    rounding; made exact, the free inputs keep the point's values, the others are computed
+    from them exactly, every uninterpreted application gets one value per argument, and a
+    solver given all of them answers sat at once. Where the sides agree there is nothing."""
+    import hashlib
+    from fractions import Fraction
+
+    from pysmt.typing import REAL, FunctionType
+
+    from tvsmt.encoding.concrete import exact_refutation
+    from tvsmt.encoding.evaluate import ExactEvaluator
+    from tvsmt.encoding.smtlib import pin_symbols
+    from tvsmt.solving.runner import solve_batch
+    from tvsmt.solving.types import SAT, Obligation
+
+    be = SymbolicBackend.fresh()
+    m = be.mgr
+    s, p0, p1, q = (m.Symbol(n, REAL) for n in ("s", "p0", "p1", "q"))
+    uf = m.Symbol("uf_exp", FunctionType(REAL, [REAL]))
+
+    def exp(t):
+        return m.Function(uf, [t])
+
+    assumed = [m.Equals(s, m.Plus(p0, p1)), m.Equals(q, p0)]
+    same = (exp(s), exp(m.Plus(p0, p1)))  # equal under the assumptions
+    wrong = (m.Times(m.Real(2), exp(s)), m.Plus(exp(m.Plus(p0, p1)), exp(q)))
+    point = {"s": 0.7500000000000001, "p0": 0.25, "p1": 0.5, "q": 0.25000000000000006}
+    names = sorted(point)
+    assert exact_refutation(_formula(assumed, [same], names), point) is None
+    inputs, applications = exact_refutation(_formula(assumed, [same, wrong], names), point)
+    ev = ExactEvaluator(inputs)
+    assert all(ev.walk(c) for c in assumed)  # exactly, not up to rounding
+    assert sum(inputs[n] == Fraction(point[n]) for n in names) == 2  # two free, kept
+    args = [a for (name, a) in applications]
+    assert len(args) == len(set(args)) == 2  # exp(s) and exp(p0 + p1): one argument
+    printed = print_obligation(assumed, [same, wrong])
+    text = pin_symbols(printed.text, printed, inputs, applications)
+    ob = Obligation(hashlib.sha256(text.encode()).hexdigest(), text)
+    assert solve_batch([ob], "z3", timeout_s=20)[0].status == SAT

@@ -19,7 +19,10 @@ A violation needs evidence of a difference; an inconclusive stage never counts a
 An obligation whose random concrete points already show a difference (before solving) gets at
 most `REFUTED_BUDGET_S` seconds of solver time: only `unsat` could change its outcome (to a
 solver failure), a `sat` or no answer leaves it a violation. Nonlinear `sat` queries are where
-solvers time out, so a bug would otherwise cost the whole timeout per obligation.
+solvers time out, so a bug would otherwise cost the whole timeout per obligation. It is asked
+first with its free inputs fixed at the refuting point, nearly a ground query: a `sat` there
+is a `sat` of the obligation (a model of the one is a model of the other); any other answer
+there says nothing, and the obligation is then asked whole.
 """
 
 from __future__ import annotations
@@ -78,6 +81,13 @@ def within_refuted_budget(res: SolverResult) -> SolverResult:
         return res
     why = "the budget of an obligation that concrete points already refute"
     return replace(res, message=f"{res.message}, {why}" if res.message else why)
+
+
+def sat_at_refuting_point(res: SolverResult) -> SolverResult:
+    """A refuted obligation's `sat`, answered with its inputs fixed at the concrete point that
+    refutes it (`obligations.pinned_obligation`): a model there is a model of the obligation."""
+    why = "with the inputs fixed at the concrete point that refutes it"
+    return replace(res, message=f"{res.message}; {why}" if res.message else why)
 
 
 def _solver_info(res: SolverResult) -> dict:

@@ -25,7 +25,7 @@ from fractions import Fraction
 import numpy as np
 import pysmt.operators as op
 
-from tvsmt.encoding.evaluate import PointsEvaluator, close
+from tvsmt.encoding.evaluate import ExactEvaluator, NotExact, PointsEvaluator, close
 from tvsmt.encoding.stage import StageFormula
 
 REL, ABS = 1e-7, 1e-9  # far above the rounding of a least-squares point, far below a bug
@@ -39,6 +39,7 @@ class Evaluation:
     compared: int = 0  # element comparisons with finite values on both sides
     counterexample: dict | None = None  # first mismatch found, in plan terms
     note: str = ""  # why fewer points than asked were evaluated
+    point: dict[str, float] | None = None  # that mismatch's input values, by symbol name
 
     def to_json(self) -> dict:
         return {"points": self.points, "compared": self.compared, "note": self.note,
@@ -130,6 +131,64 @@ def _point(formula: StageFormula, rng: random.Random,
     return env
 
 
+def assumption_pivots(formula: StageFormula) -> dict[str, dict[str, Fraction]] | None:
+    """The input symbols that the stage's assumptions (linear equalities) determine, each
+    with its value as a linear form ("" the constant) of symbols that are either free or
+    determined later in the dict's order: one per independent assumption, by forward
+    elimination over exact fractions. None when an assumption is not a linear equality."""
+    pivots: dict[str, dict[str, Fraction]] = {}
+    for c in formula.constraints:
+        if c.node_type() != op.EQUALS:
+            return None
+        row: dict[str, Fraction] = {}
+        lhs, rhs = c.args()
+        try:
+            _linear(lhs, Fraction(1), row)
+            _linear(rhs, Fraction(-1), row)
+        except NotLinear:
+            return None
+        todo = [n for n in row if n in pivots]
+        while todo:  # each pivot replaced by its form, whose pivots (later ones) in turn
+            name = todo.pop()
+            coef = row.pop(name, None)
+            if not coef:
+                continue
+            for n, v in pivots[name].items():
+                row[n] = row.get(n, Fraction(0)) + coef * v
+                if n in pivots:
+                    todo.append(n)
+        rest = sorted(n for n, v in row.items() if n and v)
+        if rest:  # else the assumption follows from the earlier ones (or contradicts them)
+            coef = row.pop(rest[0])
+            pivots[rest[0]] = {n: -v / coef for n, v in row.items() if v}
+    return pivots
+
+
+def exact_refutation(formula: StageFormula, point: dict[str, float]
+                     ) -> tuple[dict[str, Fraction], dict[tuple, Fraction]] | None:
+    """The refuting `point` made exact: the values of the input symbols (the free ones as
+    the point has them, the ones the assumptions determine computed from them) and of every
+    uninterpreted function's application (`ExactEvaluator`), provided the two sides still
+    differ there; else None. Given to a solver, they leave it a ground query."""
+    pivots = assumption_pivots(formula)
+    if pivots is None:
+        return None
+    try:
+        exact = {n: Fraction(v) for n, v in point.items() if n not in pivots}
+        for p in reversed(list(pivots)):  # a form holds free symbols and later pivots only
+            exact[p] = sum((c * exact[n] if n else c for n, c in pivots[p].items()),
+                           Fraction(0))
+        ev = ExactEvaluator(exact)
+        differ = False
+        for c in formula.comparisons:
+            differ |= ev.walk(c.lhs) != ev.walk(c.rhs)
+    except (NotExact, KeyError):
+        return None
+    if not differ:
+        return None
+    return {n: exact[n] for n in sorted(formula.inputs) if n in exact}, ev.applications
+
+
 def evaluate_at_random(formula: StageFormula, points: int = 2, seed: int = 0) -> Evaluation:
     """Evaluate every compared element of the stage at `points` random inputs (all points in
     one walk of the terms, PointsEvaluator)."""
@@ -184,6 +243,7 @@ def evaluate_at_random(formula: StageFormula, points: int = 2, seed: int = 0) ->
             first = (k, mismatches)
     if first is not None:
         k, mismatches = first
+        ev_out.point = envs[k]
         inputs = {}
         for name in sorted(formula.inputs):
             side_tensor, idx = formula.inputs[name]

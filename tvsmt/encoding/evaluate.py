@@ -90,6 +90,70 @@ class FloatEvaluator(_Leaves):
             return math.nan
 
 
+class NotExact(Exception):
+    """A term that exact evaluation does not cover (a division by zero, a real function
+    outside its domain, -inf, numbers grown too long)."""
+
+
+class ExactEvaluator(FloatEvaluator):
+    """FloatEvaluator in exact arithmetic, at one point (`env`: symbol name -> Fraction). An
+    uninterpreted function is given its real function's value (a float, taken exactly) at
+    its exact arguments: a deterministic choice, so equal arguments get equal values, which
+    makes it an interpretation of the function. `applications` lists them, for a solver to
+    be given the same interpretation (`smtlib.pin_symbols`)."""
+
+    BITS = 4096  # longest numerator or denominator kept (deep products grow them)
+
+    def __init__(self, env: dict[str, Fraction]):
+        super().__init__(env)
+        self.applications: dict[tuple, Fraction] = {}
+
+    def _kept(self, v):
+        if isinstance(v, Fraction) and max(v.numerator.bit_length(),
+                                           v.denominator.bit_length()) > self.BITS:
+            raise NotExact("numbers grow too long")
+        return v
+
+    def walk_symbol(self, formula, args, **kw):
+        if formula.symbol_name() not in self.env:
+            raise NotExact(f"no value for {formula.symbol_name()}")
+        return self.env[formula.symbol_name()]
+
+    def walk_real_constant(self, formula, args, **kw):
+        return Fraction(formula.constant_value())
+
+    walk_int_constant = walk_real_constant
+
+    def walk_plus(self, formula, args, **kw):
+        return self._kept(sum(args, Fraction(0)))
+
+    def walk_times(self, formula, args, **kw):
+        out = Fraction(1)
+        for a in args:
+            out *= a
+        return self._kept(out)
+
+    def walk_div(self, formula, args, **kw):
+        if args[1] == 0:
+            raise NotExact("division by zero")
+        return self._kept(args[0] / args[1])
+
+    def walk_equals(self, formula, args, **kw):
+        return args[0] == args[1]
+
+    def walk_function(self, formula, args, **kw):
+        name = formula.function_name().symbol_name()
+        try:
+            value = float(REAL_FUNCTIONS[name](*(a if isinstance(a, bool) else float(a)
+                                                  for a in args)))
+        except (OverflowError, ValueError, ZeroDivisionError):
+            raise NotExact(f"{name} outside its domain") from None
+        if not math.isfinite(value):
+            raise NotExact(f"{name} outside its domain")
+        out = self.applications[(name, tuple(args))] = Fraction(value)
+        return out
+
+
 def close(a: float, b: float, rel: float = 1e-9, abs_: float = 1e-12) -> bool:
     if math.isnan(a) or math.isnan(b):
         return False

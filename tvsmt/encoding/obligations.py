@@ -12,10 +12,11 @@ the outcome says so (`ObligationSet.serial_reason`).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
-from tvsmt.encoding.concrete import Evaluation, evaluate_at_random
-from tvsmt.encoding.smtlib import Printed, print_obligation
+from tvsmt.encoding.concrete import Evaluation, evaluate_at_random, exact_refutation
+from tvsmt.encoding.smtlib import Printed, pin_symbols, print_obligation
 from tvsmt.encoding.stage import StageFormula, encode_stage
 from tvsmt.errors import StructuralViolation
 from tvsmt.forked import can_fork_workers, cpu_workers, fork_map
@@ -46,6 +47,7 @@ class StageOutcome:
     evaluation: Evaluation | None = None  # random concrete points, real functions
     result: SolverResult | None = None
     template: "StageOutcome | None" = None  # the stage whose encoding this one reuses
+    pinned: Obligation | None = None  # refuted at a concrete point: `pinned_obligation`
 
 
 @dataclass
@@ -80,6 +82,7 @@ def encode_one(stage: Stage, single: Plan, parallel: Plan, be: SymbolicBackend,
             if out.formula.comparisons:
                 with timer.phase("evaluation"):
                     out.evaluation = evaluate_at_random(out.formula, EVALUATION_POINTS)
+                    out.pinned = pinned_obligation(out)
     except StructuralViolation as e:
         out.failure = stage_failure("structural", str(e), stage, single, parallel,
                                     node=e.node, tensor=e.tensor)
@@ -88,12 +91,28 @@ def encode_one(stage: Stage, single: Plan, parallel: Plan, be: SymbolicBackend,
     return out
 
 
+def pinned_obligation(out: StageOutcome) -> Obligation | None:
+    """The stage's obligation with its inputs and uninterpreted functions fixed at the
+    concrete point where the two plans were evaluated different (`exact_refutation`; None if
+    there is none): a ground query, where the whole one, nonlinear, makes solvers run out of
+    time. A model of it is a model of the obligation, with the same query symbols."""
+    ev, ob = out.evaluation, out.obligation
+    if ev is None or ev.point is None or ob is None or out.printed is None:
+        return None
+    exact = exact_refutation(out.formula, ev.point)
+    if exact is None:
+        return None
+    text = pin_symbols(ob.smt2, out.printed, *exact)
+    return Obligation(hashlib.sha256(text.encode()).hexdigest(), text, ob.query,
+                      dict(ob.meta, pinned=True))
+
+
 def _encode_chunk(single: Plan, parallel: Plan, stages: list[Stage], indices: list[int]):
     """Worker side: encode some template stages; results travel back as plain data."""
     be, timer, out = SymbolicBackend.fresh(), Timer(), []
     for i in indices:
         o = encode_one(stages[i], single, parallel, be, timer)
-        out.append((i, o.obligation, o.failure, o.evaluation))
+        out.append((i, o.obligation, o.failure, o.evaluation, o.pinned))
     return out, timer.timings
 
 
@@ -143,9 +162,9 @@ def _encode_parallel(single: Plan, parallel: Plan, stages: list[Stage], reps: li
     for items, timings in results:
         for phase, secs in timings.items():  # time spent in each phase, over all workers
             timer.add(phase, secs)
-        for i, obligation, failure, evaluation in items:
+        for i, obligation, failure, evaluation, pinned in items:
             done[i] = StageOutcome(stages[i], obligation=obligation, failure=failure,
-                                   evaluation=evaluation)
+                                   evaluation=evaluation, pinned=pinned)
     return done
 
 
@@ -181,7 +200,8 @@ def build_obligations(single: Plan, parallel: Plan, stages: list[Stage], timer: 
             outcomes.append(rep)
         elif rep.failure is None:
             outcomes.append(StageOutcome(stage, obligation=rep.obligation,
-                                         evaluation=rep.evaluation, template=rep))
+                                         evaluation=rep.evaluation, template=rep,
+                                         pinned=rep.pinned))
         else:  # a failing template: each copy gets its own encoding and its own names
             outcomes.append(encode_one(stage, single, parallel, be, timer))
         if progress and (k % 64 == 0 or k == len(stages) - 1):

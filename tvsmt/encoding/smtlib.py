@@ -56,6 +56,20 @@ class Printed:
     pairs: list[tuple[str, str]]  # (l<i>, r<i>) names, one per comparison, in their order
 
 
+def pin_symbols(text: str, printed: Printed, inputs: dict[str, Fraction],
+                applications: dict[tuple, Fraction]) -> str:
+    """The script `text` (printed as `printed`) with its input symbols (by their names before
+    printing) and the given applications of uninterpreted functions ((name, args) -> value)
+    asserted equal to the given values, just before its `(check-sat)`."""
+    canonical = {orig: name for name, orig in printed.symbols.items()}
+    pins = [f"(assert (= {canonical[n]} {_const(v)}))" for n, v in inputs.items()
+            if n in canonical]
+    pins += [f"(assert (= ({name} {' '.join(_const(a) for a in args)}) {_const(v)}))"
+             for (name, args), v in applications.items()]
+    at = text.rindex("(check-sat)")
+    return text[:at] + "".join(p + "\n" for p in pins) + text[at:]
+
+
 def print_obligation(constraints: list, pairs: list[tuple[object, object]],
                      logic: str = LOGIC) -> Printed:
     """Script asserting `constraints` and that some pair differs, ending with (check-sat).

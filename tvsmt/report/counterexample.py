@@ -16,8 +16,16 @@ from tvsmt.encoding.stage import StageFormula
 
 
 def _show(v) -> str:
+    """A model's value: an integer or a float where it is exactly one (the inputs fixed at a
+    concrete point are), else exact where that is short, else the nearest float after "~"."""
     if isinstance(v, Fraction):
-        return str(v.numerator) if v.denominator == 1 else f"{v.numerator}/{v.denominator}"
+        if v.denominator == 1:
+            return str(v.numerator)
+        f = float(v)
+        if Fraction(f) == v:
+            return repr(f)
+        exact = f"{v.numerator}/{v.denominator}"
+        return exact if len(exact) <= 40 else f"~{f!r}"
     return str(v)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tvsmt.options import Options, solver_names
-from tvsmt.solving.types import TIMEOUT, Obligation, SolverResult
+from tvsmt.solving.types import SAT, TIMEOUT, Obligation, SolverResult
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from tvsmt.encoding.obligations import StageOutcome
@@ -24,10 +24,11 @@ SMALL_RUN = 24  # obligations below which loky's solving stays in this process (
 
 
 def store_in_corpus(corpus, unique: dict[str, Obligation], outcomes: "list[StageOutcome]",
-                    parallel: "Plan") -> None:
+                    parallel: "Plan", pinned: dict[str, Obligation] | None = None) -> None:
     """Write each unique obligation with a header naming the stages and tensors it stands for
     (outside the hashed body) and map every stage to its digest, under the plan pair's key
-    (this run's stage map replaces the pair's previous one)."""
+    (this run's stage map replaces the pair's previous one). `pinned` (digest -> the script
+    asked at its refuting point) are written too, their headers naming the obligation."""
     from tvsmt.solving.corpus import pair_key
 
     if not corpus.pair:
@@ -44,6 +45,8 @@ def store_in_corpus(corpus, unique: dict[str, Obligation], outcomes: "list[Stage
                                      for st in stages})[:50],
                   "stage_count": len(stages), "query": list(ob.query)}
         corpus.add(ob, [st.id for st in stages], header=header)
+        if pinned and dg in pinned:
+            corpus.add(pinned[dg], (), header={**header, "pinned_from": dg})
 
 
 def _both_must_prove(res: SolverResult) -> SolverResult:
@@ -62,10 +65,18 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcom
     """Solve each unique obligation once: trusted corpus verdicts first (unless --fresh), then
     the external solver(s) in parallel; new verdicts are recorded in the corpus.
 
+    An obligation that concrete points already refute gets the policy's short budget, and is
+    asked first with its inputs fixed at the refuting point (`StageOutcome.pinned`): a `sat`
+    there is a `sat` of the obligation; what that does not confirm is asked whole. The pinned
+    script is an obligation of the corpus in its own right (its answers recorded under its
+    own digest).
+
     The report counts the reused verdicts per solver (`cache`), the obligations answered
     wholly from the corpus (`cache_hits`), and the recorded verdicts refused, by reason
-    (`cache_refused`: changed outside tvsmt, other version, other profile)."""
-    from tvsmt.policy import refuted_at_concrete_points, refuted_budget, within_refuted_budget
+    (`cache_refused`: changed outside tvsmt, other version, other profile; one per
+    obligation)."""
+    from tvsmt.policy import (refuted_at_concrete_points, refuted_budget,
+                              sat_at_refuting_point, within_refuted_budget)
     from tvsmt.solving.corpus import Corpus
     from tvsmt.solving.profiles import get_profile, solver_version
     from tvsmt.solving.runner import crosscheck, reconcile, solve_all
@@ -73,63 +84,90 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcom
     names = solver_names(opts)
     profiles = [get_profile(n) for n in names]
     corpus = Corpus(opts.corpus, fresh=opts.fresh) if opts.corpus else None
+    refuted = refuted_at_concrete_points(outcomes)
+    pinned = {o.obligation.digest: o.pinned for o in outcomes
+              if o.pinned is not None and o.obligation.digest in refuted}
     results: dict[str, SolverResult] = {}
     todo: list[Obligation] = []
     if corpus is not None:
-        store_in_corpus(corpus, unique, outcomes, parallel)
+        store_in_corpus(corpus, unique, outcomes, parallel, pinned)
     trust = []
     if corpus is not None and not opts.fresh and unique:
         trust = [(p.name, solver_version(p), p.digest) for p in profiles]
+
+    def from_corpus(dg: str, refused: list[str]) -> SolverResult | None:
+        why = None
+        for name, version, digest in trust:
+            why = corpus.refusal(dg, name, version=version, profile=digest)
+            if why is not None:
+                if why not in ("none recorded", "not decisive"):
+                    refused.append(why)
+                return None
+        cached = [corpus.lookup(dg, name, version=version, profile=digest)
+                  for name, version, digest in trust]
+        return _both_must_prove(reconcile(cached)) if len(cached) > 1 else cached[0]
+
     for dg, ob in unique.items():
         if trust:
-            why = None
-            for name, version, digest in trust:
-                why = corpus.refusal(dg, name, version=version, profile=digest)
-                if why is not None:
-                    break
-            if why is None:
-                cached = [corpus.lookup(dg, name, version=version, profile=digest)
-                          for name, version, digest in trust]
-                results[dg] = (_both_must_prove(reconcile(cached)) if len(cached) > 1
-                               else cached[0])
+            refused: list[str] = []
+            res = from_corpus(pinned[dg].digest, refused) if dg in pinned else None
+            res = (sat_at_refuting_point(res) if res is not None and res.status == SAT
+                   else from_corpus(dg, refused))
+            if res is not None:
+                results[dg] = res
                 report.cache_hits += 1
                 for name, _, _ in trust:
                     report.cache[name] = report.cache.get(name, 0) + 1
                 continue
-            if why not in ("none recorded", "not decisive"):
-                report.cache_refused[why] = report.cache_refused.get(why, 0) + 1
+            if refused:
+                report.cache_refused[refused[0]] = report.cache_refused.get(refused[0], 0) + 1
         todo.append(ob)
     done = [len(results)]
 
     def progress(_index, _result):
-        done[0] += 1
+        done[0] += 1  # a refuted obligation may be asked twice: counted once at the most
         if opts.progress:
-            opts.progress("solving", done[0], len(unique))
+            opts.progress("solving", min(done[0], len(unique)), len(unique))
 
     jobs = opts.jobs
     if opts.backend == "loky" and len(todo) * len(profiles) <= SMALL_RUN:
         jobs = 1  # starting worker processes (~0.5 s) costs more than solving in this one
     common = dict(jobs=jobs, backend=opts.backend, scheduler=opts.scheduler, progress=progress)
-    # obligations that concrete points already refute get the policy's short budget, in the
-    # same run as the others (first: they are the ones likely to use it up)
-    refuted = refuted_at_concrete_points(outcomes)
-    todo.sort(key=lambda ob: ob.digest not in refuted)
-    budgets = {ob.digest: refuted_budget(opts.timeout) for ob in todo if ob.digest in refuted}
-    if len(profiles) > 1:
-        solved = [_both_must_prove(r) for r in crosscheck(todo, solvers=profiles,
+
+    def solve(group: list[Obligation], budgets: dict[str, float]) -> list[SolverResult]:
+        if len(profiles) > 1:
+            return [_both_must_prove(r) for r in crosscheck(group, solvers=profiles,
                                                             timeout_s=opts.timeout,
                                                             budgets=budgets, **common)]
-    else:
-        solved = solve_all(todo, solver=profiles[0], timeout_s=opts.timeout, budgets=budgets,
-                           **common)
-    for ob, res in zip(todo, solved):
-        if ob.digest in refuted:
-            res = within_refuted_budget(res)
-        results[ob.digest] = res
+        return solve_all(group, solver=profiles[0], timeout_s=opts.timeout, budgets=budgets,
+                         **common)
+
+    def record(asked: Obligation, res: SolverResult, cut_short: bool) -> None:
         if corpus is not None:
             for raw in (res.details or [res]):
-                if not (ob.digest in refuted and raw.status == TIMEOUT):
-                    corpus.record(ob.digest, raw)  # a budget cut short is no verdict
+                if not (cut_short and raw.status == TIMEOUT):
+                    corpus.record(asked.digest, raw)  # a budget cut short is no verdict
+
+    # refuted ones first (they are the ones likely to use their budget), the pinned scripts
+    # in the same run as the other obligations
+    budget = refuted_budget(opts.timeout)
+    todo.sort(key=lambda ob: ob.digest not in refuted)
+    asked = [pinned.get(ob.digest, ob) for ob in todo]
+    answers = solve(asked, {a.digest: budget for ob, a in zip(todo, asked)
+                            if ob.digest in refuted})
+    again = []
+    for ob, a, res in zip(todo, asked, answers):
+        record(a, res, ob.digest in refuted)
+        if a is not ob and res.status != SAT:
+            again.append(ob)
+        else:
+            results[ob.digest] = res if a is ob else sat_at_refuting_point(res)
+    for ob, res in zip(again, solve(again, {ob.digest: budget for ob in again}) if again
+                       else []):
+        record(ob, res, True)
+        results[ob.digest] = res
+    for dg in refuted & results.keys():
+        results[dg] = within_refuted_budget(results[dg])
     if corpus is not None:
         corpus.save()
     return results
