@@ -142,44 +142,6 @@ def _failures(report) -> list[tuple]:
     return sorted((f.kind, f.tensor, f.lineage, f.stage) for f in report.failures)
 
 
-def test_a_round_sure_to_be_followed_leaves_its_refuted_obligations_unsolved(monkeypatch):
-    """The planted bug takes two rounds: the first one's obligations already refuted at
-    concrete points are not given to a solver (their report is discarded), and the last
-    round, solved in full, reports the same failures as when every round is solved."""
-    from tvsmt.capture import driver
-
-    monkeypatch.setenv("TVSMT_BUG", "wrong-input-layout")
-    left: list[int] = []
-    real = driver.leave_refuted_unsolved
-
-    def counting(*args):
-        left.append(real(*args))
-        return left[-1]
-
-    monkeypatch.setattr(driver, "leave_refuted_unsolved", counting)
-    report = check(MLP, Options(jobs=1, timeout=1))
-    assert report.verdict == "violation" and report.hypotheses["rounds"] == 2
-    assert left[0] > 0 and left[-1] == 0, left
-    assert not any("not solved" in f.message for f in report.failures)
-    monkeypatch.setattr(driver, "leave_refuted_unsolved", lambda *args: 0)
-    solved = check(MLP, Options(jobs=1, timeout=1))
-    assert _failures(report) == _failures(solved) and report.hypotheses == solved.hypotheses
-
-
-def test_a_round_wrongly_taken_to_be_followed_is_solved_in_full(monkeypatch):
-    """Should a round taken to be followed by another turn out to be the last, it is verified
-    again with every obligation solved: no verdict comes from obligations left unsolved."""
-    from tvsmt.capture import driver
-
-    monkeypatch.setenv("TVSMT_BUG", "norm-unparallelised")
-    monkeypatch.setattr(driver, "sure_to_drop_a_hypothesis", lambda *args: True)
-    report = check(SP, Options(jobs=1, timeout=1))
-    assert report.verdict == "violation"
-    wrong = [f for f in report.failures if f.kind == "counterexample"]
-    assert wrong and all("not solved" not in f.message and f.solver["name"] == "z3"
-                         for f in wrong), [(f.message, f.solver) for f in wrong]
-
-
 @pytest.mark.parametrize("script,bug,marker", [
     (MLP, "unparallelised-fc2", "return self.fc2(torch.nn.functional.silu(h))"),
     (BLOCK, "replicated-wo", "return self.wo(out.transpose(1, 2).reshape(b, s, -1))")])

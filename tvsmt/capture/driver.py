@@ -11,10 +11,6 @@ stage, unless the concrete run of the captured programs already shows that claim
 random input), and merging it, which is what times out on the Llama block, is skipped. A
 witnessed claim that gets proven makes the run inconclusive. Inconclusive stays
 inconclusive.
-
-A round that is sure to be followed by another leaves its obligations already refuted at
-concrete points unsolved (`leave_refuted_unsolved`): they fail whatever a solver answers, and
-only the last round, always solved in full, gives the verdict.
 """
 
 from __future__ import annotations
@@ -31,7 +27,6 @@ from tvsmt.capture.build import CapturedPair, capture_pair
 from tvsmt.errors import InputError, StructuralViolation
 from tvsmt.plan.model import Plan
 from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, VIOLATION, Failure, Report
-from tvsmt.timing import Timer
 
 
 @dataclass
@@ -52,7 +47,7 @@ def drop_lineages(plan: Plan, drop: set[int]) -> Plan:
     return dataclasses.replace(plan, lineages=lineages)
 
 
-def hypotheses_to_drop(single: Plan, parallel: Plan, failures: list[Failure],
+def hypotheses_to_drop(single: Plan, parallel: Plan, report: Report,
                        witnessed: dict[str, str] | None = None) -> set[int]:
     """The hypotheses a run's failures discredit: every failing hypothesis, and every
     hypothesis that a failing claim's stage assumed (a claim can fail only because its
@@ -63,9 +58,9 @@ def hypotheses_to_drop(single: Plan, parallel: Plan, failures: list[Failure],
 
     witnessed = witnessed or {}
     lins = parallel.lineages
-    failing = {f.lineage for f in failures if f.lineage is not None}
+    failing = {f.lineage for f in report.failures if f.lineage is not None}
     drop = {i for i in failing if lins[i].hypothesis}
-    real = {f.lineage for f in failures if f.lineage is not None
+    real = {f.lineage for f in report.failures if f.lineage is not None
             and f.kind == "counterexample" and lins[f.lineage].single in witnessed}
     claims = {i for i in failing if not lins[i].hypothesis} - real
     stages = {st.target: st for st in cut_stages(single, parallel).stages} \
@@ -107,71 +102,6 @@ def _small_merges(single: Plan, parallel: Plan, real: set[int], stages: dict, dr
     return out - drop
 
 
-def leave_refuted_unsolved(prepared, single: Plan, parallel: Plan,
-                           witnessed: dict[str, str]) -> int:
-    """In a round that is sure to drop a hypothesis, mark every obligation that concrete points
-    already refute as failed without solving it, and return how many stages were so marked.
-
-    Such an obligation fails whatever the solver answers (sat or a timeout: a counterexample;
-    unsat: a solver failure), and its solver budget (policy.REFUTED_BUDGET_S) would be spent
-    on a round whose report is discarded. The round is taken to be followed by another when
-    the failures known before solving, with these as counterexamples, already drop a
-    hypothesis (`verify_round` checks it after the round)."""
-    from tvsmt.policy import judge_stage, refuted_at_concrete_points
-    from tvsmt.solving.types import UNKNOWN, SolverResult
-
-    refuted = refuted_at_concrete_points(prepared.outcomes)
-    todo = [o for o in prepared.outcomes if o.failure is None and o.obligation is not None
-            and o.obligation.digest in refuted]
-    if not todo or not sure_to_drop_a_hypothesis(prepared, todo, single, parallel, witnessed):
-        return 0
-    unsolved = SolverResult(UNKNOWN, "none", message="not solved: a hypothesis of this round "
-                            "fails, so the next round merges stages")
-    for out in todo:
-        out.failure = judge_stage(out, unsolved, single, parallel)
-    for digest in refuted:
-        prepared.unique.pop(digest, None)
-    return len(todo)
-
-
-def sure_to_drop_a_hypothesis(prepared, refuted: list, single: Plan, parallel: Plan,
-                              witnessed: dict[str, str]) -> bool:
-    """Whether the failures known before solving, with the `refuted` stages' outcomes as
-    counterexamples, already drop a hypothesis."""
-    known = prepared.failures + [o.failure for o in prepared.outcomes if o.failure is not None]
-    known += [Failure("counterexample", "refuted at concrete points", lineage=o.stage.target)
-              for o in refuted]
-    return bool(hypotheses_to_drop(single, parallel, known, witnessed))
-
-
-class _Round:
-    """One verification round (`verify_plans`'s `run`), counting the stages it left unsolved."""
-
-    def __init__(self, witnessed: dict[str, str]):
-        self.witnessed = witnessed
-        self.unsolved = 0
-
-    def __call__(self, single: Plan, parallel: Plan, opts, timer: Timer) -> Report:
-        from tvsmt.pipeline import prepare, solve_and_judge
-
-        prepared = prepare(single, parallel, opts, timer)
-        self.unsolved += leave_refuted_unsolved(prepared, single, parallel, self.witnessed)
-        return solve_and_judge(prepared, single, parallel, opts, timer)
-
-
-def verify_round(single: Plan, parallel: Plan, opts, witnessed: dict[str, str]) -> Report:
-    """One round's report. Its refuted obligations are left unsolved where it is sure to be
-    followed by another; should it not be, it is verified again with everything solved: the
-    report that ends the rounds is always solved in full."""
-    from tvsmt.pipeline import verify_plans
-
-    run = _Round(witnessed)
-    report = verify_plans(single, parallel, opts, run=run)
-    if run.unsolved and not hypotheses_to_drop(single, parallel, report.failures, witnessed):
-        report = verify_plans(single, parallel, opts)
-    return report
-
-
 def verify_with_hypotheses(single: Plan, parallel: Plan, opts=None, max_rounds: int = 50,
                            witnessed: dict[str, str] | None = None
                            ) -> tuple[Report, dict[str, int]]:
@@ -182,6 +112,7 @@ def verify_with_hypotheses(single: Plan, parallel: Plan, opts=None, max_rounds: 
     assumed hypotheses (all proven in that run), and one of them proven equivalent would
     contradict the real programs: the verdict is then inconclusive, never equivalent."""
     from tvsmt.options import Options
+    from tvsmt.pipeline import verify_plans
 
     opts = opts or Options()
     witnessed = witnessed or {}
@@ -189,8 +120,8 @@ def verify_with_hypotheses(single: Plan, parallel: Plan, opts=None, max_rounds: 
     dropped, rounds = 0, 0
     while True:
         rounds += 1
-        report = verify_round(single, parallel, opts, witnessed)
-        bad = hypotheses_to_drop(single, parallel, report.failures, witnessed)
+        report = verify_plans(single, parallel, opts)
+        bad = hypotheses_to_drop(single, parallel, report, witnessed)
         if not bad:
             break
         if rounds >= max_rounds:  # never a pass: give up as inconclusive
