@@ -27,7 +27,9 @@ makes a unit read another's or a reducer miss one (`pp-wrong-stage`, `wrong-grou
 `reducer-before-last-accum`) is refused by the fold and verified unfolded.
 On the two 8-rank MoE-family plans, which are not folded (a check of the verifier itself):
 llama3moe-ly2-dp2pp2tp2mb2 seed 71, 40 cases in 44 s; moe-ly4-dp2pp2tp2mb2 seed 61, 40 cases
-in 242 s (every MoE bug of the catalogue drawn): every verdict a violation.
+in 242 s (every MoE bug of the catalogue drawn): every verdict a violation. Again on
+2026-12-06 after refuted obligations were asked at their points (3d27d6d): moe-ly4 seed 61,
+40 cases in 43 s, every verdict a violation.
 On the 512-rank plan grown from llama3-ly2-dp4pp4tp8mb8 (scripts/grow_real_plan.py --dp 16,
 `--real DIR`): seed 82, 10 cases in 487 s, and seed 83, 10 cases in 864 s (beside a test
 run), every one a violation; seed 81, the first two

@@ -20,9 +20,10 @@ An obligation whose random concrete points already show a difference (before sol
 most `REFUTED_BUDGET_S` seconds of solver time: only `unsat` could change its outcome (to a
 solver failure), a `sat` or no answer leaves it a violation. Nonlinear `sat` queries are where
 solvers time out, so a bug would otherwise cost the whole timeout per obligation. It is asked
-first with its free inputs fixed at the refuting point, nearly a ground query: a `sat` there
-is a `sat` of the obligation (a model of the one is a model of the other); any other answer
-there says nothing, and the obligation is then asked whole.
+first with its inputs and uninterpreted functions fixed at the refuting point made exact
+(`obligations.pinned_obligation`), a ground query: a `sat` there is a `sat` of the obligation
+(a model of the one is a model of the other); any other answer there says nothing, and the
+obligation is then asked whole.
 """
 
 from __future__ import annotations

@@ -66,8 +66,9 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcom
     the external solver(s) in parallel; new verdicts are recorded in the corpus.
 
     An obligation that concrete points already refute gets the policy's short budget, and is
-    asked first with its inputs fixed at the refuting point (`StageOutcome.pinned`): a `sat`
-    there is a `sat` of the obligation; what that does not confirm is asked whole. The pinned
+    asked first with its inputs and uninterpreted functions fixed at the refuting point
+    (`StageOutcome.pinned`): a `sat` there is a `sat` of the obligation; what that does not
+    confirm is asked whole. The pinned
     script is an obligation of the corpus in its own right (its answers recorded under its
     own digest).
 
