@@ -103,6 +103,11 @@ def test_a_hand_edited_verdict_is_not_trusted(tmp_path, buggy_pair):
     manifest = corpus / "manifest.json"
     text = manifest.read_text()
     assert '"status": "sat"' in text
+    # the sat is the refuted obligation's, answered at its refuting point: that script is in
+    # the corpus in its own right, naming the obligation it stands for
+    kept = Corpus(corpus)
+    sat = [dg for dg, by in kept.verdicts.items() if by["z3"]["status"] == SAT]
+    assert sat and all(kept.read(dg).meta.get("pinned_from") in kept.digests() for dg in sat)
     manifest.write_text(text.replace('"status": "sat"', '"status": "unsat"'))
     r, rep = verify(buggy_pair, corpus, tmp_path / "2.json")
     assert r.exit_code == 1, r.output  # solved again: still the bug
