@@ -243,8 +243,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "points (proofs cut short: inconclusive, never a pass, but not the policy)",
         "solving",
         (Patch("tvsmt/solving/dispatch.py",
-               "for ob in todo if ob.digest in refuted}",
-               "for ob in todo}"),),
+               "                            if ob.digest in refuted})",
+               "                            if True})"),),
         (f"{T_ORCH}::test_an_obligation_refuted_at_concrete_points_gets_a_short_solver_budget",)),
     Mutation(
         "solver-budget-ignored",
@@ -281,7 +281,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "short on purpose, it says nothing of the obligation)",
         "caching",
         (Patch("tvsmt/solving/dispatch.py",
-               "if not (ob.digest in refuted and raw.status == TIMEOUT):",
+               "if not (cut_short and raw.status == TIMEOUT):",
                "if True:"),),
         (f"{T_ORCH}::test_an_obligation_refuted_at_concrete_points_gets_a_short_solver_budget",)),
     Mutation(
