@@ -15,7 +15,10 @@ of a capture example (tracing every rank with torch, hypothesis rounds, solving)
 
 Measured on this machine (2026-12-06, the MoE plan): at 6168417, before SIGHUP was handled,
 seed 3, 10 runs: 3 failed, all hangups (killed by the signal, exit -1, no line); at the
-commit that adds this script, seed 5, 12 runs: none failed.
+commit that adds this script, seed 5, 12 runs: none failed. With `--check` (2026-12-06,
+afternoon, `--latest 8` or 6): `megatron_mlp.py --bug no-forward-allreduce` seed 1, 10 runs;
+`dtensor_mlp.py --bug wrong-input-layout` seed 2, 10 runs; `llama_block.py` seed 3, 8 runs:
+none failed (exit 129/130/143 with one line, no child left, no half-written report).
 """
 
 from __future__ import annotations

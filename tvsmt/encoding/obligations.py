@@ -103,8 +103,7 @@ def pinned_obligation(out: StageOutcome) -> Obligation | None:
     if exact is None:
         return None
     text = pin_symbols(ob.smt2, out.printed, *exact)
-    return Obligation(hashlib.sha256(text.encode()).hexdigest(), text, ob.query,
-                      dict(ob.meta, pinned=True))
+    return Obligation(hashlib.sha256(text.encode()).hexdigest(), text, ob.query, ob.meta)
 
 
 def _encode_chunk(single: Plan, parallel: Plan, stages: list[Stage], indices: list[int]):
