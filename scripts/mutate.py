@@ -330,8 +330,10 @@ MUTATIONS: tuple[Mutation, ...] = (
                "    if corpus is not None:\n"
                "        store_in_corpus(corpus, unique, outcomes, parallel, pinned)\n"),
          Patch("tvsmt/solving/dispatch.py",
-               "                   else from_corpus(dg, refused))",
-               "                   else from_corpus(previous.get(ob.meta['stage'], dg), refused))")),
+               "                   else _trusted_verdict(corpus, trust, dg, refused))",
+               "                   else _trusted_verdict(corpus, trust,\n"
+               "                                         previous.get(ob.meta['stage'], dg),\n"
+               "                                         refused))")),
         ("tests/test_shortcut_guards.py::test_a_corpus_never_answers_for_another_obligation",),
         fast=True),
     Mutation(

@@ -59,6 +59,24 @@ def _both_must_prove(res: SolverResult) -> SolverResult:
 every_solver_must_prove = _both_must_prove
 
 
+def _trusted_verdict(corpus, trust: list[tuple[str, str, str]], digest: str,
+                     refused: list[str]) -> SolverResult | None:
+    """The corpus verdict on `digest` that every solver of `trust` (name, version, profile)
+    recorded and may reuse, reconciled; None if one may not, its reason appended to `refused`
+    unless there was just nothing decisive to reuse."""
+    from tvsmt.solving.runner import reconcile
+
+    for name, version, profile in trust:
+        why = corpus.refusal(digest, name, version=version, profile=profile)
+        if why is not None:
+            if why not in ("none recorded", "not decisive"):
+                refused.append(why)
+            return None
+    cached = [corpus.lookup(digest, name, version=version, profile=profile)
+              for name, version, profile in trust]
+    return _both_must_prove(reconcile(cached)) if len(cached) > 1 else cached[0]
+
+
 def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcome]",
                       parallel: "Plan", opts: "Options", report: "Report"
                       ) -> dict[str, SolverResult]:
@@ -68,22 +86,18 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcom
     An obligation that concrete points already refute gets the policy's short budget, and is
     asked first with its inputs and uninterpreted functions fixed at the refuting point
     (`StageOutcome.pinned`): a `sat` there is a `sat` of the obligation; what that does not
-    confirm is asked whole. The pinned
-    script is an obligation of the corpus in its own right (its answers recorded under its
-    own digest).
+    confirm is asked whole. The pinned script is an obligation of the corpus in its own right
+    (its answers recorded under its own digest).
 
     The report counts the reused verdicts per solver (`cache`), the obligations answered
     wholly from the corpus (`cache_hits`), and the recorded verdicts refused, by reason
     (`cache_refused`: changed outside tvsmt, other version, other profile; one per
     obligation)."""
-    from tvsmt.policy import (refuted_at_concrete_points, refuted_budget,
-                              sat_at_refuting_point, within_refuted_budget)
+    from tvsmt.policy import refuted_at_concrete_points, sat_at_refuting_point
     from tvsmt.solving.corpus import Corpus
     from tvsmt.solving.profiles import get_profile, solver_version
-    from tvsmt.solving.runner import crosscheck, reconcile, solve_all
 
-    names = solver_names(opts)
-    profiles = [get_profile(n) for n in names]
+    profiles = [get_profile(n) for n in solver_names(opts)]
     corpus = Corpus(opts.corpus, fresh=opts.fresh) if opts.corpus else None
     refuted = refuted_at_concrete_points(outcomes)
     pinned = {o.obligation.digest: o.pinned for o in outcomes
@@ -95,25 +109,13 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcom
     trust = []
     if corpus is not None and not opts.fresh and unique:
         trust = [(p.name, solver_version(p), p.digest) for p in profiles]
-
-    def from_corpus(dg: str, refused: list[str]) -> SolverResult | None:
-        why = None
-        for name, version, digest in trust:
-            why = corpus.refusal(dg, name, version=version, profile=digest)
-            if why is not None:
-                if why not in ("none recorded", "not decisive"):
-                    refused.append(why)
-                return None
-        cached = [corpus.lookup(dg, name, version=version, profile=digest)
-                  for name, version, digest in trust]
-        return _both_must_prove(reconcile(cached)) if len(cached) > 1 else cached[0]
-
     for dg, ob in unique.items():
         if trust:
             refused: list[str] = []
-            res = from_corpus(pinned[dg].digest, refused) if dg in pinned else None
+            res = (_trusted_verdict(corpus, trust, pinned[dg].digest, refused)
+                   if dg in pinned else None)
             res = (sat_at_refuting_point(res) if res is not None and res.status == SAT
-                   else from_corpus(dg, refused))
+                   else _trusted_verdict(corpus, trust, dg, refused))
             if res is not None:
                 results[dg] = res
                 report.cache_hits += 1
@@ -123,12 +125,28 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcom
             if refused:
                 report.cache_refused[refused[0]] = report.cache_refused.get(refused[0], 0) + 1
         todo.append(ob)
-    done = [len(results)]
+    results.update(_solve(todo, refuted, pinned, profiles, corpus, opts, len(results),
+                          len(unique)))
+    if corpus is not None:
+        corpus.save()
+    return results
+
+
+def _solve(todo: list[Obligation], refuted: set[str], pinned: dict[str, Obligation],
+           profiles: list, corpus, opts: "Options", done: int, total: int
+           ) -> dict[str, SolverResult]:
+    """The solvers' answers to `todo`, recorded in `corpus` (if any): the refuted ones first
+    (they are the ones likely to use their budget), their pinned scripts asked in the same run
+    as the other obligations, then, whole, those whose pinned script gave no `sat`."""
+    from tvsmt.policy import refuted_budget, sat_at_refuting_point, within_refuted_budget
+    from tvsmt.solving.runner import crosscheck, solve_all
+
+    count = [done]
 
     def progress(_index, _result):
-        done[0] += 1  # a refuted obligation may be asked twice: counted once at the most
+        count[0] += 1  # a refuted obligation may be asked twice: counted once at the most
         if opts.progress:
-            opts.progress("solving", min(done[0], len(unique)), len(unique))
+            opts.progress("solving", min(count[0], total), total)
 
     jobs = opts.jobs
     if opts.backend == "loky" and len(todo) * len(profiles) <= SMALL_RUN:
@@ -149,13 +167,12 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcom
                 if not (cut_short and raw.status == TIMEOUT):
                     corpus.record(asked.digest, raw)  # a budget cut short is no verdict
 
-    # refuted ones first (they are the ones likely to use their budget), the pinned scripts
-    # in the same run as the other obligations
     budget = refuted_budget(opts.timeout)
-    todo.sort(key=lambda ob: ob.digest not in refuted)
+    todo = sorted(todo, key=lambda ob: ob.digest not in refuted)
     asked = [pinned.get(ob.digest, ob) for ob in todo]
     answers = solve(asked, {a.digest: budget for ob, a in zip(todo, asked)
                             if ob.digest in refuted})
+    results: dict[str, SolverResult] = {}
     again = []
     for ob, a, res in zip(todo, asked, answers):
         record(a, res, ob.digest in refuted)
@@ -167,8 +184,5 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcom
                        else []):
         record(ob, res, True)
         results[ob.digest] = res
-    for dg in refuted & results.keys():
-        results[dg] = within_refuted_budget(results[dg])
-    if corpus is not None:
-        corpus.save()
-    return results
+    return {dg: within_refuted_budget(res) if dg in refuted else res
+            for dg, res in results.items()}
