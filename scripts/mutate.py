@@ -503,6 +503,38 @@ MUTATIONS: tuple[Mutation, ...] = (
          "tests/test_encoding_cost.py::test_a_bug_in_a_memoised_multi_output_node_is_still_caught"),
         fast=True),
     Mutation(
+        "entry-copy-defined-twice",
+        "a parallel entry tensor defined by one lineage part stays marked undefined, so a "
+        "second part that names it (the same tensor claimed twice) overwrites its "
+        "definition instead of constraining it",
+        "term-identity fast path (encoding)",
+        (Patch("tvsmt/encoding/stage.py",
+               "                untouched.discard(part.sum_of[0])\n", ""),),
+        ("tests/test_encoding.py",),
+        fast=True),
+    Mutation(
+        "target-copy-not-compared",
+        "a target part that is one tensor with scale 1 is taken as equal by construction "
+        "without looking at its terms",
+        "term-identity fast path (encoding)",
+        (Patch("tvsmt/encoding/stage.py",
+               "and all(map(operator.is_, view.flat,", "and any(map(operator.is_, view.flat,"),),
+        (T_SINGLE, "tests/test_encoding.py"),
+        fast=True),
+    Mutation(
+        "memo-ignores-attributes",
+        "the symbolic node memo keys a node's result by its operator and input terms but not "
+        "its attributes, so a rank whose replicated norm has another epsilon reuses the "
+        "first rank's result",
+        "node memo (encoding)",
+        (Patch("tvsmt/encoding/interpreter.py",
+               "attrs_key(node.attrs if reads is None else reads(node.attrs)),",
+               "(),"),),
+        ("tests/test_encoding_cost.py::"
+         "test_nodes_with_other_attributes_on_the_same_terms_are_not_served_from_the_memo",
+         "tests/test_encoding_cost.py::test_a_wrong_constant_on_one_tensor_parallel_rank_is_caught"),
+        fast=True),
+    Mutation(
         "expert-start-not-kept",
         "shape reduction of the expert axis forgets to keep a rank's first expert a whole "
         "position",

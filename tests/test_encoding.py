@@ -243,3 +243,65 @@ def test_a_refuting_point_made_exact_keeps_the_assumptions_and_the_difference():
     text = pin_symbols(printed.text, printed, inputs, applications)
     ob = Obligation(hashlib.sha256(text.encode()).hexdigest(), text)
     assert solve_batch([ob], "z3", timeout_s=20)[0].status == SAT
+
+
+def _gathered_pair(const_on_rank1: float, also_z: bool = False):
+    """single y = x + 1; on two ranks each adds 1 to its half of x, then both gather the
+    halves into y@r (a whole copy of y). `const_on_rank1` is rank 1's constant (1.0 is
+    correct); `also_z`: the single plan has a second input z, held by rank 0, and rank 1's x
+    is said to hold z as well (a second claim on one parallel tensor)."""
+    from handmade import PlanDict
+
+    s = PlanDict("single", "s", {"dp": 1, "tp": 1, "pp": 1, "mb": 1, "ranks": 1})
+    s.t("x", [4, 2], "input"), s.t("y", [4, 2])
+    s.n("n", "add", ["x"], ["y"], consts=[1.0])
+    s.d["outputs"] = ["y"]
+    p = PlanDict("parallel", "p", {"dp": 1, "tp": 2, "pp": 1, "mb": 1, "ranks": 2})
+    for r in (0, 1):
+        p.t(f"x@{r}", [4, 2], "input"), p.t(f"xc@{r}", [2, 2]), p.t(f"a@{r}", [2, 2])
+        p.t(f"y@{r}", [4, 2])
+        p.n(f"c@{r}", "chunk", [f"x@{r}"], [f"xc@{r}"], pass_=None, rank=r, dim=0, idx=r,
+            ranks=[0, 1])
+        p.n(f"n@{r}", "add", [f"xc@{r}"], [f"a@{r}"], rank=r,
+            consts=[const_on_rank1 if r else 1.0])
+    for r in (0, 1):
+        p.n(f"g@{r}", "all_gather", ["a@0", "a@1"], [f"y@{r}"], pass_=None, rank=r, dim=0,
+            ranks=[0, 1])
+    p.d["outputs"] = ["y@0", "y@1"]
+    if also_z:  # z's claim on x@1 first: x's own claim then meets a defined tensor
+        s.t("z", [4, 2], "input"), p.t("z@0", [4, 2], "input")
+        p.lineage("z", [([(0, 4), (0, 2)], ["x@1"])])
+        p.lineage("z", [([(0, 4), (0, 2)], ["z@0"])])
+    p.lineage("x", [([(0, 4), (0, 2)], [f"x@{r}"]) for r in (0, 1)])
+    p.lineage("y", [([(0, 4), (0, 2)], [f"y@{r}"]) for r in (0, 1)])
+    return plan_from_dict(s.d, "single"), plan_from_dict(p.d, "parallel")
+
+
+def _y_stage(single, parallel):
+    stage = next(st for st in cut_stages(single, parallel).stages
+                 if parallel.lineages[st.target].single == "y")
+    return encode_one(stage, single, parallel, SymbolicBackend.fresh(), Timer())
+
+
+def test_a_copy_whose_terms_are_partly_the_single_sides_is_compared_element_by_element():
+    """A target part that is one tensor at scale 1 is equal by construction only when every
+    one of its elements is the single side's very term. Here rank 0's rows of the gathered y
+    are (the same terms), rank 1's rows carry a wrong constant: they must be compared and
+    found, and only they."""
+    assert verify_plans(*_gathered_pair(1.0), Options(jobs=1)).verdict == "equivalent"
+    single, parallel = _gathered_pair(2.0)
+    out = _y_stage(single, parallel)
+    rows = {c.single_index[0] for c in out.formula.comparisons}
+    assert out.formula.trivially_equal > 0 and rows and rows <= {2, 3}
+    assert verify_plans(single, parallel, Options(jobs=1)).verdict == "violation"
+
+
+def test_an_entry_tensor_claimed_twice_is_constrained_not_redefined():
+    """A parallel entry tensor that two lineage parts name is defined by the first and
+    constrained by the second: rank 1's x, said to hold both x and z, makes `x == z` an
+    assumption of the stage that reads it (and y is still proven from x)."""
+    single, parallel = _gathered_pair(1.0, also_z=True)
+    out = _y_stage(single, parallel)
+    assert any("s|z|" in str(c) and "s|x|" in str(c) for c in out.formula.constraints), \
+        out.formula.constraints
+    assert verify_plans(single, parallel, Options(jobs=1)).verdict == "equivalent"

@@ -1,8 +1,10 @@
 """Shortcuts that make encoding cheap, each next to the check that keeps it honest:
 
 * the symbolic node memo (`SymbolicBackend.node_memo`, encoding/interpreter.py): stages of
-  one multi-output node re-run it on the same terms; the memo must give byte-identical
-  obligations, and a bug in a memoised node must still be caught;
+  one multi-output node re-run it on the same terms, and the tensor-parallel ranks of a stage
+  run the same norm on the same replicated terms; the memo must give byte-identical
+  obligations, and a bug in a memoised node, or in one rank's copy of a shared computation,
+  must still be caught;
 * the points evaluator (encoding/evaluate.py `PointsEvaluator`): every point in one walk; it
   must agree with the one-point FloatEvaluator element by element, on MoE stages (ite,
   uninterpreted functions, top-k) too.
@@ -233,3 +235,64 @@ def test_a_node_run_on_other_input_terms_is_not_served_from_the_memo():
     assert len(be.node_memo) == 2
     assert results[0].flat[0] is not results[1].flat[0]
     assert env[node.outputs[0]].flat[0] is results[1].flat[0]
+
+
+def test_nodes_with_other_attributes_on_the_same_terms_are_not_served_from_the_memo():
+    """The memo key is what a rule reads: another node with the same operator, attributes and
+    input terms is served the first one's result; one with another constant is not."""
+    from handmade import single_mlp
+    from msgspec.structs import replace
+    from pysmt.typing import REAL
+
+    from tvsmt.encoding.interpreter import Interpreter
+
+    plan = plan_from_dict(single_mlp(const=2.0), "s")
+    div = next(n for n in plan.nodes if n.op == "div" and not n.is_backward)
+    twin = replace(div, id="twin")
+    other = replace(div, id="other", attrs=dict(div.attrs, consts=[3.0]))
+    be = SymbolicBackend.fresh()
+    interp = Interpreter(plan, be)
+    (x,), (y,) = div.inputs, div.outputs
+    shape = plan.shape(x)
+    with be.active():
+        env = {x: np.array([be.mgr.Symbol(f"x{k}", REAL) for k in range(int(np.prod(shape)))],
+                           dtype=object).reshape(shape)}
+        results = []
+        for node in (div, twin, other):
+            interp.run_node(node, env)
+            results.append(env[y])
+    assert len(be.node_memo) == 2
+    assert all(a is b for a, b in zip(results[0].flat, results[1].flat))
+    assert not any(a is c for a, c in zip(results[0].flat, results[2].flat))
+
+
+def test_a_wrong_constant_on_one_tensor_parallel_rank_is_caught(monkeypatch):
+    """In the real Llama3 fixture both tensor-parallel ranks run each RMSNorm on the same
+    replicated terms, so the memo serves one rank's norm from the other's. An epsilon made
+    wrong on the last rank's copy only (last micro-batch) must still be reported there."""
+    from tvsmt.encoding import interpreter
+
+    s_path, p_path = fixture_pair("llama3-ly2-dp2pp2tp2mb2")
+    single, parallel = load_plan(s_path), load_plan(p_path)
+    runs = set()  # (node, input terms): what a memo of each node alone would hold
+    keyed = interpreter._memo_key
+
+    def spy(node, ins, shapes, plan):
+        runs.add((id(node), tuple(None if a is None else tuple(map(id, a.flat)) for a in ins)))
+        return keyed(node, ins, shapes, plan)
+
+    monkeypatch.setattr(interpreter, "_memo_key", spy)
+    _, be = _digests(single, parallel, memo=True)
+    monkeypatch.undo()
+    assert len(be.node_memo) < 0.8 * len(runs)  # distinct nodes share entries
+    last_rank = max(n.rank for n in parallel.nodes)
+    last_mb = max(n.mb for n in parallel.nodes)
+    eps = [n.id for n in parallel.nodes if n.op == "add" and n.pass_ == "fw"
+           and n.attrs.get("consts") and sum(t is not None for t in n.inputs) == 1
+           and n.rank == last_rank and n.mb == last_mb]
+    assert eps
+    broken, record = apply(read_plan_dict(p_path), "wrong-constant-one-rank", where=eps[-1])
+    report = verify_plans(single, plan_from_dict(broken, "broken"), Options(jobs=1, timeout=5))
+    assert report.verdict == "violation", record
+    assert any(record["nodes"][0] in {n["id"] for n in f.parallel_nodes}
+               for f in report.failures), [f.message for f in report.failures]

@@ -13,6 +13,7 @@ import numpy as np
 from tvsmt.errors import InternalError, PlanError, StructuralViolation
 from tvsmt.ops import AttrError, Backend, NodeCtx, ShapeRuleError
 from tvsmt.ops import get as get_op
+from tvsmt.ops.registry import attrs_key
 from tvsmt.plan.model import Node, Plan
 
 Shape = tuple[int, ...]
@@ -31,13 +32,18 @@ def _brief(attrs: dict, limit: int = 120) -> str:
     return "{" + (text if len(text) <= limit else text[:limit] + "...") + "}"
 
 
-def _memo_key(node: Node, ins: list, shapes: dict) -> tuple:
-    """What a symbolic rule's result depends on: the node (its operator, pass and attributes)
-    and the input terms. pysmt hash-conses terms in one environment, so equal ids mean equal
-    terms, and a rule is a deterministic function of its node and input terms: the same key
-    gives the same output terms (reduced output shapes are in the key; the original shapes
-    are the node's own)."""
-    return (id(node), tuple(None if t is None else shapes[t] for t in node.outputs),
+def _memo_key(node: Node, ins: list, shapes: dict, plan: Plan) -> tuple:
+    """What a symbolic rule's result depends on, and nothing else: the operator and pass, the
+    attributes its rules read (`OpSpec.semantic_attrs`, as the stage templates key them), the
+    shapes in its `NodeCtx` (reduced outputs, original inputs and outputs) and the input terms.
+    pysmt hash-conses terms in one environment, so equal ids mean equal terms, and a rule is a
+    deterministic function of these: the same key gives the same output terms. So two nodes
+    that compute the same thing on the same terms (a norm every tensor-parallel rank runs on
+    its copy of the activation) are executed once."""
+    reads = get_op(node.op).semantic_attrs
+    return (node.op, node.pass_, attrs_key(node.attrs if reads is None else reads(node.attrs)),
+            tuple(None if t is None else (shapes[t], plan.shape(t)) for t in node.outputs),
+            tuple(None if t is None else plan.shape(t) for t in node.inputs),
             tuple(None if a is None else (a.shape, tuple(map(id, a.flat))) for a in ins))
 
 
@@ -54,7 +60,7 @@ class Interpreter:
         memo = getattr(self.be, "node_memo", None)
         key = None
         if memo is not None:
-            key = _memo_key(node, ins, self.shapes)
+            key = _memo_key(node, ins, self.shapes, self.plan)
             hit = memo.get(key)
             if hit is not None:
                 for t, value in zip(node.outputs, hit[1]):
@@ -103,8 +109,8 @@ class Interpreter:
                     f"which has (reduced) shape {list(self.shapes[t])}", node=node.id, tensor=t)
             env[t] = value
         if key is not None:
-            # the inputs and the node are kept alive with the entry, so their ids stay theirs
-            memo[key] = ((node, ins), tuple(None if t is None else env[t].copy()
+            # the input terms are kept alive with the entry, so their ids stay theirs
+            memo[key] = (ins, tuple(None if t is None else env[t].copy()
                                             for t in node.outputs))
 
     def run(self, node_indices: Iterable[int], env: dict[str, np.ndarray]) -> dict:

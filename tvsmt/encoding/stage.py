@@ -14,6 +14,7 @@ equal by construction and are left out of the disjunction.
 from __future__ import annotations
 
 import itertools
+import operator
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -52,6 +53,14 @@ def _slice_view(arr: np.ndarray, slc) -> np.ndarray:
     return arr[tuple(slice(s, e) for s, e in slc) + (Ellipsis,)]
 
 
+def _undefined(arr: np.ndarray) -> list[tuple[int, ...]]:
+    """The indices of the elements not yet defined, in C order (`itertools.product`'s)."""
+    free = [x is None for x in arr.flat]
+    if not any(free):
+        return []
+    return list(itertools.compress(itertools.product(*map(range, arr.shape)), free))
+
+
 def encode_stage(stage: Stage, single: Plan, parallel: Plan, shapes: ReducedShapes,
                  be: SymbolicBackend) -> StageFormula:
     mgr = be.mgr
@@ -70,7 +79,11 @@ def encode_stage(stage: Stage, single: Plan, parallel: Plan, shapes: ReducedShap
     def slot(table, tensor, shape):
         if tensor not in table:
             table[tensor] = np.full(shape, None, dtype=object)
+            if table is pval:
+                untouched.add(tensor)
         return table[tensor]
+
+    untouched: set[str] = set()  # parallel entry tensors no element of which is defined yet
 
     constraints = []
     for j in stage.inputs:
@@ -84,11 +97,21 @@ def encode_stage(stage: Stage, single: Plan, parallel: Plan, shapes: ReducedShap
             view = _slice_view(sarr, rslc)
             parrs = [slot(pval, t, shapes.parallel[t]) for t in part.sum_of]
             copy = len(parrs) == 1 and part.scale == 1
+            if copy and part.sum_of[0] in untouched:
+                # a replica or shard not defined yet (the common case) *is* its slice, given
+                # symbols where the single side has no definition yet: one array copy
+                for idx in _undefined(view):
+                    view[idx] = symbol("s", lin.single,
+                                       tuple(i + s for i, s in zip(idx, starts)))
+                parrs[0][...] = view
+                untouched.discard(part.sum_of[0])
+                continue
+            untouched.difference_update(part.sum_of)
             for idx in itertools.product(*(range(n) for n in view.shape)):
-                sidx = tuple(i + s for i, s in zip(idx, starts))
                 if copy and parrs[0][idx] is None:
                     if view[idx] is None:
-                        view[idx] = symbol("s", lin.single, sidx)
+                        view[idx] = symbol("s", lin.single,
+                                           tuple(i + s for i, s in zip(idx, starts)))
                     parrs[0][idx] = view[idx]
                     continue
                 terms = []
@@ -106,9 +129,8 @@ def encode_stage(stage: Stage, single: Plan, parallel: Plan, shapes: ReducedShap
 
     def complete(table, side, tensor, shape):
         arr = slot(table, tensor, shape)
-        for idx in itertools.product(*(range(n) for n in shape)):
-            if arr[idx] is None:
-                arr[idx] = symbol(side, tensor, idx)
+        for idx in _undefined(arr):
+            arr[idx] = symbol(side, tensor, idx)
         return arr
 
     senv = {t: complete(sval, "s", t, shapes.single[t]) for t in
@@ -129,6 +151,10 @@ def encode_stage(stage: Stage, single: Plan, parallel: Plan, shapes: ReducedShap
         starts = [s for s, _ in rslc]
         view = _slice_view(sarr, rslc)
         parrs = [penv[t] for t in part.sum_of]
+        if len(parrs) == 1 and part.scale == 1 and all(map(operator.is_, view.flat,
+                                                           parrs[0].flat)):
+            trivial += view.size  # a replica or shard whose every term is the single side's
+            continue
         for idx in itertools.product(*(range(n) for n in view.shape)):
             terms = [a[idx] for a in parrs]
             rhs = terms[0] if len(terms) == 1 else mgr.Plus(terms)

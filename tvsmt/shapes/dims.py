@@ -27,11 +27,18 @@ from math import gcd, isqrt, prod
 class Dim:
     """One reduced dimension: original size `n`; `g` must be divisible by its divisor."""
 
-    __slots__ = ("id", "n", "g", "label", "_mono")
+    __slots__ = ("id", "n", "g", "_label", "_mono")
 
-    def __init__(self, ident: int, n: int, label: str = ""):
-        self.id, self.n, self.g, self.label = ident, n, n, label
+    def __init__(self, ident: int, n: int, label: "str | tuple[str, int]" = ""):
+        self.id, self.n, self.g, self._label = ident, n, n, label
         self._mono = None
+
+    @property
+    def label(self) -> str:
+        """The dimension's name; `(tensor, i)` is named `tensor[i]` only when asked (a
+        stage's shape reduction makes hundreds of dims and names none of them)."""
+        lab = self._label
+        return lab if isinstance(lab, str) else f"{lab[0]}[{lab[1]}]"
 
     def mono(self) -> "Mono":
         m = self._mono  # immutable: made once (shape rules ask for it millions of times)
@@ -121,7 +128,7 @@ class DivisorSolver:
         self.fixed: dict[int, int] = {}  # dim id -> required divisor
         self.min_size: dict[int, int] = {}
 
-    def new(self, n: int, label: str = "") -> Dim:
+    def new(self, n: int, label: "str | tuple[str, int]" = "") -> Dim:
         d = Dim(len(self.dims), n, label)
         self.dims.append(d)
         self.parent.append(d.id)
@@ -133,11 +140,25 @@ class DivisorSolver:
             i = self.parent[i]
         return i
 
+    def same(self, a: Dim, b: Dim) -> None:
+        """`a == b` in divisor space: one class (what `add(a == b)` does, without the
+        constraint object)."""
+        ra, rb = self._find(a.id), self._find(b.id)
+        if ra != rb:
+            self.parent[ra] = rb
+
     def keep_divisible(self, dim: Dim, k: int) -> None:
         """The reduction must keep multiples of k/N... i.e. the divisor must divide k."""
         dim.g = gcd(dim.g, k)
 
     def add(self, c) -> None:
+        if type(c) is Eq:
+            lhs, rhs = c.lhs.dims, c.rhs.dims
+            if len(lhs) == 1 and len(rhs) == 1:  # most rules: "same divisor", a union
+                a, b = self._find(lhs[0]), self._find(rhs[0])
+                if a != b:
+                    self.parent[a] = b
+                return
         if isinstance(c, bool):
             if not c:
                 raise ValueError("impossible constraint")

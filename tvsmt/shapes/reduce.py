@@ -33,7 +33,7 @@ from tvsmt.ops import ShapeConstraints, ShapeRuleError, TShape
 from tvsmt.ops import get as get_op
 from tvsmt.ops.registry import shape_rule
 from tvsmt.plan.model import Plan
-from tvsmt.shapes.dims import DivisorSolver
+from tvsmt.shapes.dims import Dim, DivisorSolver
 from tvsmt.stages import Stage
 
 Shape = tuple[int, ...]
@@ -82,7 +82,7 @@ def stage_tensors(stage: Stage, single: Plan, parallel: Plan) -> tuple[list[str]
 
 def dim_shape(solver: DivisorSolver, tensor: str, shape: Shape) -> TShape:
     """A tensor's dimensions as solver variables (sizes 0 and 1 stay constants)."""
-    return TShape([n if n <= 1 else solver.new(n, f"{tensor}[{i}]")
+    return TShape([n if n <= 1 else solver.new(n, (tensor, i))
                    for i, n in enumerate(shape)], shape)
 
 
@@ -117,7 +117,11 @@ def reduce_stage(stage: Stage, single: Plan, parallel: Plan) -> ReducedShapes:
                 # ... and the part is (e - s) / n of the dimension: `p * n == d * (e - s)`,
                 # which in divisor space (dims.py) is "same divisor" whatever the ratio
                 for t in part.sum_of:
-                    c.eq(pshape[t].dims[i], sdims[i])
+                    pdim = pshape[t].dims[i]
+                    if type(pdim) is Dim:
+                        solver.same(pdim, sdims[i])
+                    else:
+                        c.eq(pdim, sdims[i])
 
     for side, plan, idxs, shapes in (("single", single, stage.single_nodes, sshape),
                                      ("parallel", parallel, stage.parallel_nodes, pshape)):
