@@ -294,6 +294,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_verdicts.py::test_a_lying_solver_cannot_pass_a_buggy_plan",
          f"{T_ORCH}::test_a_lying_solver_never_makes_a_buggy_plan_pass"), fast=True),
     Mutation(
+        "evaluation-rows-misaligned",
+        "the random evaluation's (comparison x point) arrays compare each single value with "
+        "the next comparison's parallel value",
+        "solving",
+        (Patch("tvsmt/encoding/concrete.py",
+               "    differ = finite & ~near\n",
+               "    differ = finite & ~near\n"
+               "    par = np.roll(par, 1, axis=0)\n"
+               "    differ = np.isfinite(single) & np.isfinite(par) & (single != par)\n"),),
+        ("tests/test_encoding_cost.py::"
+         "test_random_evaluation_finds_what_the_element_by_element_check_finds",), fast=True),
+    Mutation(
         "hypotheses-trusted",
         "inferred lineages are trusted: a failing hypothesis is ignored instead of dropped",
         "inferred lineages",

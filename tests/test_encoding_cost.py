@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from conftest import fixture_pair
 
-from tvsmt.encoding.concrete import _point
+from tvsmt.encoding.concrete import _point, evaluate_at_random
 from tvsmt.encoding.evaluate import FloatEvaluator, PointsEvaluator
 from tvsmt.encoding.obligations import encode_one
 from tvsmt.frontends.builder import read_plan_dict
@@ -104,6 +104,63 @@ def test_points_evaluator_agrees_with_the_one_point_evaluator(moe_pair):
                     assert _same(float(got[k]), float(want)), (st.id, k, got[k], want)
                     checked += 1
     assert checked > 100
+
+
+def _mismatches_one_by_one(f, seed: int = 0):
+    """evaluate_at_random's answer computed the plain way: each comparison at each point,
+    one `close` at a time (its points made as it makes them, its terms' values the points
+    evaluator's, which the test above holds to the one-point evaluator)."""
+    from tvsmt.encoding.concrete import ABS, REL, _has_selection
+    from tvsmt.encoding.evaluate import close
+
+    bounds = [None, None] + ([None, None, 4, 16, 64] if _has_selection(f) else [])
+    envs = [_point(f, random.Random(seed + k), b) for k, b in enumerate(bounds)]
+    if any(e is None for e in envs):
+        return None
+    ev = PointsEvaluator({n: np.array([e[n] for e in envs]) for n in envs[0]}, len(envs))
+    compared, first = 0, None
+    for k in range(len(envs)):
+        found = []
+        for c in f.comparisons:
+            x, y = float(ev.vector(c.lhs)[k]), float(ev.vector(c.rhs)[k])
+            if not (math.isfinite(x) and math.isfinite(y)):
+                continue
+            compared += 1
+            if not close(x, y, rel=REL, abs_=ABS):
+                found.append((c.part, list(c.single_index), list(c.index), repr(x), repr(y)))
+        if found and first is None:
+            first = (k, found)
+    return len(envs), compared, first
+
+
+def test_random_evaluation_finds_what_the_element_by_element_check_finds():
+    """evaluate_at_random compares whole arrays of (comparison x point) values; on every
+    stage of a real MoE plan with a bug in its experts' gradients it must count the same
+    comparisons and report the same first mismatches as a check one element at a time."""
+    s_path, p_path = fixture_pair(REAL_MOE)
+    broken, _ = apply(read_plan_dict(p_path), "moe-expert-grad-not-divided", seed=1)
+    single, parallel = load_plan(s_path), plan_from_dict(broken, "broken")
+    be = SymbolicBackend.fresh()
+    checked = refuted = 0
+    for st in cut_stages(single, parallel).stages:
+        f = encode_one(st, single, parallel, be, Timer()).formula
+        if f is None or not f.comparisons:
+            continue
+        want = _mismatches_one_by_one(f)
+        if want is None:
+            continue
+        got = evaluate_at_random(f)
+        first = got.counterexample and (got.point, [
+            (m["part"], m["index"], m["part_index"], m["single"], m["parallel"])
+            for m in got.counterexample["mismatches"]])
+        assert (got.points, got.compared) == want[:2], st.id
+        if want[2] is None:
+            assert first is None, st.id
+        else:
+            assert first[1] == want[2][1], st.id
+            refuted += 1
+        checked += 1
+    assert checked > 20 and refuted > 0
 
 
 def test_points_evaluator_sees_a_difference_at_one_point_only():

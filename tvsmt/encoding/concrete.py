@@ -25,7 +25,7 @@ from fractions import Fraction
 import numpy as np
 import pysmt.operators as op
 
-from tvsmt.encoding.evaluate import ExactEvaluator, NotExact, PointsEvaluator, close
+from tvsmt.encoding.evaluate import ExactEvaluator, NotExact, PointsEvaluator
 from tvsmt.encoding.stage import StageFormula
 
 REL, ABS = 1e-7, 1e-9  # far above the rounding of a least-squares point, far below a bug
@@ -221,26 +221,36 @@ def evaluate_at_random(formula: StageFormula, points: int = 2, seed: int = 0) ->
         ev_out.note = f"no value for {e}"
         return ev_out
     ev = PointsEvaluator(columns, n)
+    comps = formula.comparisons
     try:
-        values = [(c, ev.vector(c.lhs), ev.vector(c.rhs)) for c in formula.comparisons]
+        # each distinct term once (the copies of a gathered tensor on every rank of a group
+        # are compared with the same single terms, 2048 comparisons of 256 pairs), then the
+        # comparisons as (comparison x point) arrays
+        vectors: dict = {}
+        for c in comps:
+            for t in (c.lhs, c.rhs):
+                if id(t) not in vectors:
+                    vectors[id(t)] = ev.vector(t)
     except KeyError as e:  # a symbol without a value: not a stage we can evaluate
         ev_out.note = f"no value for {e}"
         return ev_out
+    single = np.array([vectors[id(c.lhs)] for c in comps], dtype=np.float64).reshape(-1, n)
+    par = np.array([vectors[id(c.rhs)] for c in comps], dtype=np.float64).reshape(-1, n)
+    finite = np.isfinite(single) & np.isfinite(par)  # elsewhere a point tells nothing
+    with np.errstate(invalid="ignore"):
+        near = np.abs(single - par) <= np.maximum(
+            ABS, REL * np.maximum(np.abs(single), np.abs(par)))  # `close`, elementwise
+    differ = finite & ~near
     ev_out.points = n
+    ev_out.compared = int(finite.sum())
     first = None  # (point, mismatches) of the first point with a mismatch
     for k in range(n):
-        mismatches = []
-        for comp, a, b in values:
-            x, y = float(a[k]), float(b[k])
-            if not (np.isfinite(x) and np.isfinite(y)):
-                continue
-            ev_out.compared += 1
-            if not close(x, y, rel=REL, abs_=ABS):
-                mismatches.append({"part": comp.part, "index": list(comp.single_index),
-                                   "part_index": list(comp.index), "single": repr(x),
-                                   "parallel": repr(y)})
-        if mismatches and first is None:
-            first = (k, mismatches)
+        rows = np.flatnonzero(differ[:, k]).tolist()
+        if rows:
+            first = (k, [{"part": comps[i].part, "index": list(comps[i].single_index),
+                          "part_index": list(comps[i].index), "single": repr(float(single[i, k])),
+                          "parallel": repr(float(par[i, k]))} for i in rows])
+            break
     if first is not None:
         k, mismatches = first
         ev_out.point = envs[k]
