@@ -81,18 +81,20 @@ def print_obligation(constraints: list, pairs: list[tuple[object, object]],
     distinct = list(dict.fromkeys(pairs))
     roots = list(constraints) + [t for pair in distinct for t in pair]
 
+    # nodes keyed by id(): pysmt's FNode.__hash__ is a Python method, called on every lookup
+    # (the terms live as long as the formula, so no id is reused meanwhile)
     refs: dict = {}
     stack = list(reversed(roots))
-    seen = set()
     while stack:  # reference counts over the DAG
         n = stack.pop()
-        refs[n] = refs.get(n, 0) + 1
-        if n in seen:
+        k = id(n)
+        if k in refs:
+            refs[k] += 1
             continue
-        seen.add(n)
+        refs[k] = 1
         stack.extend(reversed(n.args()))
 
-    names: dict = {}  # node -> its textual form (name or inline expression)
+    names: dict = {}  # id(node) -> its textual form (name or inline expression)
     symbols: dict[str, str] = {}
     functions: dict[str, str] = {}
     defines: list[str] = []
@@ -101,24 +103,24 @@ def print_obligation(constraints: list, pairs: list[tuple[object, object]],
         work = [(root, False)]
         while work:
             n, expanded = work.pop()
-            if n in names:
+            if id(n) in names:
                 continue
             if n.is_symbol():
                 canon = f"x{len(symbols)}"
                 symbols[canon] = n.symbol_name()
-                names[n] = canon
+                names[id(n)] = canon
                 decls.append(f"(declare-fun {canon} () {_sort(n)})")
                 continue
             if n.is_constant():
-                names[n] = _const(n.constant_value())
+                names[id(n)] = _const(n.constant_value())
                 continue
             if not expanded:
                 work.append((n, True))
                 for a in reversed(n.args()):
-                    if a not in names:
+                    if id(a) not in names:
                         work.append((a, False))
                 continue
-            args = " ".join(names[a] for a in n.args())
+            args = " ".join([names[id(a)] for a in n.args()])
             if n.is_function_application():
                 f = n.function_name()
                 fname = f.symbol_name()
@@ -133,13 +135,13 @@ def print_obligation(constraints: list, pairs: list[tuple[object, object]],
                 if kind not in _NARY:
                     raise ValueError(f"cannot print operator {op.op_to_str(kind)}")
                 text = f"({_NARY[kind]} {args})"
-            if refs.get(n, 0) > 1:
+            if refs.get(id(n), 0) > 1:
                 name = f"d{len(defines)}"
                 defines.append(f"(declare-fun {name} () {_sort(n)})\n(assert (= {name} {text}))")
-                names[n] = name
+                names[id(n)] = name
             else:
-                names[n] = text
-        return names[root]
+                names[id(n)] = text
+        return names[id(root)]
 
     decls: list[str] = []
     asserts = [f"(assert {emit(c)})" for c in constraints]
