@@ -530,7 +530,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "without looking at its terms",
         "term-identity fast path (encoding)",
         (Patch("tvsmt/encoding/stage.py",
-               "and all(map(operator.is_, view.flat,", "and any(map(operator.is_, view.flat,"),),
+               "and all(\n                map(operator.is_, view.flat,",
+               "and any(\n                map(operator.is_, view.flat,"),),
         (T_SINGLE, "tests/test_encoding.py"),
         fast=True),
     Mutation(

@@ -97,7 +97,7 @@ def encode_stage(stage: Stage, single: Plan, parallel: Plan, shapes: ReducedShap
             view = _slice_view(sarr, rslc)
             parrs = [slot(pval, t, shapes.parallel[t]) for t in part.sum_of]
             copy = len(parrs) == 1 and part.scale == 1
-            if copy and part.sum_of[0] in untouched:
+            if copy and part.sum_of[0] in untouched and parrs[0].shape == view.shape:
                 # a replica or shard not defined yet (the common case) *is* its slice, given
                 # symbols where the single side has no definition yet: one array copy
                 for idx in _undefined(view):
@@ -151,8 +151,8 @@ def encode_stage(stage: Stage, single: Plan, parallel: Plan, shapes: ReducedShap
         starts = [s for s, _ in rslc]
         view = _slice_view(sarr, rslc)
         parrs = [penv[t] for t in part.sum_of]
-        if len(parrs) == 1 and part.scale == 1 and all(map(operator.is_, view.flat,
-                                                           parrs[0].flat)):
+        if len(parrs) == 1 and part.scale == 1 and parrs[0].shape == view.shape and all(
+                map(operator.is_, view.flat, parrs[0].flat)):
             trivial += view.size  # a replica or shard whose every term is the single side's
             continue
         for idx in itertools.product(*(range(n) for n in view.shape)):
