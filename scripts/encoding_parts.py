@@ -23,12 +23,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TVSMT_FOLD_IN_CHILD", "never")  # the pair loaded here, then folded
 
+from real_plans import folded_stages  # noqa: E402  (scripts/real_plans.py)
+
 from tvsmt.encoding import interpreter, obligations  # noqa: E402
-from tvsmt.fold import FoldRefused, fold_plans  # noqa: E402
-from tvsmt.graph import Graph  # noqa: E402
 from tvsmt.ops.backend import SymbolicBackend  # noqa: E402
-from tvsmt.pipeline import PlanPair  # noqa: E402
-from tvsmt.stages.cutter import cut_stages  # noqa: E402
 from tvsmt.stages.signature import stage_signatures  # noqa: E402
 from tvsmt.timing import Timer  # noqa: E402
 
@@ -44,13 +42,7 @@ def timed(seconds: dict, key: str, fn):
 
 
 def measure(folder: Path) -> None:
-    pair = PlanPair.load(str(folder / "single.json.gz"), str(folder / "parallel.json.gz"))
-    try:
-        folded = fold_plans(pair.single, pair.parallel, 0)
-        single, parallel = folded.single, folded.parallel
-    except FoldRefused:
-        single, parallel = pair.single, pair.parallel
-    stages = cut_stages(single, parallel, Graph(single), Graph(parallel)).stages
+    single, parallel, stages = folded_stages(folder)
     first: dict = {}
     reps = sorted({first.setdefault(sig, i)
                    for i, sig in enumerate(stage_signatures(stages, single, parallel))})

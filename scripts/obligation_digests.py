@@ -20,14 +20,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TVSMT_FOLD_IN_CHILD", "never")  # the pair loaded here, then folded
 
-from real_plans import SHARED_PLANS  # noqa: E402  (scripts/real_plans.py)
+from real_plans import SHARED_PLANS, folded_stages  # noqa: E402  (scripts/real_plans.py)
 
 from tvsmt.encoding.obligations import encode_one  # noqa: E402
-from tvsmt.fold import FoldRefused, fold_plans  # noqa: E402
-from tvsmt.graph import Graph  # noqa: E402
 from tvsmt.ops.backend import SymbolicBackend  # noqa: E402
-from tvsmt.pipeline import PlanPair  # noqa: E402
-from tvsmt.stages.cutter import cut_stages  # noqa: E402
 from tvsmt.timing import Timer  # noqa: E402
 
 DEFAULT = ["llama3-ly2-dp2pp2tp2mb2", "llama3moe-ly2-dp2pp2tp2mb2", "mlp-ly2-dp2pp2tp2mb2",
@@ -36,13 +32,7 @@ DEFAULT = ["llama3-ly2-dp2pp2tp2mb2", "llama3moe-ly2-dp2pp2tp2mb2", "mlp-ly2-dp2
 
 
 def digest_line(folder: Path) -> str:
-    pair = PlanPair.load(str(folder / "single.json.gz"), str(folder / "parallel.json.gz"))
-    try:
-        folded = fold_plans(pair.single, pair.parallel, 0)
-        single, parallel = folded.single, folded.parallel
-    except FoldRefused:
-        single, parallel = pair.single, pair.parallel
-    stages = cut_stages(single, parallel, Graph(single), Graph(parallel)).stages
+    single, parallel, stages = folded_stages(folder)
     be, h, obligations = SymbolicBackend.fresh(), hashlib.sha256(), 0
     for st in stages:
         out = encode_one(st, single, parallel, be, Timer())

@@ -15,3 +15,20 @@ def plan_folder(name_or_folder: str) -> Path | None:
     if not folder.is_dir():
         folder = SHARED_PLANS / name_or_folder
     return folder if (folder / "parallel.json.gz").exists() else None
+
+
+def folded_stages(folder: Path):
+    """(single, parallel, stages) of a pair folder as `tvsmt verify` encodes it: loaded here,
+    folded where it folds, its stages cut (for the scripts that time or digest the encoding)."""
+    from tvsmt.fold import FoldRefused, fold_plans
+    from tvsmt.graph import Graph
+    from tvsmt.pipeline import PlanPair
+    from tvsmt.stages.cutter import cut_stages
+
+    pair = PlanPair.load(str(folder / "single.json.gz"), str(folder / "parallel.json.gz"))
+    try:
+        folded = fold_plans(pair.single, pair.parallel, 0)
+        single, parallel = folded.single, folded.parallel
+    except FoldRefused:
+        single, parallel = pair.single, pair.parallel
+    return single, parallel, cut_stages(single, parallel, Graph(single), Graph(parallel)).stages
