@@ -156,6 +156,14 @@ MUTATIONS: tuple[Mutation, ...] = (
                    "(p * n == S * (e - s)) and its end e by keep_divisible, so its start "
                    "s = e - (e - s) is divisible too"),
     Mutation(
+        "lineage-dims-not-united",
+        "shape reduction forgets that a lineage part's dimensions are its single tensor's "
+        "(the same divisor), so a part may be reduced apart from the slice it holds",
+        "shape reduction",
+        (Patch("tvsmt/shapes/reduce.py", "                        solver.same(pdim, sdims[i])\n",
+               "                        pass\n"),),
+        ("tests/test_shape_reduction_e2e.py", "tests/test_encoding.py"), fast=True),
+    Mutation(
         "forget-slice-boundaries",
         "shape reduction forgets every lineage slice boundary (start and end)",
         "shape reduction",
