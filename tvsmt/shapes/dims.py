@@ -140,12 +140,15 @@ class DivisorSolver:
             i = self.parent[i]
         return i
 
+    def _union(self, i: int, j: int) -> None:
+        a, b = self._find(i), self._find(j)
+        if a != b:
+            self.parent[a] = b
+
     def same(self, a: Dim, b: Dim) -> None:
         """`a == b` in divisor space: one class (what `add(a == b)` does, without the
         constraint object)."""
-        ra, rb = self._find(a.id), self._find(b.id)
-        if ra != rb:
-            self.parent[ra] = rb
+        self._union(a.id, b.id)
 
     def keep_divisible(self, dim: Dim, k: int) -> None:
         """The reduction must keep multiples of k/N... i.e. the divisor must divide k."""
@@ -155,9 +158,7 @@ class DivisorSolver:
         if type(c) is Eq:
             lhs, rhs = c.lhs.dims, c.rhs.dims
             if len(lhs) == 1 and len(rhs) == 1:  # most rules: "same divisor", a union
-                a, b = self._find(lhs[0]), self._find(rhs[0])
-                if a != b:
-                    self.parent[a] = b
+                self._union(lhs[0], rhs[0])
                 return
         if isinstance(c, bool):
             if not c:
@@ -172,9 +173,7 @@ class DivisorSolver:
                     lhs.remove(d)
                     rhs.remove(d)
             if len(lhs) == 1 and len(rhs) == 1:
-                a, b = self._find(lhs[0]), self._find(rhs[0])
-                if a != b:
-                    self.parent[a] = b
+                self._union(lhs[0], rhs[0])
             elif not lhs and not rhs:
                 return
             elif not lhs or not rhs:
