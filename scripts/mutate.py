@@ -556,6 +556,28 @@ MUTATIONS: tuple[Mutation, ...] = (
          "tests/test_encoding_cost.py::test_a_wrong_constant_on_one_tensor_parallel_rank_is_caught"),
         fast=True),
     Mutation(
+        "semantic-key-drops-piece-index",
+        "the semantic key of chunk, reduce-scatter and all-to-all (what their rules read) "
+        "leaves out the piece index, so two ranks' different pieces look like one computation "
+        "to the stage templates, the node memo and the fold",
+        "operator semantic keys",
+        (Patch("tvsmt/ops/definitions/comm.py",
+               '            "idx": attrs.get("idx"), "pieces": len(attrs.get("ranks") or ())}',
+               '            "pieces": len(attrs.get("ranks") or ())}'),),
+        ("tests/test_ops_torch.py::test_attributes_outside_the_semantic_key_change_nothing",),
+        fast=True),
+    Mutation(
+        "broadcast-source-by-rank-order",
+        "a broadcast with several inputs takes the source's place among the group's ranks "
+        "sorted, not in the group's order: a renaming of the ranks (the fold's, onto the "
+        "representative unit) may then pick another input",
+        "operator semantic keys",
+        (Patch("tvsmt/ops/definitions/comm.py",
+               '        x = ins[list(attrs["ranks"]).index(attrs["src"])]',
+               '        x = ins[sorted(attrs["ranks"]).index(attrs["src"])]'),),
+        ("tests/test_ops_torch.py::test_rank_attributes_renamed_one_to_one_change_nothing",),
+        fast=True),
+    Mutation(
         "expert-start-not-kept",
         "shape reduction of the expert axis forgets to keep a rank's first expert a whole "
         "position",

@@ -471,3 +471,156 @@ def test_unsupported_attributes_are_refused():
         ops["linear"].forward(NB, [rand(2, 3), rand(4, 3)], {"bias": 0.5}, ctx)
     with pytest.raises(ValueError, match="rounding_mode"):
         ops["div"].forward(NB, [rand(2, 3)], {"consts": [2], "rounding_mode": "floor"}, ctx)
+
+
+# ----------------------------------------------------------------------------- semantic keys
+# `OpSpec.semantic_attrs` says which attributes an operator's rules read. Three shortcuts rest
+# on it: stage templates (tvsmt/stages/signature.py), the interpreter's node memo
+# (tvsmt/encoding/interpreter.py) and the fold's comparison of units (tvsmt/fold/table.py)
+# treat two nodes whose keys are equal as computing the same thing. A rule that read an
+# attribute its key leaves out would let a wrong value of it pass unseen.
+
+# attributes the plans and captures write, tried on operators whose cases lack them
+_EXTRA_ATTRS = {"ranks": [0, 1], "src": 0, "dst": 1, "idx": 0, "dim": 0, "split_dim": 0,
+                "start": 0, "stop": 4, "padding_idx": 0, "dp": 2, "mb": 1, "batch_index": 1,
+                "num_batches": 2, "pieces": 2}
+
+
+def _other_values(value) -> list:
+    """Plausible other values of one attribute (another rank group of the same size among
+    them)."""
+    if isinstance(value, bool):
+        return [not value]
+    if isinstance(value, int):
+        return [value + 1, value - 1, value + 8, 0, 1, None]
+    if isinstance(value, float):
+        return [value * 2, None]
+    if isinstance(value, str):
+        return [value + "_other", None]
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return [[v + 8 for v in value], value[::-1], value[:-1], value + [max(value, default=0) + 1],
+                None]
+    return [None]
+
+
+def _attr_variants(attrs: dict) -> list[dict]:
+    """`attrs` with one attribute changed, removed (None: removed) or added."""
+    out = []
+    for k, v in attrs.items():
+        for w in _other_values(v):
+            out.append({**{a: b for a, b in attrs.items() if a != k},
+                        **({} if w is None else {k: w})})
+    out += [{**attrs, k: v} for k, v in _EXTRA_ATTRS.items() if k not in attrs]
+    return out
+
+
+def _outcome(fn, *args):
+    """What `fn(*args)` gives: its outputs, or the type of what it raised."""
+    try:
+        return "ok", fn(*args)
+    except Exception as e:  # noqa: BLE001 - compared, not hidden
+        return "raised", type(e).__name__
+
+
+def _same_outcome(a, b) -> bool:
+    if a[0] != b[0]:
+        return False
+    if a[0] == "raised":
+        return a[1] == b[1]
+    return len(a[1]) == len(b[1]) and all(
+        (x is None) == (y is None) and (x is None or np.array_equal(np.asarray(x), np.asarray(y)))
+        for x, y in zip(a[1], b[1]))
+
+
+def _shape_outcome(spec, backward: bool, ins, outs, attrs, ctx):
+    def constraints():
+        c = ShapeConstraints()
+        shape_rule(spec, backward)(c, _tshapes(ins, ctx.orig_in, "i"),
+                                   _tshapes(outs, ctx.orig_out, "o"), attrs)
+        return [str(x) for x in c.constraints] + [repr(b) for b in c.boundaries]
+
+    got = _outcome(constraints)
+    return got if got[0] == "raised" else ("ok", [np.array(got[1], dtype=object)])
+
+
+KEYED_CASES = [c for c in CASES if all_ops()[c.op].semantic_attrs is not None]
+
+
+def test_every_operator_with_a_semantic_key_has_a_case():
+    keyed = {name for name, spec in all_ops().items() if spec.semantic_attrs is not None}
+    assert keyed and keyed <= {c.op for c in KEYED_CASES}
+
+
+@pytest.mark.parametrize("case", KEYED_CASES, ids=lambda c: c.id)
+def test_attributes_outside_the_semantic_key_change_nothing(case):
+    """Every variant of the case's attributes with the same key (one attribute changed,
+    dropped or added) gives the same forward and backward values and the same shape
+    constraints, or the same error; and some variants do share the key, so this checks
+    something."""
+    from tvsmt.ops.registry import attrs_key
+
+    spec = all_ops()[case.op]
+
+    def key(attrs):
+        return attrs_key(spec.semantic_attrs(attrs))
+
+    outs = spec.forward(NB, case.inputs, case.attrs, case.ctx)
+    grads = random_grads(outs)
+    checked = 0
+    for backward, base in ((False, case.attrs), (True, bw_attrs(case))):
+        if backward and spec.backward is None:
+            continue
+        ins = backward_inputs(case, grads) if backward else case.inputs
+        rule = spec.backward if backward else spec.forward
+        ctx = case.bw_ctx if backward else case.ctx
+        want = _outcome(rule, NB, ins, base, ctx)
+        rule_outs = want[1] if want[0] == "ok" else outs
+        want_shapes = _shape_outcome(spec, backward, ins, rule_outs, base, ctx)
+        for attrs in _attr_variants(base):
+            if key(attrs) != key(base):
+                continue
+            checked += 1
+            got = _outcome(rule, NB, ins, attrs, ctx)
+            assert _same_outcome(got, want), (
+                f"{case.op} ({'backward' if backward else 'forward'}): attrs {attrs} have "
+                f"the key of {base} but give {got[0]} {got[1] if got[0] == 'raised' else ''}")
+            got_shapes = _shape_outcome(spec, backward, ins, rule_outs, attrs, ctx)
+            assert _same_outcome(got_shapes, want_shapes), (
+                f"{case.op}: the shape rule reads attrs outside its key ({attrs} vs {base})")
+    assert checked > 0
+
+
+RANKED_CASES = [c for c in CASES
+                if any(k in c.attrs for k in all_ops()[c.op].rank_attrs)]
+
+
+@pytest.mark.parametrize("case", RANKED_CASES, ids=lambda c: c.id)
+def test_rank_attributes_renamed_one_to_one_change_nothing(case):
+    """The fold moves a unit onto its representative by renaming the rank ids in
+    `OpSpec.rank_attrs` (a group, a source, a destination), comparing the rest
+    (tvsmt/fold/table.py). That is sound only if a rule reads the ranks' positions and
+    number, never their values: every one-to-one renaming, order-keeping or not, gives the
+    same values and shape constraints."""
+    spec = all_ops()[case.op]
+    renamings = (lambda r: r + 8, lambda r: 100 - r, lambda r: (r * 7 + 3) % 101)
+
+    def renamed(attrs, f):
+        out = dict(attrs)
+        for k in spec.rank_attrs:
+            v = attrs.get(k)
+            if isinstance(v, int):
+                out[k] = f(v)
+            elif isinstance(v, list):
+                out[k] = [f(r) for r in v]
+        return out
+
+    outs = spec.forward(NB, case.inputs, case.attrs, case.ctx)
+    want = ("ok", outs)
+    want_shapes = _shape_outcome(spec, False, case.inputs, outs, case.attrs, case.ctx)
+    for f in renamings:
+        attrs = renamed(case.attrs, f)
+        assert attrs != case.attrs
+        got = _outcome(spec.forward, NB, case.inputs, attrs, case.ctx)
+        assert _same_outcome(got, want), f"{case.op}: ranks renamed to {attrs}"
+        assert _same_outcome(
+            _shape_outcome(spec, False, case.inputs, outs, attrs, case.ctx), want_shapes)
