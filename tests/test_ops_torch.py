@@ -624,3 +624,15 @@ def test_rank_attributes_renamed_one_to_one_change_nothing(case):
         assert _same_outcome(got, want), f"{case.op}: ranks renamed to {attrs}"
         assert _same_outcome(
             _shape_outcome(spec, False, case.inputs, outs, attrs, case.ctx), want_shapes)
+
+
+@pytest.mark.parametrize("case", BW_CASES, ids=lambda c: c.id)
+def test_n_outputs_splits_backward_inputs_into_gradients_and_mirrors(case):
+    """The derived backward shape rule (`registry.derived_bw_shape`) splits a backward
+    node's inputs into the gradients of the forward outputs and the mirrored forward inputs
+    by `OpSpec.n_outputs(attrs, number of backward inputs)`: it must be the number of
+    outputs the forward gives."""
+    spec = all_ops()[case.op]
+    outs = spec.forward(NB, case.inputs, case.attrs, case.ctx)
+    bw_ins = backward_inputs(case, random_grads(outs))
+    assert spec.n_outputs(bw_attrs(case), len(bw_ins)) == len(outs)
