@@ -28,7 +28,7 @@ def covers(lin: Lineage, full: tuple[int, ...]) -> bool:
     cells = [list(zip(c[:-1], c[1:])) for c in cuts]
     boxes = [p.slice for p in lin.parts]
     for cell in itertools.product(*cells):
-        if not any(all(s <= lo and hi <= e for (lo, hi), (s, e) in zip(cell, box))
+        if not any(all(s <= lo and hi <= e for (lo, hi), (s, e) in zip(cell, box, strict=True))
                    for box in boxes):
             return False
     return True

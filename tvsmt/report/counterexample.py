@@ -37,7 +37,7 @@ def counterexample(printed: Printed, formula: StageFormula, values: dict) -> dic
             side_tensor, idx = formula.inputs.get(original, (original, ()))
             inputs[f"{side_tensor}[{','.join(map(str, idx))}]"] = _show(values[canon])
     mismatches = []
-    for (ln, rn), comp in zip(printed.pairs, formula.comparisons):
+    for (ln, rn), comp in zip(printed.pairs, formula.comparisons, strict=True):
         lv, rv = values.get(ln), values.get(rn)
         if lv is not None and rv is not None and lv != rv:
             mismatches.append({"part": comp.part, "index": list(comp.single_index),

@@ -60,7 +60,7 @@ class ReducedShapes:
 
 def reduced_slice(slc, full: Shape, reduced: Shape) -> tuple[tuple[int, int], ...]:
     return tuple((s * r // n, e * r // n) if n else (0, 0)
-                 for (s, e), n, r in zip(slc, full, reduced))
+                 for (s, e), n, r in zip(slc, full, reduced, strict=True))
 
 
 def stage_tensors(stage: Stage, single: Plan, parallel: Plan) -> tuple[list[str], list[str]]:
@@ -108,7 +108,7 @@ def reduce_stage(stage: Stage, single: Plan, parallel: Plan) -> ReducedShapes:
         full = single.shape(lin.single)
         sdims = sshape[lin.single].dims
         for part in lin.parts:
-            for i, ((s, e), n) in enumerate(zip(part.slice, full)):
+            for i, ((s, e), n) in enumerate(zip(part.slice, full, strict=True)):
                 if n <= 1:
                     continue
                 # every slice boundary stays an integer position after reduction ...

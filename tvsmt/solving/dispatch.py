@@ -174,14 +174,14 @@ def _solve(todo: list[Obligation], refuted: set[str], pinned: dict[str, Obligati
                             if ob.digest in refuted})
     results: dict[str, SolverResult] = {}
     again = []
-    for ob, a, res in zip(todo, asked, answers):
+    for ob, a, res in zip(todo, asked, answers, strict=True):
         record(a, res, ob.digest in refuted)
         if a is not ob and res.status != SAT:
             again.append(ob)
         else:
             results[ob.digest] = res if a is ob else sat_at_refuting_point(res)
     for ob, res in zip(again, solve(again, {ob.digest: budget for ob in again}) if again
-                       else []):
+                       else [], strict=True):
         record(ob, res, True)
         results[ob.digest] = res
     return {dg: within_refuted_budget(res) if dg in refuted else res

@@ -82,7 +82,7 @@ def replay(corpus_dir: str | os.PathLike, solver: str = "z3", jobs: int | None =
     results = solve_all(obligations, profile, jobs=jobs, timeout_s=timeout, backend=backend,
                         scheduler=scheduler, progress=progress)
     report.total = len(obligations)
-    for ob, res in zip(obligations, results):
+    for ob, res in zip(obligations, results, strict=True):
         report.results[ob.digest] = res
         recorded = corpus.verdicts.get(ob.digest, {})
         decisive = {s: v for s, v in recorded.items() if v["status"] in (SAT, UNSAT)}

@@ -545,7 +545,7 @@ def _task(profile: Profile, items: list[tuple[int, Obligation]], timeout_s, regi
     lifeline.arm_worker(parent)
     results = solve_batch([ob for _, ob in items], profile, timeout_s, registry=registry,
                           budgets=budgets)
-    return profile.name, [(i, r) for (i, _), r in zip(items, results)]
+    return profile.name, [(i, r) for (i, _), r in zip(items, results, strict=True)]
 
 
 # --------------------------------------------------------------------------------------------
