@@ -90,6 +90,28 @@ def test_a_lying_solver_cannot_pass_a_buggy_plan(tmp_path):
     assert run("verify", *good, "--no-corpus", "--solver", liar).exit_code == 0
 
 
+def test_a_solver_run_that_answers_fewer_obligations_than_asked_is_never_a_pass(tmp_path,
+                                                                              monkeypatch):
+    """Answers are matched to obligations by position (tvsmt/solving/dispatch.py): a run that
+    returns one answer fewer than it was asked must stop the verification as an internal
+    error (exit 4), never leave an obligation without its answer and the plan passed."""
+    from tvsmt.solving import runner
+
+    asked = []
+    real = runner.solve_all
+
+    def one_short(obligations, *args, **kwargs):
+        obligations = list(obligations)
+        asked.append(len(obligations))
+        return real(obligations, *args, **kwargs)[:-1]
+
+    monkeypatch.setattr(runner, "solve_all", one_short)
+    pair = _write(tmp_path, single_mlp(), parallel_mlp())
+    r = run("verify", *pair, "--no-corpus")
+    assert asked and asked[0] > 0
+    assert r.exit_code == 4, r.output
+
+
 @pytest.mark.parametrize("bug", [{"drop_allreduce": True}, {"wrong_const_rank": 3},
                                  {"drop_reducer": True}, {"wrong_chunk": True}])
 def test_evaluation_finds_each_one_line_bug_and_no_difference_on_the_correct_plan(bug):
