@@ -578,6 +578,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_ops_torch.py::test_rank_attributes_renamed_one_to_one_change_nothing",),
         fast=True),
     Mutation(
+        "sum-writes-into-its-input",
+        "the sum of a group (all-reduce, reducer, gradient accumulation) writes its result "
+        "into its first input's array, which other readers of that tensor and the node "
+        "memo's kept inputs share",
+        "node memo (encoding)",
+        (Patch("tvsmt/ops/definitions/comm.py",
+               "def sum_fw(be, ins, attrs, ctx):\n    return [add_all(present(ins))]\n",
+               "def sum_fw(be, ins, attrs, ctx):\n    xs = present(ins)\n"
+               "    total = add_all(xs)\n    xs[0][...] = total\n    return [total]\n"),),
+        ("tests/test_ops_torch.py::test_rules_leave_their_input_arrays_as_they_were",),
+        fast=True),
+    Mutation(
         "expert-start-not-kept",
         "shape reduction of the expert axis forgets to keep a rank's first expert a whole "
         "position",

@@ -636,3 +636,32 @@ def test_n_outputs_splits_backward_inputs_into_gradients_and_mirrors(case):
     outs = spec.forward(NB, case.inputs, case.attrs, case.ctx)
     bw_ins = backward_inputs(case, random_grads(outs))
     assert spec.n_outputs(bw_attrs(case), len(bw_ins)) == len(outs)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_rules_leave_their_input_arrays_as_they_were(case):
+    """A tensor's array is shared by every node that reads it, and the interpreter's node memo
+    keeps the input arrays of each result it serves again: a rule that wrote into an input
+    would change what later readers see. Forward and backward, numeric and symbolic: every
+    input holds the same values (the very same terms) after the rule as before."""
+    be, spec = SymbolicBackend(), all_ops()[case.op]
+    env = {be.neg_inf(): -math.inf}
+    runs = [(spec.forward, NB, case.inputs, case.attrs, case.ctx),
+            (spec.forward, be, symbolize(case.inputs, "x", env), case.attrs, case.ctx)]
+    if spec.backward is not None:
+        outs = spec.forward(NB, case.inputs, case.attrs, case.ctx)
+        bw_ins = backward_inputs(case, random_grads(outs))
+        runs += [(spec.backward, NB, bw_ins, bw_attrs(case), case.bw_ctx),
+                 (spec.backward, be, symbolize(bw_ins, "b", env), bw_attrs(case), case.bw_ctx)]
+    for rule, backend, ins, attrs, ctx in runs:
+        before = [None if a is None else np.array(a, copy=True) for a in ins]
+        rule(backend, ins, attrs, ctx)
+        for k, (a, b) in enumerate(zip(ins, before, strict=True)):
+            if a is None:
+                continue
+            a = np.asarray(a)
+            assert a.shape == b.shape, f"{case.id}: input {k} reshaped in place"
+            if a.dtype == object:
+                assert all(x is y for x, y in zip(a.flat, b.flat)), f"{case.id}: input {k}"
+            else:
+                assert np.array_equal(a, b, equal_nan=True), f"{case.id}: input {k}"
