@@ -11,7 +11,8 @@ verify` is timed from its start (interpreter and imports included); `--in-proces
 Per process and phase: the first start, the last end, how many times it ran and the summed
 time (an encoding worker runs "shapes", "encoding" and "evaluation" once per template).
 Processes are named by their first phase: the verifying process, a forked load and fold
-("load" in a child), the encoding workers.
+("load" in a child), the process it forks to number the document's names and split it into
+units ("names decode", tvsmt/plan/numbering.py), the encoding workers.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def main() -> None:
     workers = sorted(p for p in first if first[p][1] in ("shapes", "encoding"))
     role = {p: f"encoding worker {workers.index(p) + 1}" if p in workers
             else "forked load and fold" if first[p][1] == "load" and p != pid
+            else "forked numbering" if first[p][1] == "names decode"
             else "verifying process" for p in first}
     spans: dict[tuple[int, str], list] = {}
     for p, name, a, b in rows:

@@ -31,6 +31,20 @@ def mark(name: str) -> None:
         _timeline(name, now, now)
 
 
+@contextmanager
+def span(name: str):
+    """A stretch of the timeline that no `Timer` phase times (what a forked helper does,
+    a wait inside a phase); nothing unless $TVSMT_TIMELINE is set."""
+    if not _TIMELINE:
+        yield
+        return
+    start = time.time()
+    try:
+        yield
+    finally:
+        _timeline(name, start, time.time())
+
+
 class Timer:
     def __init__(self):
         self.timings: dict[str, float] = {}

@@ -56,6 +56,7 @@ from tvsmt.plan.csr import gather as _gather
 from tvsmt.plan.csr import offsets as _ptr
 from tvsmt.plan.model import LazySequence, Node, Plan, PlanColumns
 from tvsmt.plan.numbering import UNDECLARED, Numbering, first_use_codes
+from tvsmt.timing import span
 
 _INPUTS, _OUTPUTS, _RANK, _MB, _OP = (attrgetter(k) for k in
                                       ("inputs", "outputs", "rank", "mb", "op"))
@@ -378,7 +379,8 @@ def _precomputed(cols: PlanColumns, args: tuple) -> Split | None:
         digest = inputs_digest(*args)
     except (TypeError, ValueError, OverflowError):  # a world MessagePack cannot hold
         digest = None
-    split = get()
+    with span("wait for split"):
+        split = get()
     if split is None or digest is None:
         return None
     return split if split.digest == digest else None

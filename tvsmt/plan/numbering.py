@@ -435,15 +435,19 @@ def _numbers_then_split(text: bytes, note, inputs: int, unused: int) -> bytes:
     from tvsmt.forked import read_framed
     from tvsmt.heap import leave_to_exit
     from tvsmt.plan.schema import NamesPlan
+    from tvsmt.timing import span
 
     os.close(unused)  # the parent's end: the pipe ends when the parent closes its own
-    doc = msgspec.json.decode(text, type=NamesPlan)
+    with span("names decode"):
+        doc = msgspec.json.decode(text, type=NamesPlan)
     leave_to_exit(doc)
-    number = Numbering(list(doc.tensors))
-    columns = _numbered(doc, number)
+    with span("numbering"):
+        number = Numbering(list(doc.tensors))
+        columns = _numbered(doc, number)
     note(_message(columns, []))
     # framed (its length first), not read to the end: another fork may hold the pipe open
-    given = read_framed(inputs)
+    with span("wait for inputs"):
+        given = read_framed(inputs)
     os.close(inputs)
     world, op_names, outputs, *arrays = msgspec.msgpack.decode(
         given or b"", type=tuple[dict, list[str], list[str], bytes, bytes, bytes])
@@ -457,8 +461,9 @@ def _numbers_then_split(text: bytes, note, inputs: int, unused: int) -> bytes:
     hasher = threading.Thread(target=lambda: digest.append(inputs_digest(*args)),
                               name="tvsmt-split-digest", daemon=True)
     hasher.start()
-    split = split_dataflow(*args)
-    hasher.join()
+    with span("split"):
+        split = split_dataflow(*args)
+        hasher.join()
     split.digest = digest[0] if digest else b""  # none: the reading process splits itself
     return split.to_bytes()
 

@@ -54,6 +54,7 @@ from tvsmt.plan.numbering import (
     first_use_codes,
 )
 from tvsmt.plan.schema import HeadPlan, RawPlan, decode_scale
+from tvsmt.timing import span
 
 FORMAT = "tvsmt.execplan"
 VERSION = 1
@@ -250,7 +251,9 @@ def decode_document(text: bytes, path: str = "<memory>", lazy: bool = False) -> 
         try:
             if lazy and forked.pid is not None:
                 try:
-                    plan = _build(_HEAD.decode(text), path, forked, lazy=True)
+                    with span("head decode"):
+                        head = _HEAD.decode(text)
+                    plan = _build(head, path, forked, lazy=True)
                     handed = True
                     return plan
                 except _NoNames:  # the forked process gave no answer: decoded whole here
@@ -379,7 +382,8 @@ def _build(doc: RawPlan, path: str, forked: ForkedNumbering | None = None,
             fold_codes.update(part_codes())
             if lazy:  # HeadNodes: their attributes' text
                 attr_text.append(attr_text_codes(nodes))
-        got = forked.result(lens, n_nodes) if forked is not None else None
+        with span("wait for numbers"):
+            got = forked.result(lens, n_nodes) if forked is not None else None
         if got is None and lazy:
             raise _NoNames
         if got is None:  # not forked, or the child did not answer for these names
