@@ -556,6 +556,16 @@ MUTATIONS: tuple[Mutation, ...] = (
          "tests/test_encoding_cost.py::test_a_wrong_constant_on_one_tensor_parallel_rank_is_caught"),
         fast=True),
     Mutation(
+        "unjudged-stages-pass",
+        "the verdict policy says equivalent when no failure was found, although some stages "
+        "were never judged (an outcome lost between the encoding and the judging)",
+        "verdict policy",
+        (Patch("tvsmt/policy.py", "    if solved and not failures and unjudged:\n",
+               "    if False:\n"),),
+        ("tests/test_verdicts.py::test_a_stage_never_judged_is_never_a_pass",
+         "tests/test_verdicts.py::"
+         "test_a_verification_that_loses_a_stage_s_outcome_is_inconclusive"), fast=True),
+    Mutation(
         "semantic-key-drops-piece-index",
         "the semantic key of chunk, reduce-scatter and all-to-all (what their rules read) "
         "leaves out the piece index, so two ranks' different pieces look like one computation "

@@ -112,6 +112,50 @@ def test_a_solver_run_that_answers_fewer_obligations_than_asked_is_never_a_pass(
     assert r.exit_code == 4, r.output
 
 
+def test_a_stage_never_judged_is_never_a_pass():
+    """The verdict policy (tvsmt/policy.py `decide`) says equivalent only when every stage
+    was judged proven: a stage with neither a proof nor a failure was lost on the way (a
+    bug in tvsmt), and the plan is then inconclusive, saying so; an export, which solves
+    nothing, is never equivalent either."""
+    from tvsmt.policy import decide
+    from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, Report
+
+    def decided(proven: int, solved: bool = True) -> Report:
+        report = Report(EQUIVALENT, "s.json", "p.json", stages_total=3, stages_proven=proven)
+        decide(report, [], solved=solved)
+        return report
+
+    assert decided(3).verdict == EQUIVALENT and not decided(3).failures
+    lost = decided(2)
+    assert lost.verdict == INCONCLUSIVE
+    assert [f.kind for f in lost.failures] == ["error"]
+    assert "1 of 3 stages were never judged" in lost.failures[0].message
+    exported = decided(0, solved=False)
+    assert exported.verdict == INCONCLUSIVE and not exported.failures
+
+
+def test_a_verification_that_loses_a_stage_s_outcome_is_inconclusive(tmp_path, monkeypatch):
+    """End to end: the encoding hands back one stage outcome fewer than there are stages
+    (as a bug in it could): `tvsmt verify` exits 3 and names the lost stage count."""
+    import tvsmt.pipeline as pipeline
+
+    real = pipeline.build_obligations
+
+    def one_lost(*args, **kwargs):
+        built = real(*args, **kwargs)
+        built.outcomes.pop()
+        return built
+
+    monkeypatch.setattr(pipeline, "build_obligations", one_lost)
+    pair = _write(tmp_path, single_mlp(), parallel_mlp())
+    out = tmp_path / "r.json"
+    r = run("verify", *pair, "--no-corpus", "--report", out)
+    assert r.exit_code == 3, r.output
+    data = json.loads(out.read_text())
+    assert data["verdict"] == "inconclusive"
+    assert any("stages were never judged" in f["message"] for f in data["failures"])
+
+
 @pytest.mark.parametrize("bug", [{"drop_allreduce": True}, {"wrong_const_rank": 3},
                                  {"drop_reducer": True}, {"wrong_chunk": True}])
 def test_evaluation_finds_each_one_line_bug_and_no_difference_on_the_correct_plan(bug):

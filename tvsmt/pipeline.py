@@ -23,7 +23,7 @@ from tvsmt.options import Options, solver_names
 from tvsmt.plan import Plan, load_plan
 from tvsmt.plan.reader import check_pair
 from tvsmt.policy import decide, judge_stage, stage_status
-from tvsmt.report.report import EQUIVALENT, INCONCLUSIVE, Failure, Report
+from tvsmt.report.report import EQUIVALENT, Failure, Report
 from tvsmt.solving.dispatch import solve_obligations, store_in_corpus
 from tvsmt.solving.types import Obligation
 from tvsmt.stages import cut_stages
@@ -151,9 +151,7 @@ def export_unfolded(single: Plan, parallel: Plan, opts: Options, timer: Timer) -
         store_in_corpus(corpus, unique, outcomes, parallel)
         corpus.save()
     failures += [o.failure for o in outcomes if o.failure is not None]
-    decide(report, failures)
-    if report.verdict == EQUIVALENT:
-        report.verdict = INCONCLUSIVE  # nothing was solved
+    decide(report, failures, solved=False)
     report.timings = timer.rounded()
     return report
 

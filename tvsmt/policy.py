@@ -154,11 +154,19 @@ def stage_status(failure: Failure | None) -> str:
     return "violated" if failure.kind in VIOLATION_KINDS else "inconclusive"
 
 
-def decide(report: Report, failures: list[Failure]) -> None:
-    """The plan's verdict and the stage counts from every failure found."""
+def decide(report: Report, failures: list[Failure], solved: bool = True) -> None:
+    """The plan's verdict and the stage counts from every failure found. Equivalent only
+    when every stage was judged proven; `solved=False` (`tvsmt export`: obligations written,
+    none solved) is never equivalent."""
     if report.stages_total == 0 and not failures:
         failures.append(Failure("error", "nothing was claimed: the parallel plan has no "
                                 "lineage to prove, so nothing is verified"))
+    unjudged = report.stages_total - report.stages_proven
+    if solved and not failures and unjudged:
+        # every stage is proven or has a failure; one with neither was lost on the way
+        failures.append(Failure("error", f"internal error: {unjudged} of "
+                                f"{report.stages_total} stages were never judged, so the "
+                                "plan is not proven"))
     report.failures = failures
     report.stages_violated = len({f.stage for f in failures if f.stage and f.kind in
                                   VIOLATION_KINDS})
@@ -166,7 +174,7 @@ def decide(report: Report, failures: list[Failure]) -> None:
                                       INCONCLUSIVE_KINDS})
     if any(f.kind in VIOLATION_KINDS for f in failures):
         report.verdict = VIOLATION
-    elif failures:
+    elif failures or not solved:
         report.verdict = INCONCLUSIVE
     else:
         report.verdict = EQUIVALENT
