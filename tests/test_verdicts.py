@@ -137,7 +137,7 @@ def test_a_stage_never_judged_is_never_a_pass():
 def test_a_verification_that_loses_a_stage_s_outcome_is_inconclusive(tmp_path, monkeypatch):
     """End to end: the encoding hands back one stage outcome fewer than there are stages
     (as a bug in it could): `tvsmt verify` exits 3 and names the lost stage count."""
-    import tvsmt.pipeline as pipeline
+    from tvsmt import pipeline
 
     real = pipeline.build_obligations
 
