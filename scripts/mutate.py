@@ -233,7 +233,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "inconclusive failures do not change the verdict",
         "solving",
         (Patch("tvsmt/policy.py",
-               "    elif failures:\n        report.verdict = INCONCLUSIVE\n", ""),),
+               "    elif failures or not solved:\n        report.verdict = INCONCLUSIVE\n",
+               "    elif not solved:\n        report.verdict = INCONCLUSIVE\n"),),
         (f"{T_ORCH}::test_solver_timeout_is_inconclusive_never_a_pass",), fast=True),
     Mutation(
         "crosscheck-one-sided",
