@@ -391,6 +391,14 @@ MUTATIONS: tuple[Mutation, ...] = (
                "units |= set(self.exceptions[:-1])")),
         (f"{T_FOLD}[grad-scale-wrong]",), fast=True),
     Mutation(
+        "fold-finishes-unchecked",
+        "the folded pair is built although some units were never compared with their "
+        "representative (a chunk of the workers' answers lost)",
+        "folding",
+        (Patch("tvsmt/fold/source.py", "    if unchecked:\n", "    if False:\n"),),
+        ("tests/test_stream.py::test_units_no_worker_answered_for_are_never_folded_away",),
+        fast=True),
+    Mutation(
         "fold-forgets-worker-marks",
         "the parallel fold forgets which lineages its workers saw unmoved before their batch "
         "dimension was known, so a unit re-checked afterwards may learn one they contradict",

@@ -515,6 +515,19 @@ def test_units_are_checked_by_the_workers_and_fold_as_serially():
     assert {n.id for n in parallel.parallel.nodes} == {n.id for n in serial.parallel.nodes}
 
 
+def test_units_no_worker_answered_for_are_never_folded_away(monkeypatch):
+    """The folded pair is built only once every unit has been compared with its
+    representative: when the workers' answers for a chunk of units go missing (a bug, not
+    an input), the fold stops with an internal error instead of folding them away unseen."""
+    from tvsmt.errors import InternalError
+    from tvsmt.fold import source
+
+    real = source._check_parallel
+    monkeypatch.setattr(source, "_check_parallel", lambda *a, **k: real(*a, **k)[:-1])
+    with pytest.raises(InternalError, match=r"the fold never checked \d+ of its 30 units"):
+        fold_source(StreamedPlan("llama3", **PARALLEL_WORLD), jobs=2)
+
+
 def test_a_bug_in_a_unit_checked_by_a_worker_is_caught():
     bug = ("grad-scale-wrong", (4, 3), "L1.ffn.up:BW.linear@")
     plan = _counting(**PARALLEL_WORLD, mutation=bug)

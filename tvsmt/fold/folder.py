@@ -507,7 +507,7 @@ class Folder:
                         list(self.header.outputs), lineages)
         _check_folded(single, parallel)
         info = FoldInfo(wu.dp, wu.mb, sorted(replicas), len(instance_kept),
-                        [_unit_name(u) for u in self.exceptions], dict(self.checked),
+                        [unit_name(u) for u in self.exceptions], dict(self.checked),
                         str(factor), self.extra)
         return Folded(single, parallel, info)
 
@@ -552,5 +552,5 @@ def _replace_inputs(n: Node, inputs: tuple) -> Node:
     return Node(n.id, n.op, n.pass_, n.rank, n.mb, inputs, n.outputs, n.attrs, n.source)
 
 
-def _unit_name(u: Unit) -> str:
+def unit_name(u: Unit) -> str:
     return f"replica {u[0]}" + ("" if u[1] is None else f" micro-batch {u[1]}")

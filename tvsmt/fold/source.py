@@ -26,7 +26,16 @@ from typing import Protocol
 
 import numpy as np
 
-from tvsmt.fold.folder import SUM_OPS, Checker, Folded, Folder, FoldRefused, UnitRecords
+from tvsmt.errors import InternalError
+from tvsmt.fold.folder import (
+    SUM_OPS,
+    Checker,
+    Folded,
+    Folder,
+    FoldRefused,
+    UnitRecords,
+    unit_name,
+)
 from tvsmt.fold.table import Interner, UnitTable, loaded_table
 from tvsmt.fold.units import (
     REPRESENTATIVE,
@@ -250,7 +259,7 @@ def _fold_source(source: UnitSource, extra: int, jobs: int, ahead: Ahead | None)
     if view is None:
         for u in rest:
             folder.add_unit(u, source.table(u), lambda u=u: source.records(u))
-        return folder.finish(source.records)
+        return _finish_checked(folder, source, units)
     checker = folder.checker
     checker.frozen = True
     size = -(-len(rest) // (4 * jobs))
@@ -269,6 +278,17 @@ def _fold_source(source: UnitSource, extra: int, jobs: int, ahead: Ahead | None)
             folder.accept(u, piece, *counts)
         else:  # an exception, or a unit a frozen checker could not decide: check it here
             folder.add_unit(u, source.table(u), lambda u=u: source.records(u))
+    return _finish_checked(folder, source, units)
+
+
+def _finish_checked(folder: Folder, source: UnitSource, units: list[Unit]) -> Folded:
+    """The folded pair, once every unit of the source has been compared with its
+    representative (here or by a worker): a unit that no check answered for would be
+    folded away unseen, so it is a bug in tvsmt, never a pass."""
+    unchecked = [u for u in units if u not in folder.seen]
+    if unchecked:
+        raise InternalError(f"the fold never checked {len(unchecked)} of its {len(units)} "
+                            f"units (the first: {unit_name(unchecked[0])})")
     return folder.finish(source.records)
 
 
