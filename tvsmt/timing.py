@@ -52,13 +52,11 @@ class Timer:
     @contextmanager
     def phase(self, name: str):
         t0 = time.perf_counter()
-        wall = time.time() if _TIMELINE else 0.0
         try:
-            yield
+            with span(name):
+                yield
         finally:
             self.add(name, time.perf_counter() - t0)
-            if _TIMELINE:
-                _timeline(name, wall, time.time())
 
     def add(self, name: str, seconds: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + seconds
