@@ -609,6 +609,19 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_ops_torch.py::test_rules_leave_their_input_arrays_as_they_were",),
         fast=True),
     Mutation(
+        "sum-fresh-symbol-per-call",
+        "the symbolic sum of a group adds a fresh symbol each time it runs, so two nodes the "
+        "node memo takes for one computation would be given one node's fresh terms",
+        "node memo (encoding)",
+        (Patch("tvsmt/ops/definitions/comm.py",
+               "def sum_fw(be, ins, attrs, ctx):\n    return [add_all(present(ins))]\n",
+               "def sum_fw(be, ins, attrs, ctx):\n    out = add_all(present(ins))\n"
+               "    if getattr(be, 'symbolic', False):\n"
+               "        out = np.vectorize(lambda t: be.mgr.Plus(t, be.mgr.FreshSymbol("
+               "be.real)), otypes=[object])(out)\n    return [out]\n"),),
+        ("tests/test_ops_torch.py::"
+         "test_symbolic_rules_give_the_very_same_terms_on_the_same_inputs",), fast=True),
+    Mutation(
         "expert-start-not-kept",
         "shape reduction of the expert axis forgets to keep a rank's first expert a whole "
         "position",

@@ -589,3 +589,20 @@ def test_moe_rules_leave_their_input_arrays_as_they_were():
                     assert all(x is y for x, y in zip(a.flat, b.flat)), f"{op} {pass_} in {k}"
                 else:
                     assert np.array_equal(a, b), f"{op} {pass_} input {k}"
+
+
+def test_moe_symbolic_rules_give_the_very_same_terms_on_the_same_inputs():
+    """As test_ops_torch's test of every other operator (the node memo's premise): run twice
+    on the same input terms in one backend, each MoE rule gives the very same terms."""
+    ops, be = all_ops(), SymbolicBackend()
+    for op, pass_, ins, attrs in _moe_runs():
+        spec = ops[op]
+        rule = spec.forward if pass_ == "fw" else spec.backward
+        arrays = symbols(ins, "s", {})
+        first, again = rule(be, arrays, attrs, CTX), rule(be, arrays, attrs, CTX)
+        for a, b in zip(first, again, strict=True):
+            assert (a is None) == (b is None), (op, pass_)
+            if a is not None:
+                a, b = np.asarray(a, dtype=object), np.asarray(b, dtype=object)
+                assert a.shape == b.shape and all(
+                    x is y for x, y in zip(a.flat, b.flat)), (op, pass_)

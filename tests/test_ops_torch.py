@@ -665,3 +665,27 @@ def test_rules_leave_their_input_arrays_as_they_were(case):
                 assert all(x is y for x, y in zip(a.flat, b.flat)), f"{case.id}: input {k}"
             else:
                 assert np.array_equal(a, b, equal_nan=True), f"{case.id}: input {k}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_symbolic_rules_give_the_very_same_terms_on_the_same_inputs(case):
+    """The interpreter's node memo serves a node's result to every node with the same
+    operator, semantic attributes, shapes and input terms (tvsmt/encoding/interpreter.py):
+    sound only if a rule is a function of those, with no fresh symbol per call. Run twice on
+    the same input terms in one backend, every rule gives the very same output terms."""
+    be, spec = SymbolicBackend(), all_ops()[case.op]
+    ins = symbolize(case.inputs, "x", {})
+    runs = [(spec.forward, ins, case.attrs, case.ctx)]
+    if spec.backward is not None:
+        outs = spec.forward(NB, case.inputs, case.attrs, case.ctx)
+        runs.append((spec.backward, symbolize(backward_inputs(case, random_grads(outs)), "b", {}),
+                     bw_attrs(case), case.bw_ctx))
+    for rule, arrays, attrs, ctx in runs:
+        first, again = rule(be, arrays, attrs, ctx), rule(be, arrays, attrs, ctx)
+        assert len(first) == len(again)
+        for a, b in zip(first, again, strict=True):
+            assert (a is None) == (b is None)
+            if a is not None:
+                a, b = np.asarray(a, dtype=object), np.asarray(b, dtype=object)
+                assert a.shape == b.shape
+                assert all(x is y for x, y in zip(a.flat, b.flat)), case.id
