@@ -622,6 +622,26 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_ops_torch.py::"
          "test_symbolic_rules_give_the_very_same_terms_on_the_same_inputs",), fast=True),
     Mutation(
+        "softmax-abstracts-undeclared",
+        "the softmax entry's declaration of the real functions it leaves uninterpreted "
+        "omits the division its rule applies",
+        "operator registry: declared abstractions",
+        (Patch("tvsmt/ops/definitions/llama.py",
+               'abstracts=("uf_exp", "uf_div"), reads_mirrors=True))',
+               'abstracts=("uf_exp",), reads_mirrors=True))'),),
+        ("tests/test_ops_torch.py::"
+         "test_rules_apply_only_the_uninterpreted_functions_they_declare",)),
+    Mutation(
+        "aten-softmax-abstracts-undeclared",
+        "ATen's softmax entry declares the exponential only, while its rule divides by "
+        "be.div",
+        "operator registry: declared abstractions",
+        (Patch("tvsmt/ops/definitions/aten_nn.py",
+               '     abstracts=("uf_exp", "uf_div"))\ndef _safe_softmax',
+               '     abstracts=("uf_exp",))\ndef _safe_softmax'),),
+        ("tests/test_ops_aten.py::"
+         "test_symbolic_terms_apply_only_the_uninterpreted_functions_declared",)),
+    Mutation(
         "expert-start-not-kept",
         "shape reduction of the expert axis forgets to keep a rank's first expert a whole "
         "position",

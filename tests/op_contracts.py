@@ -33,3 +33,25 @@ def assert_same_terms(rule, backend, ins: list, attrs: dict, ctx, what: str) -> 
             a, b = np.asarray(a, dtype=object), np.asarray(b, dtype=object)
             assert a.shape == b.shape, what
             assert all(x is y for x, y in zip(a.flat, b.flat)), what
+
+
+def uninterpreted_in(outputs) -> set[str]:
+    """The uninterpreted functions (backend.UNINTERPRETED names) the output terms apply."""
+    found: set[str] = set()
+    for out in outputs:
+        if out is None:
+            continue
+        for term in np.asarray(out, dtype=object).flat:
+            if hasattr(term, "get_free_variables"):
+                found.update(s.symbol_name() for s in term.get_free_variables()
+                             if s.symbol_type().is_function_type())
+    return found
+
+
+def assert_declared_abstractions(rule, backend, ins: list, attrs: dict, ctx,
+                                 declared: tuple[str, ...], what: str) -> None:
+    """`rule` applies only the uninterpreted functions its operator declares
+    (`OpSpec.abstracts`: what a counterexample through an abstraction is re-checked for)."""
+    used = uninterpreted_in(rule(backend, ins, attrs, ctx))
+    assert used <= set(declared), f"{what}: applies {sorted(used - set(declared))}, " \
+        f"not in its OpSpec.abstracts {declared}"

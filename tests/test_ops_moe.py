@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import z3
-from op_contracts import assert_inputs_kept, assert_same_terms
+from op_contracts import assert_declared_abstractions, assert_inputs_kept, assert_same_terms
 from pysmt.shortcuts import Not, Solver, Symbol
 from pysmt.typing import REAL
 
@@ -592,3 +592,14 @@ def test_moe_symbolic_rules_give_the_very_same_terms_on_the_same_inputs():
         spec = ops[op]
         rule = spec.forward if pass_ == "fw" else spec.backward
         assert_same_terms(rule, be, symbols(ins, "s", {}), attrs, CTX, f"{op} {pass_}")
+
+
+def test_moe_rules_apply_only_the_uninterpreted_functions_they_declare():
+    """As test_ops_torch's test of every other operator: each MoE rule, forward and
+    backward, applies only the uninterpreted functions of its `OpSpec.abstracts`."""
+    ops, be = all_ops(), SymbolicBackend()
+    for op, pass_, ins, attrs in _moe_runs():
+        spec = ops[op]
+        rule = spec.forward if pass_ == "fw" else spec.backward
+        assert_declared_abstractions(rule, be, symbols(ins, "s", {}), attrs, CTX,
+                                     spec.abstracts, f"{op} {pass_}")

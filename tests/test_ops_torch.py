@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import z3
-from op_contracts import assert_inputs_kept, assert_same_terms
+from op_contracts import assert_declared_abstractions, assert_inputs_kept, assert_same_terms
 from pysmt.shortcuts import Symbol
 from pysmt.typing import REAL
 
@@ -673,3 +673,18 @@ def test_symbolic_rules_give_the_very_same_terms_on_the_same_inputs(case):
                      bw_attrs(case), case.bw_ctx))
     for rule, arrays, attrs, ctx in runs:
         assert_same_terms(rule, be, arrays, attrs, ctx, case.id)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_rules_apply_only_the_uninterpreted_functions_they_declare(case):
+    """`OpSpec.abstracts` names the real functions an operator's rules leave uninterpreted
+    (the registry's contract, README's ops row): run symbolically, forward and backward,
+    its terms apply no other."""
+    be, spec = SymbolicBackend(), all_ops()[case.op]
+    runs = [(spec.forward, symbolize(case.inputs, "x", {}), case.attrs, case.ctx)]
+    if spec.backward is not None:
+        outs = spec.forward(NB, case.inputs, case.attrs, case.ctx)
+        runs.append((spec.backward, symbolize(backward_inputs(case, random_grads(outs)), "b", {}),
+                     bw_attrs(case), case.bw_ctx))
+    for rule, arrays, attrs, ctx in runs:
+        assert_declared_abstractions(rule, be, arrays, attrs, ctx, spec.abstracts, case.id)
