@@ -622,6 +622,28 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_ops_torch.py::"
          "test_symbolic_rules_give_the_very_same_terms_on_the_same_inputs",), fast=True),
     Mutation(
+        "constant-input-values-unchecked",
+        "a constant rank input placed by Megatron-Core's tensor-parallel rank (or as the only "
+        "block of its shape) is taken without comparing its values with that block",
+        "capture's input lineages (constant tensors)",
+        (Patch("tvsmt/capture/lineages.py",
+               "    if not all(torch.equal(_view(s, block), r) for s, r in zip(single.draws, "
+               "mine.draws)):\n",
+               "    if False:\n"),),
+        ("tests/test_capture_megatron_core.py::"
+         "test_a_constant_shard_is_refused_unless_megatron_places_it",), fast=True),
+    Mutation(
+        "constant-input-first-block",
+        "a constant rank input that matches several blocks is taken as the first one instead "
+        "of refused",
+        "capture's input lineages (constant tensors)",
+        (Patch("tvsmt/capture/lineages.py",
+               "    elif len(candidates) == 1:\n",
+               "    elif candidates:\n"),),
+        ("tests/test_capture.py::test_degenerate_parameter_is_refused_by_name",
+         "tests/test_capture_megatron_core.py::"
+         "test_a_constant_shard_is_refused_unless_megatron_places_it"), fast=True),
+    Mutation(
         "softmax-abstracts-undeclared",
         "the softmax entry's declaration of the real functions it leaves uninterpreted "
         "omits the division its rule applies",

@@ -184,17 +184,20 @@ def test_a_sharding_function_that_fails_is_an_input_error(tmp_path, spec, shown)
 
 
 def test_degenerate_parameter_is_refused_by_name(tmp_path):
+    """A rank's zero weight of half the single's rows equals either half: refused, naming
+    it (a zero weight of the whole shape can only be the whole one:
+    tests/test_capture_megatron_core.py)."""
     path = _script(tmp_path, """
         import torch
         WORLD_SIZE = 2
-        def _model():
-            m = torch.nn.Linear(4, 4, bias=False)
+        def _model(rows):
+            m = torch.nn.Linear(4, rows, bias=False)
             torch.nn.init.zeros_(m.weight)
             return m
         def build_single():
-            return _model(), torch.randn(2, 4)
+            return _model(4), torch.randn(2, 4)
         def build_rank(rank):
-            return _model(), torch.randn(2, 4)
+            return _model(2), torch.randn(2, 4)
         def train_step(model, x):
             loss = model(x).sum()
             loss.backward()

@@ -79,6 +79,23 @@ def _view(t: torch.Tensor, sl: Slice) -> torch.Tensor:
     return t[tuple(slice(a, b) for a, b in sl)]
 
 
+def megatron_block(single_shape, part_shape, declared: dict) -> Slice | None:
+    """The block Megatron-Core's attributes give a rank's parameter: piece k of n along
+    `partition_dim` for the rank k of a tensor-parallel group of n (stride 1 only: a strided
+    partition is not one block); None when they do not say or do not fit the shapes."""
+    place, stride = declared.get("megatron_tp"), declared.get("megatron_stride", 1)
+    d = declared["megatron_partition_dim"]
+    if place is None or stride != 1 or len(single_shape) != len(part_shape) \
+            or not 0 <= d < len(single_shape):
+        return None
+    k, n = place
+    if not 0 <= k < n or single_shape[d] != part_shape[d] * n or any(
+            a != b for i, (a, b) in enumerate(zip(single_shape, part_shape)) if i != d):
+        return None
+    m = part_shape[d]
+    return tuple((k * m, (k + 1) * m) if i == d else (0, x) for i, x in enumerate(single_shape))
+
+
 def _degenerate(t: torch.Tensor) -> bool:
     return t.numel() > 1 and bool((t == t.reshape(-1)[0]).all())
 
@@ -137,12 +154,13 @@ def input_lineage(single: InputTensor, rank: int, mine: InputTensor, sharding: d
         check_values(single.draws, mine.draws, layout, rank, name, path, _degenerate)
         return Provenance(single.id, rank, layout.slice,
                           f"from DTensor placement {layout.described}")
-    dims = None
+    dims, place = None, None
     how = f"inferred from values ({len(mine.draws)} random draws)"
     if isinstance(mine.declared, dict) and "megatron_partition_dim" in mine.declared:
         dims = {mine.declared["megatron_partition_dim"]}
         how = (f"Megatron attributes (partition_dim={next(iter(dims))}), block found from "
                f"values ({len(mine.draws)} draws)")
+        place = megatron_block(single.shape, mine.shape, mine.declared)
     candidates = blocks(single.shape, mine.shape, dims)
     if not candidates:
         raise InputError(f"rank {rank} holds a {list(mine.shape)} tensor that is no block of "
@@ -150,11 +168,8 @@ def input_lineage(single: InputTensor, rank: int, mine: InputTensor, sharding: d
                          f"PARAM_SHARDING", file=path, tensor=name)
     if len(mine.draws) < 2 or len(single.draws) < 2:
         raise InputError("inference by value needs two random draws", file=path, tensor=name)
-    for s_val, r_val in zip(single.draws, mine.draws):
-        if _degenerate(r_val) or _degenerate(s_val):
-            raise InputError(f"rank {rank}'s values are degenerate (constant), so its slice "
-                             f"cannot be inferred; declare it in PARAM_SHARDING", file=path,
-                             tensor=name)
+    if any(_degenerate(r) or _degenerate(s) for s, r in zip(single.draws, mine.draws)):
+        return _constant_input(single, rank, mine, place, candidates, name, path)
     if all(torch.equal(a, b) for a, b in zip(single.draws, single.draws[1:])) and \
             single.draws[0].numel() > 1 and single.kind != "buffer":
         raise InputError("both random draws gave the same values (does the script seed the "
@@ -170,6 +185,28 @@ def input_lineage(single: InputTensor, rank: int, mine: InputTensor, sharding: d
                          f"tensor (ambiguous); declare it in PARAM_SHARDING", file=path,
                          tensor=name)
     return Provenance(single.id, rank, hits[0], how)
+
+
+def _constant_input(single: InputTensor, rank: int, mine: InputTensor, place: Slice | None,
+                    candidates: list[Slice], name: str, path: str) -> Provenance:
+    """A rank input whose values are constant equals every block of its shape, so values
+    cannot say which it holds: taken only where one block is possible (a replicated bias
+    starting at zero) or Megatron-Core's attributes name it (a sharded one), and where the
+    values agree with that block on every draw."""
+    if place is not None:
+        d, (k, n) = mine.declared["megatron_partition_dim"], mine.declared["megatron_tp"]
+        block, how = place, (f"Megatron attributes (partition_dim={d}, tensor-parallel rank "
+                             f"{k} of {n}; its values are constant)")
+    elif len(candidates) == 1:
+        block, how = candidates[0], "the only block of its shape (its values are constant)"
+    else:
+        raise InputError(f"rank {rank}'s values are degenerate (constant), so its slice "
+                         f"cannot be inferred; declare it in PARAM_SHARDING", file=path,
+                         tensor=name)
+    if not all(torch.equal(_view(s, block), r) for s, r in zip(single.draws, mine.draws)):
+        raise InputError(f"rank {rank}'s tensor equals no block of the single tensor on the "
+                         f"random draws; declare it in PARAM_SHARDING", file=path, tensor=name)
+    return Provenance(single.id, rank, block, how)
 
 
 def input_and_claim_lineages(single: Program, ranks: dict[int, Program], sharding: dict,

@@ -15,6 +15,7 @@ import logging
 import operator
 import os
 import re
+import sys
 import types
 from typing import Any
 
@@ -26,7 +27,7 @@ from tvsmt.capture import dtensor
 from tvsmt.capture.markers import microbatch_of
 from tvsmt.capture.program import CapNode, Collective, InputTensor, Program, Ref, tensor_slots
 from tvsmt.capture.script import CaptureScript, user_code_failed
-from tvsmt.capture.world import rank_world
+from tvsmt.capture.world import rank_world, reset_framework_singletons
 from tvsmt.errors import InputError
 
 IDENTITY_OPS = {"aten.detach.default", "aten.alias.default", "aten.lift_fresh_copy.default",
@@ -79,6 +80,7 @@ def build(script: CaptureScript, rank: int | None, draw: int, fake: bool = False
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     torch.manual_seed(SEED + 7919 * draw)
+    reset_framework_singletons()  # a script may set up Megatron-Core's groups in every build
     with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
         what, make = (("build_single", script.build_single) if rank is None else
                       (f"build_rank({rank})", lambda: script.build_rank(rank)))
@@ -223,10 +225,34 @@ class _Tracer:
 
 
 def _declared(p) -> Any:
-    """Sharding the code declares on a parameter (Megatron-style attributes)."""
-    if getattr(p, "tensor_model_parallel", False) and hasattr(p, "partition_dim"):
-        return {"megatron_partition_dim": int(p.partition_dim)}
-    return None
+    """Sharding the code declares on a parameter (Megatron-style attributes): the split
+    dimension, and, when Megatron-Core's parallel state is set up, the partition stride and
+    this rank's place in its tensor-parallel group (which block a constant tensor holds,
+    e.g. a sharded bias that starts at zero)."""
+    if not (getattr(p, "tensor_model_parallel", False) and hasattr(p, "partition_dim")):
+        return None
+    out = {"megatron_partition_dim": int(p.partition_dim)}
+    place = _megatron_tp_place()
+    # an expert's weight (allreduce False) is split over the expert-parallel groups instead
+    if place is not None and getattr(p, "allreduce", True):
+        out["megatron_tp"] = place
+        out["megatron_stride"] = int(getattr(p, "partition_stride", 1))
+    return out
+
+
+def _megatron_tp_place() -> tuple[int, int] | None:
+    """(this rank's index in its tensor-parallel group, the group's size) from Megatron-Core's
+    parallel state, when the code set it up; else None."""
+    ps = sys.modules.get("megatron.core.parallel_state")
+    if ps is None:
+        return None
+    try:
+        if not ps.model_parallel_is_initialized():
+            return None
+        return int(ps.get_tensor_model_parallel_rank()), \
+            int(ps.get_tensor_model_parallel_world_size())
+    except Exception:  # noqa: BLE001 - another version's API: the block is then found by value
+        return None
 
 
 # ----------------------------------------------------------------------------- conversion

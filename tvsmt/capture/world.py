@@ -23,8 +23,9 @@ def _fake_store():
     return FakeStore()
 
 
-def _reset_framework_singletons() -> None:
-    """Framework state that outlives a process group and would leak between ranks.
+def reset_framework_singletons() -> None:
+    """Framework state that outlives a process group and would leak between ranks, or
+    between the two builds (random draws) of one rank.
 
     Reset here: torch's own group registry (by destroy_process_group), Megatron-Core's
     parallel state when it is imported, and DTensor's caches (`reset_caches`, called around
@@ -51,7 +52,7 @@ def rank_world(rank: int, world_size: int, script: str = "<script>"):
         with local_distribution():
             yield
     finally:
-        _reset_framework_singletons()
+        reset_framework_singletons()
         reset_caches()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,0 +1,133 @@
+"""Megatron-Core's tensor-parallel layers as shipped (megatron-core 0.16.1, a test
+dependency) in the capture: `examples/megatron_core_mlp.py` is equivalent as written with no
+annotation (the shards come from Megatron's parameter attributes and parallel state, the
+biases' too, which start at zero), its planted bugs are violations at the user's line, and
+a constant tensor's block is taken only where it cannot be another."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+from capture_helpers import line_of, sources
+
+from tvsmt.capture import check
+from tvsmt.capture.lineages import input_lineage, megatron_block
+from tvsmt.capture.program import InputTensor
+from tvsmt.capture.script import load_script
+from tvsmt.capture.trace import trace_program
+from tvsmt.errors import InputError
+from tvsmt.verify import Options
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MLP = os.path.join(ROOT, "examples", "megatron_core_mlp.py")
+
+
+@pytest.fixture(autouse=True)
+def _no_bug(monkeypatch):
+    monkeypatch.delenv("TVSMT_BUG", raising=False)
+
+
+def test_megatron_core_mlp_is_equivalent_with_shards_from_megatron_itself():
+    report = check(MLP, Options(jobs=1, timeout=5))
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+    how = {(i["tensor"], i["rank"]): i["how"] for i in report.inputs}
+    shards = {(i["tensor"], i["rank"]): i["slice"] for i in report.inputs}
+    for r in (0, 1):
+        assert how[("param.fc1.weight", r)].startswith("Megatron attributes (partition_dim=0)")
+        assert how[("param.fc2.weight", r)].startswith("Megatron attributes (partition_dim=1)")
+        # zero at the start: the sharded bias by Megatron's tensor-parallel rank, the
+        # replicated one as the only block of its shape
+        assert how[("param.fc1.bias", r)] == (f"Megatron attributes (partition_dim=0, "
+                                              f"tensor-parallel rank {r} of 2; its values "
+                                              f"are constant)")
+        assert how[("param.fc2.bias", r)] == "the only block of its shape (its values are " \
+                                             "constant)"
+    assert shards[("param.fc1.bias", 1)] == [[8, 16]]
+    assert shards[("param.fc2.bias", 1)] == [[0, 8]]
+    assert shards[("param.fc1.weight", 1)] == [[8, 16], [0, 8]]
+
+
+def test_a_column_parallel_layer_that_does_not_reduce_its_input_gradient_is_a_violation(
+        monkeypatch):
+    """`disable_grad_reduce=True` with nobody reducing: the replicated projection in front
+    gets a partial gradient on each rank. The failure names that gradient and the layer's
+    call in the user's forward."""
+    monkeypatch.setenv("TVSMT_BUG", "disable-grad-reduce")
+    report = check(MLP, Options(jobs=1, timeout=3))
+    assert report.verdict == "violation"
+    wrong = [f for f in report.failures if f.kind == "counterexample"]
+    assert {f.tensor for f in wrong} == {"grad.proj.weight"}, [f.tensor for f in wrong]
+    line = line_of(MLP, "h, _ = self.fc1(self.proj(x))")
+    assert any(s.endswith(f"megatron_core_mlp.py:{line}") for s in sources(report)), \
+        sources(report)
+
+
+def test_a_softmax_over_the_sharded_features_is_a_violation(monkeypatch):
+    monkeypatch.setenv("TVSMT_BUG", "softmax-over-shard")
+    report = check(MLP, Options(jobs=1, timeout=3))
+    assert report.verdict == "violation"
+    assert "loss" in {f.tensor for f in report.failures if f.kind == "counterexample"}
+    line = line_of(MLP, "h = torch.softmax(h, dim=-1)")
+    assert any(s.endswith(f"megatron_core_mlp.py:{line}") for s in sources(report)), \
+        sources(report)
+
+
+def test_megatron_attributes_agree_with_inference_by_value():
+    """Every Megatron-sharded weight's block found with its attributes is the block the
+    inference by value finds without them, and its tensor-parallel place names that block."""
+    sc = load_script(MLP)
+    single = {i.id: i for i in trace_program(sc, None).inputs}
+    compared = 0
+    for r in range(sc.world_size):
+        for inp in trace_program(sc, r).inputs:
+            if not (isinstance(inp.declared, dict) and "megatron_tp" in inp.declared):
+                continue
+            assert inp.declared["megatron_tp"] == (r, 2), inp.declared
+            if inp.name.endswith("bias"):
+                continue  # zeros: values cannot tell (tested above)
+            with_attrs = input_lineage(single[inp.id], r, inp, {}, sc.path)
+            hidden = dataclasses.replace(inp, declared=None)
+            by_value = input_lineage(single[inp.id], r, hidden, {}, sc.path)
+            assert with_attrs.slice == by_value.slice == megatron_block(
+                single[inp.id].shape, inp.shape, inp.declared), (inp.id, r)
+            compared += 1
+    assert compared == 4  # fc1 and fc2 weights on two ranks
+
+
+def _inputs(single_values, rank_values, declared=None):
+    s = InputTensor("param.b", "param", "b", tuple(single_values[0].shape), list(single_values))
+    m = InputTensor("param.b", "param", "b", tuple(rank_values[0].shape), list(rank_values),
+                    declared=declared)
+    return s, m
+
+
+def test_a_constant_shard_is_refused_unless_megatron_places_it():
+    """Zeros of half the size match either half: refused by name without a declaration,
+    taken at Megatron's tensor-parallel place with one, refused where the values there
+    differ (a constant 1 is no block of zeros)."""
+    zeros, half = [torch.zeros(8)] * 2, [torch.zeros(4)] * 2
+    s, m = _inputs(zeros, half)
+    with pytest.raises(InputError, match="degenerate"):
+        input_lineage(s, 1, m, {}, "train.py")
+    place = {"megatron_partition_dim": 0, "megatron_tp": (1, 2), "megatron_stride": 1}
+    s, m = _inputs(zeros, half, place)
+    assert input_lineage(s, 1, m, {}, "train.py").slice == ((4, 8),)
+    s, m = _inputs(zeros, [torch.ones(4)] * 2, place)
+    with pytest.raises(InputError, match="equals no block"):
+        input_lineage(s, 1, m, {}, "train.py")
+    # a strided partition is no single block: refused as without attributes
+    s, m = _inputs(zeros, half, dict(place, megatron_stride=2))
+    with pytest.raises(InputError, match="degenerate"):
+        input_lineage(s, 1, m, {}, "train.py")
+
+
+def test_a_constant_tensor_of_the_full_shape_is_its_only_block():
+    s, m = _inputs([torch.zeros(3, 4)] * 2, [torch.zeros(3, 4)] * 2)
+    prov = input_lineage(s, 0, m, {}, "train.py")
+    assert prov.slice == ((0, 3), (0, 4)) and prov.how.startswith("the only block")
+    s, m = _inputs([torch.zeros(3, 4)] * 2, [torch.full((3, 4), 2.0)] * 2)
+    with pytest.raises(InputError, match="equals no block"):
+        input_lineage(s, 0, m, {}, "train.py")
