@@ -644,6 +644,34 @@ MUTATIONS: tuple[Mutation, ...] = (
          "tests/test_capture_megatron_core.py::"
          "test_a_constant_shard_is_refused_unless_megatron_places_it"), fast=True),
     Mutation(
+        "capture-partial-view-taken-whole",
+        "a view written in place counts as all of its storage whatever its extent, so a "
+        "read of its base after a write to part of it takes the part for the whole",
+        "capture's memory written in place",
+        (Patch("tvsmt/capture/trace.py",
+               "        return (isinstance(val, torch.Tensor) and val.storage_offset() == 0\n",
+               "        return (isinstance(val, torch.Tensor) or val.storage_offset() == 0\n"),),
+        ("tests/test_capture_inplace.py::"
+         "test_what_the_capture_cannot_follow_is_refused_in_one_line",), fast=True),
+    Mutation(
+        "capture-out-form-not-written",
+        "an out= form (torch.exp(x, out=x)) computes its value but does not make it the "
+        "written tensor's new version: later reads see the old values",
+        "capture's memory written in place",
+        (Patch("tvsmt/capture/trace.py",
+               "        for w in written_fx:\n            self.wrote(w, outs)\n",
+               "        for w in written_fx[1:]:\n            self.wrote(w, outs)\n"),),
+        ("tests/test_capture_inplace.py::"
+         "test_memory_written_in_place_is_captured_as_torch_computes_it",), fast=True),
+    Mutation(
+        "capture-empty-read-as-zeros",
+        "uninitialised memory (torch.empty) that the step reads is captured as zeros",
+        "capture's memory written in place",
+        (Patch("tvsmt/capture/trace.py", "        if not ignored(node):\n",
+               "        if False:\n"),),
+        ("tests/test_capture_inplace.py::"
+         "test_what_the_capture_cannot_follow_is_refused_in_one_line",), fast=True),
+    Mutation(
         "softmax-abstracts-undeclared",
         "the softmax entry's declaration of the real functions it leaves uninterpreted "
         "omits the division its rule applies",

@@ -1,8 +1,10 @@
-"""Megatron-Core's tensor-parallel layers as shipped (megatron-core 0.16.1, a test
-dependency) in the capture: `examples/megatron_core_mlp.py` is equivalent as written with no
-annotation (the shards come from Megatron's parameter attributes and parallel state, the
-biases' too, which start at zero), its planted bugs are violations at the user's line, and
-a constant tensor's block is taken only where it cannot be another."""
+"""Megatron-Core as shipped (megatron-core 0.16.1, a test dependency) in the capture:
+`examples/megatron_core_mlp.py` (its tensor-parallel linear layers) and
+`examples/megatron_core_gpt.py` (GPTModel: vocabulary-parallel embedding, attention, MLP,
+vocabulary-parallel cross entropy) are equivalent as written with no annotation (the shards
+come from Megatron's parameter attributes and parallel state, the biases' too, which start
+at zero), their planted bugs are violations at the user's line, and a constant tensor's
+block is taken only where it cannot be another."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from tvsmt.verify import Options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MLP = os.path.join(ROOT, "examples", "megatron_core_mlp.py")
+GPT = os.path.join(ROOT, "examples", "megatron_core_gpt.py")
 
 
 @pytest.fixture(autouse=True)
@@ -72,6 +75,32 @@ def test_a_softmax_over_the_sharded_features_is_a_violation(monkeypatch):
     assert "loss" in {f.tensor for f in report.failures if f.kind == "counterexample"}
     line = line_of(MLP, "h = torch.softmax(h, dim=-1)")
     assert any(s.endswith(f"megatron_core_mlp.py:{line}") for s in sources(report)), \
+        sources(report)
+
+
+def test_megatron_core_gpt_model_is_equivalent():
+    """One transformer layer of Megatron-Core's GPTModel (local spec) at tp2, traced on CPU:
+    its fused QKV, attention (scores masked in place through a view of an uninitialised
+    buffer's baddbmm), LayerNorms and Megatron's vocabulary-parallel cross entropy (its
+    exponentials written with out=) all captured and proven."""
+    report = check(GPT, Options(jobs=2, timeout=30))
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+    how = {(i["tensor"], i["rank"]): i["how"] for i in report.inputs}
+    assert how[("param.embedding.word_embeddings.weight", 1)].startswith(
+        "Megatron attributes (partition_dim=0)")
+    assert how[("param.decoder.layers.0.self_attention.linear_qkv.bias", 1)].startswith(
+        "Megatron attributes (partition_dim=0, tensor-parallel rank 1 of 2")
+    assert how[("param.output_layer.weight", 0)].startswith("Megatron attributes")
+
+
+def test_a_gpt_loss_divided_by_the_tensor_parallel_size_is_a_violation(monkeypatch):
+    monkeypatch.setenv("TVSMT_BUG", "loss-over-tp")
+    report = check(GPT, Options(jobs=2, timeout=30))
+    assert report.verdict == "violation"
+    wrong = {f.tensor for f in report.failures if f.kind == "counterexample"}
+    assert "loss" in wrong, wrong
+    line = line_of(GPT, "loss = loss / parallel_state")
+    assert any(s.endswith(f"megatron_core_gpt.py:{line}") for s in sources(report)), \
         sources(report)
 
 

@@ -30,6 +30,11 @@ from tvsmt.capture.script import CaptureScript, user_code_failed
 from tvsmt.capture.world import rank_world, reset_framework_singletons
 from tvsmt.errors import InputError
 
+# uninitialised memory: captured only where nothing reads its values (`unread_empty`),
+# through views that only select or reshape
+EMPTY_OPS = {"aten.empty.memory_format"}
+PURE_VIEW_OPS = {"aten.slice.Tensor", "aten.view.default", "aten._unsafe_view.default",
+                 "aten.reshape.default", "aten.alias.default"}
 IDENTITY_OPS = {"aten.detach.default", "aten.alias.default", "aten.lift_fresh_copy.default",
                 "_c10d_functional.wait_tensor.default"}
 REDUCE_OPS = {0: "sum", 1: "avg", 4: "max"}  # c10d ReduceOp codes the registry has an op for
@@ -284,6 +289,32 @@ def _storage(v) -> int | None:
     return None
 
 
+def _whole(val) -> bool:
+    """Does the tensor `val` view all of its storage, contiguously, from its start?"""
+    try:
+        return (isinstance(val, torch.Tensor) and val.storage_offset() == 0
+                and val.is_contiguous()
+                and val.numel() * val.element_size() == val.untyped_storage().nbytes())
+    except Exception:  # noqa: BLE001 - no storage to speak of: never taken for a whole view
+        return False
+
+
+def _without_out(target):
+    """The overload of an out= ATen op that takes the same arguments but `out` and writes
+    nothing (exp.out -> exp.default), or None."""
+    schema = target._schema
+    want = [(a.name, str(a.type)) for a in schema.arguments
+            if not (a.alias_info is not None and a.alias_info.is_write)]
+    packet = getattr(torch.ops.aten, schema.name.split("::")[-1], None)
+    for overload in packet.overloads() if packet is not None else ():
+        op = getattr(packet, overload)
+        theirs = op._schema.arguments
+        if not any(a.alias_info is not None and a.alias_info.is_write for a in theirs) and \
+                [(a.name, str(a.type)) for a in theirs] == want:
+            return op
+    return None
+
+
 def _dtype_of(fx_node) -> str | None:
     """The dtype of a non-floating tensor ("torch.int64", "torch.bool"): ATen entries such as
     index and index_put read it (a bool mask and 0/1 indices mean different things)."""
@@ -315,6 +346,10 @@ class _Converter:
         self.env: dict[Any, Any] = {}
         self.version: dict[int, int] = {}  # storage -> current version
         self.seen_version: dict[Any, tuple[int, int]] = {}  # fx node -> (storage, version)
+        # storage -> (SSA id, shape, version) of its whole new value, after an in-place or
+        # out= op wrote all of it: a stale read of another whole view of it is that value
+        # viewed in its own shape (`read`)
+        self.whole: dict[int, tuple[str, tuple[int, ...], int]] = {}
         self.nodes: list[CapNode] = []
         self.shapes: dict[str, tuple[int, ...]] = {}
 
@@ -340,9 +375,44 @@ class _Converter:
             self.fail(user, f"uses {fx_node.name}, which the capture could not convert")
         seen = self.seen_version.get(fx_node)
         if seen is not None and self.version.get(seen[0], 0) != seen[1]:
-            self.fail(user, f"reads {fx_node.name} after an in-place operation changed it "
-                            f"through an alias (a view written in place): not supported")
+            if not self.rederive(fx_node, user, seen[0]):
+                self.fail(user, f"reads {fx_node.name} after an in-place operation changed "
+                                f"it through an alias (a view written in place): not "
+                                f"supported")
         return self.env[fx_node]
+
+    def rederive(self, fx_node, user, storage: int) -> bool:
+        """A stale `fx_node` that views all of its storage, whose whole new value an
+        in-place or out= op wrote (`whole`): that value in `fx_node`'s shape (a view node),
+        e.g. Megatron's attention scores masked in place through a view of the batched
+        matmul's result. False for anything else (a partial view: refused by the caller)."""
+        latest = self.whole.get(storage)
+        val = fx_node.meta.get("val")
+        if latest is None or latest[2] != self.version.get(storage, 0) or not _whole(val):
+            return False
+        vid, shape, version = latest
+        if tuple(val.shape) != shape:
+            target = torch.ops.aten.view.default
+            args = (Ref(0, _dtype_of(fx_node)), list(val.shape))
+            new = f"{fx_node.name}_v{version}"
+            self.shapes[new] = tuple(val.shape)
+            self.nodes.append(CapNode(new, str(target), [vid], [new],
+                                      {"args": _to_json(args), "kwargs": {}},
+                                      source_of(user, self.path), call=(target, args, {}),
+                                      mb=microbatch_of(user)))
+            vid = new
+        self.env[fx_node] = vid
+        self.seen_version[fx_node] = (storage, version)
+        return True
+
+    def wrote(self, fx_tensor, value) -> None:
+        """`fx_tensor` was written in place with `value` (an SSA id): a new version of its
+        storage, whole when it covers all of the storage."""
+        self.mutate(fx_tensor)
+        val = fx_tensor.meta.get("val")
+        s = _storage(val)
+        if s is not None and isinstance(value, str) and _whole(val):
+            self.whole[s] = (value, tuple(val.shape), self.version[s])
 
     # main -----------------------------------------------------------------------------
     def convert(self, inputs: list[InputTensor], pnames: list[str]) -> Program:
@@ -443,18 +513,23 @@ class _Converter:
             value = self.read(node.args[0], node)
             self.define(node, value)
             return
+        if name in EMPTY_OPS:
+            target, name = self.unread_empty(node)
         schema = target._schema
         written = [i for i, a in enumerate(schema.arguments)
                    if a.alias_info is not None and a.alias_info.is_write]
+        call_kwargs = dict(node.kwargs)
+        written_fx = []
         if written:
-            target, name = self.functional(node, target, written)
+            target, name, written_fx = self.functional(node, target, written)
+            call_kwargs.pop("out", None)
         inputs: list[str] = []
         args = self.template(node, node.args, inputs)
-        kwargs = self.template(node, dict(node.kwargs), inputs)
+        kwargs = self.template(node, call_kwargs, inputs)
         val = node.meta.get("val")
         outs = self.outputs_of(node, val)
-        for w in written:
-            self.mutate(node.args[w])
+        for w in written_fx:
+            self.wrote(w, outs)
         cap = CapNode(node.name, name, inputs, tensor_slots(outs),
                       {"args": _to_json(args), "kwargs": _to_json(kwargs)},
                       source_of(node, self.path), call=(target, args, kwargs),
@@ -481,18 +556,54 @@ class _Converter:
             self.fail(node, f"{node.target}: no traced value (a data-dependent result?)")
         return val
 
+    def unread_empty(self, node):
+        """`torch.empty` (uninitialised memory) whose values nothing reads: through views
+        only (slice, view, reshape), its readers are `baddbmm` with beta 0 taking it as the
+        term to add, which torch ignores (Megatron's buffer for the attention scores).
+        Captured as zeros, which no result then depends on; any other use of uninitialised
+        memory is refused, never given values it does not have."""
+        def ignored(value) -> bool:
+            if not value.users:
+                return False
+            for user in value.users:
+                if str(user.target) in PURE_VIEW_OPS and user.args[0] is value:
+                    if not ignored(user):
+                        return False
+                    continue
+                if str(user.target) != "aten.baddbmm.default" or user.args[0] is not value \
+                        or any(a is value for a in user.args[1:]):
+                    return False
+                beta = user.kwargs.get("beta", user.args[3] if len(user.args) > 3 else 1)
+                if not (isinstance(beta, (int, float)) and beta == 0):
+                    return False
+            return True
+
+        if not ignored(node):
+            self.fail(node, f"{node.target}: uninitialised memory (torch.empty) that the step "
+                            f"reads: not supported")
+        return torch.ops.aten.zeros.default, "aten.zeros.default"
+
     def functional(self, node, target, written):
-        """The functional overload of an in-place ATen op (add_ -> add): its output is the new
-        version of the written argument."""
-        if written != [0] or target._schema.name.endswith("_out") or "out" in node.kwargs:
-            self.fail(node, f"{target}: in-place or out= form not supported")
-        packet = target._schema.name.split("::")[-1]
-        base = packet[:-1] if packet.endswith("_") else packet
-        try:
-            functional = getattr(getattr(torch.ops.aten, base), target._overloadname)
-        except AttributeError:
-            self.fail(node, f"{target}: no functional form aten.{base}")
-        return functional, str(functional)
+        """The functional overload of an in-place ATen op (add_ -> add) or of an out= form
+        (exp.out -> exp.default: the overload with the same arguments but `out`), and the fx
+        tensor written: the functional output is its new version."""
+        args = target._schema.arguments
+        if written == [0] and not target._schema.name.endswith("_out") \
+                and "out" not in node.kwargs and node.args:
+            packet = target._schema.name.split("::")[-1]
+            base = packet[:-1] if packet.endswith("_") else packet
+            try:
+                functional = getattr(getattr(torch.ops.aten, base), target._overloadname)
+            except AttributeError:
+                self.fail(node, f"{target}: no functional form aten.{base}")
+            return functional, str(functional), [node.args[0]]
+        out = node.kwargs.get("out")
+        if len(written) == 1 and args[written[0]].name == "out" and \
+                args[written[0]].kwarg_only and isinstance(out, torch.fx.Node):
+            functional = _without_out(target)
+            if functional is not None:
+                return functional, str(functional), [out]
+        self.fail(node, f"{target}: in-place or out= form not supported")
 
     # collectives ----------------------------------------------------------------------
     def group_ranks(self, node, arg) -> tuple[int, ...]:

@@ -1,0 +1,73 @@
+"""Megatron-Core's GPTModel as shipped (megatron-core 0.16.1, the local transformer layer
+spec), tp2: vocabulary-parallel embedding, one transformer layer (fused QKV column-parallel,
+attention, row-parallel projection, MLP), LayerNorms, the vocabulary-parallel output layer
+and Megatron's vocabulary-parallel cross entropy. No annotation: Megatron's parameter
+attributes and parallel state give every shard. The CPU settings below are what Megatron-Core
+needs without a GPU (../shared/notes/capture.md in the tvsmt project lists them).
+
+    pip install megatron-core==0.16.1
+    tvsmt check examples/megatron_core_gpt.py                       # equivalent
+    TVSMT_BUG=loss-over-tp tvsmt check examples/megatron_core_gpt.py
+
+Planted bug (environment variable TVSMT_BUG):
+  loss-over-tp    the loss divided by the tensor-parallel size, as if the ranks' losses
+                  were summed (they are one loss, computed on every rank)
+"""
+
+import os
+import warnings
+
+import torch
+import torch.distributed as dist
+
+warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+warnings.filterwarnings("ignore", message="Apex is not installed")
+warnings.filterwarnings("ignore", message="When using async grad allreduce")  # CUDA advice
+torch.cuda.current_device = lambda: "cpu"  # Megatron-Core asks for a device in a few places
+from megatron.core import parallel_state, tensor_parallel  # noqa: E402
+from megatron.core.models.gpt import GPTModel  # noqa: E402
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # noqa: E402
+from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
+
+WORLD_SIZE = 2
+VOCAB, SEQ, BATCH, HIDDEN, HEADS = 32, 4, 2, 16, 4
+BUG = os.environ.get("TVSMT_BUG", "")
+
+
+def _build(tp):
+    # tvsmt resets Megatron-Core's parallel state before every build
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp,
+                                             create_gloo_process_groups=False)
+    tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    config = TransformerConfig(
+        num_layers=1, hidden_size=HIDDEN, num_attention_heads=HEADS,
+        tensor_model_parallel_size=tp, use_cpu_initialization=True,
+        hidden_dropout=0.0, attention_dropout=0.0,  # no randomness between the programs
+        gradient_accumulation_fusion=False, bias_activation_fusion=False,
+        masked_softmax_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
+        persist_layer_norm=False)
+    model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=VOCAB,
+                     max_sequence_length=SEQ)
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
+    labels = torch.randint(0, VOCAB, (BATCH, SEQ))
+    return model, (tokens, labels)
+
+
+def build_single():
+    return _build(1)
+
+
+def build_rank(rank):
+    return _build(dist.get_world_size())
+
+
+def train_step(model, batch):
+    tokens, labels = batch
+    b, s = tokens.shape
+    positions = torch.arange(s).unsqueeze(0).expand(b, s)
+    causal = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool), diagonal=1)  # True: masked
+    loss = model(tokens, positions, causal, labels=labels).float().mean()
+    if BUG == "loss-over-tp":
+        loss = loss / parallel_state.get_tensor_model_parallel_world_size()
+    loss.backward()
+    return loss

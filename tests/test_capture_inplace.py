@@ -1,0 +1,116 @@
+"""What the capture makes of memory written in place (tvsmt/capture/trace.py), as Megatron-Core
+writes it: an out= form (`torch.exp(x, out=x)`), a whole view written in place and its base
+read afterwards (the attention scores masked through a view of the batched matmul's
+result), uninitialised memory that `baddbmm(beta=0)` ignores. Each captured program, run on
+the traced inputs, gives the loss and gradients eager torch gives; a partial view written in
+place, and uninitialised memory that is read, stay one-line refusals."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from tvsmt.capture.execute import run
+from tvsmt.capture.script import load_script
+from tvsmt.capture.trace import build, trace_program
+from tvsmt.errors import InputError
+
+HEADER = """
+import torch
+WORLD_SIZE = 2
+
+
+class ExpInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x.clone()
+        torch.exp(y, out=y)  # Megatron's cross entropy writes its exponentials so
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * y
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+{forward}
+
+
+def build_single():
+    return Model(), torch.randn(2, 4)
+
+
+def build_rank(rank):
+    return build_single()
+
+
+def train_step(model, x):
+    loss = model(x)
+    loss.backward()
+    return loss
+"""
+
+CASES = {
+    "out-form": """
+        h = self.lin(x)
+        return ExpInPlace.apply(h).sum()
+""",
+    "whole-view-written": """
+        b = self.lin(x) * 1.0
+        v = b.view(2, 2, 2)
+        v.masked_fill_(v > 0.5, -3.0)  # in place through a view of all of b
+        return (b * b).sum()  # b read after its view was written
+""",
+    "empty-ignored-by-baddbmm": """
+        h = self.lin(x).view(1, 2, 4)
+        buf = torch.empty(8)[0:4].view(1, 2, 2)  # uninitialised, as Megatron's buffer
+        scores = torch.baddbmm(buf, h, h.transpose(1, 2), beta=0.0, alpha=0.5)
+        return torch.softmax(scores, dim=-1).sum() + scores.sum()
+""",
+}
+
+
+def _script(tmp_path, forward: str) -> str:
+    body = HEADER.replace("{forward}", textwrap.indent(textwrap.dedent(forward), " " * 8))
+    path = tmp_path / "train.py"
+    path.write_text(body)
+    return str(path)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_memory_written_in_place_is_captured_as_torch_computes_it(tmp_path, case):
+    sc = load_script(_script(tmp_path, CASES[case]))
+    program = trace_program(sc, None)
+    values = run([(0, n) for n in program.nodes], {i.id: i.draws[0] for i in program.inputs})
+    model, x = build(sc, None, 0)  # draw 0 again: the inputs the trace recorded
+    loss = sc.train_step(model, x)
+    assert torch.allclose(values[program.loss], loss.detach(), rtol=1e-6), case
+    for name, p in model.named_parameters():
+        assert torch.allclose(values[program.grads[name]], p.grad, rtol=1e-6), (case, name)
+
+
+@pytest.mark.parametrize("forward,refusal", [
+    ("""
+        b = self.lin(x) * 1.0
+        b[0].mul_(2.0)  # a partial view written in place
+        return (b * b).sum()
+""", "through an alias"),
+    ("""
+        buf = torch.empty(2, 4)
+        return (self.lin(x) + buf).sum()  # uninitialised memory read
+""", "uninitialised memory"),
+])
+def test_what_the_capture_cannot_follow_is_refused_in_one_line(tmp_path, forward, refusal):
+    sc = load_script(_script(tmp_path, forward))
+    with pytest.raises(InputError, match=refusal) as e:
+        trace_program(sc, None)
+    assert "\n" not in str(e.value)
