@@ -672,6 +672,17 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_capture_inplace.py::"
          "test_what_the_capture_cannot_follow_is_refused_in_one_line",), fast=True),
     Mutation(
+        "divisor-search-skips-relations",
+        "shape reduction's divisor search checks a product relation only when a class of its "
+        "left side is chosen last, so a relation closed by its right side goes unchecked",
+        "shape reduction",
+        (Patch("tvsmt/shapes/dims.py", "        for c in set(rel[0] + rel[1]):\n",
+               "        for c in set(rel[0]):\n"),),
+        ("tests/test_encoding.py::"
+         "test_divisor_search_over_thousands_of_related_classes_needs_no_recursion",
+         "tests/test_encoding.py::test_divisor_solver_keeps_partitions_products_and_minimums"),
+        fast=True),
+    Mutation(
         "softmax-abstracts-undeclared",
         "the softmax entry's declaration of the real functions it leaves uninterpreted "
         "omits the division its rule applies",

@@ -120,6 +120,19 @@ def test_divisor_solver_keeps_partitions_products_and_minimums():
     assert sizes[H.id] % 2 == 0 and sizes[H.id] <= 8
 
 
+def test_divisor_search_over_thousands_of_related_classes_needs_no_recursion():
+    """A stage with thousands of dimension classes tied by products (a reshape each) is
+    searched without running into Python's recursion limit, and every product holds."""
+    s = DivisorSolver()
+    triples = [(s.new(64), s.new(8), s.new(8)) for _ in range(1500)]
+    for a, b, c in triples:
+        s.add((b * c) == a)
+    sizes = s.solve()
+    for a, b, c in triples:
+        assert sizes[a.id] == sizes[b.id] * sizes[c.id]
+        assert (sizes[a.id], sizes[b.id]) == (4, 2)  # reduced: divisors 16 and 4
+
+
 def test_reduction_shrinks_the_llama_fixture_but_keeps_partitions():
     single, parallel = (load_plan(p) for p in fixture_pair("llama3-ly2-dp2pp2tp2mb2"))
     cut = cut_stages(single, parallel)
