@@ -667,8 +667,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "capture-empty-read-as-zeros",
         "uninitialised memory (torch.empty) that the step reads is captured as zeros",
         "capture's memory written in place",
-        (Patch("tvsmt/capture/trace.py", "        if not ignored(node):\n",
-               "        if False:\n"),),
+        (Patch("tvsmt/capture/trace.py", "        return ignored(node)\n",
+               "        return True\n"),),
         ("tests/test_capture_inplace.py::"
          "test_what_the_capture_cannot_follow_is_refused_in_one_line",), fast=True),
     Mutation(

@@ -30,7 +30,7 @@ from tvsmt.capture.script import CaptureScript, user_code_failed
 from tvsmt.capture.world import rank_world, reset_framework_singletons
 from tvsmt.errors import InputError
 
-# uninitialised memory: captured only where nothing reads its values (`unread_empty`),
+# uninitialised memory: captured as zeros where nothing reads its values (`unread_empty`),
 # through views that only select or reshape
 EMPTY_OPS = {"aten.empty.memory_format"}
 PURE_VIEW_OPS = {"aten.slice.Tensor", "aten.view.default", "aten._unsafe_view.default",
@@ -395,6 +395,8 @@ class _Converter:
             target = torch.ops.aten.view.default
             args = (Ref(0, _dtype_of(fx_node)), list(val.shape))
             new = f"{fx_node.name}_v{version}"
+            while new in self.shapes:  # never another tensor's name
+                new += "_"
             self.shapes[new] = tuple(val.shape)
             self.nodes.append(CapNode(new, str(target), [vid], [new],
                                       {"args": _to_json(args), "kwargs": {}},
@@ -513,12 +515,16 @@ class _Converter:
             value = self.read(node.args[0], node)
             self.define(node, value)
             return
-        if name in EMPTY_OPS:
-            target, name = self.unread_empty(node)
+        zeroed = name in EMPTY_OPS and self.unread_empty(node)
+        if zeroed:  # values nobody reads: zeros (any other torch.empty stays as it is:
+            # dead where a collective overwrites it, else refused later as unknown)
+            target, name = torch.ops.aten.zeros.default, "aten.zeros.default"
         schema = target._schema
         written = [i for i, a in enumerate(schema.arguments)
                    if a.alias_info is not None and a.alias_info.is_write]
         call_kwargs = dict(node.kwargs)
+        if zeroed:
+            call_kwargs.pop("memory_format", None)  # zeros takes no layout in memory
         written_fx = []
         if written:
             target, name, written_fx = self.functional(node, target, written)
@@ -556,12 +562,12 @@ class _Converter:
             self.fail(node, f"{node.target}: no traced value (a data-dependent result?)")
         return val
 
-    def unread_empty(self, node):
-        """`torch.empty` (uninitialised memory) whose values nothing reads: through views
-        only (slice, view, reshape), its readers are `baddbmm` with beta 0 taking it as the
-        term to add, which torch ignores (Megatron's buffer for the attention scores).
-        Captured as zeros, which no result then depends on; any other use of uninitialised
-        memory is refused, never given values it does not have."""
+    def unread_empty(self, node) -> bool:
+        """Is `torch.empty` (uninitialised memory) unread: through views only (slice,
+        view, reshape), are its readers `baddbmm` with beta 0 taking it as the term to add,
+        which torch ignores (Megatron's buffer for the attention scores)? It is then
+        captured as zeros, which no result depends on. Uninitialised memory that is read is
+        never given values it does not have: it stays `aten.empty`, which no rule models."""
         def ignored(value) -> bool:
             if not value.users:
                 return False
@@ -578,10 +584,7 @@ class _Converter:
                     return False
             return True
 
-        if not ignored(node):
-            self.fail(node, f"{node.target}: uninitialised memory (torch.empty) that the step "
-                            f"reads: not supported")
-        return torch.ops.aten.zeros.default, "aten.zeros.default"
+        return ignored(node)
 
     def functional(self, node, target, written):
         """The functional overload of an in-place ATen op (add_ -> add) or of an out= form
