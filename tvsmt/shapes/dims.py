@@ -285,7 +285,7 @@ def _search(order, cand, prods, choice, budget) -> bool:
     its last class is chosen; at most `budget[0]` nodes entered. A loop with an explicit
     stack (a stage with a thousand related classes would exceed Python's recursion limit),
     each choice checked against the relations of its own class only (the others were
-    checked when they closed): on a large stage's failing search that was 97% of its time."""
+    checked when they closed): a captured GPT stage's failing search, 156 s -> 16 s."""
     n = len(order)
     if n == 0:
         return True
