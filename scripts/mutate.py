@@ -672,6 +672,26 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_capture_inplace.py::"
          "test_what_the_capture_cannot_follow_is_refused_in_one_line",), fast=True),
     Mutation(
+        "capture-uninitialised-read-allowed",
+        "an operator reading uninitialised memory (torch.empty given its values by `.data =`, "
+        "unseen by tracing) is captured as it is, computing on values it does not have",
+        "capture's memory written in place",
+        (Patch("tvsmt/capture/trace.py",
+               "        read = [t for t in inputs if t in self.uninitialised]\n",
+               "        read = []\n"),),
+        ("tests/test_capture_inplace.py::"
+         "test_what_the_capture_cannot_follow_is_refused_in_one_line",), fast=True),
+    Mutation(
+        "evaluation-token-ids-real",
+        "random evaluation gives token ids small integers only together with every other "
+        "input (which overflows exponentials), never beside real weights",
+        "random evaluation",
+        (Patch("tvsmt/encoding/concrete.py",
+               "    return kinds + [(b, alone) for b in (4, 16, 64)] if alone else kinds\n",
+               "    return kinds\n"),),
+        ("tests/test_evaluation_selection.py::"
+         "test_a_bug_only_integer_token_ids_show_is_a_violation",), fast=True),
+    Mutation(
         "divisor-search-skips-relations",
         "shape reduction's divisor search checks a product relation only when a class of its "
         "left side is chosen last, so a relation closed by its right side goes unchecked",

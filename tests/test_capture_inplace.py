@@ -38,6 +38,18 @@ class ExpInPlace(torch.autograd.Function):
         return g * y
 
 
+class Viewless(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # as Megatron-Core's make_viewless_tensor
+        out = torch.empty((1,), dtype=x.dtype)
+        out.data = x.data
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
 class Model(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -109,9 +121,34 @@ def test_memory_written_in_place_is_captured_as_torch_computes_it(tmp_path, case
     ("""
         buf = torch.empty(2, 4)
         return (self.lin(x) + buf).sum()  # uninitialised memory read
-""", "unknown operator 'aten.empty.memory_format'"),
+""", r"train.py:\d+: aten.add.Tensor reads uninitialised memory \(torch.empty at "
+     r"train.py:\d+\)"),
+    ("""
+        buf = torch.empty(8)[0:4].view(2, 2)  # read through views
+        return (self.lin(x)[:, :2] * buf).sum()
+""", "aten.mul.Tensor reads uninitialised memory"),
+    ("""
+        h = Viewless.apply(self.lin(x))  # values given by `.data =`, unseen by tracing
+        return (h * h).sum()
+""", r"reads uninitialised memory \(torch.empty at train.py:\d+\).*assigning `.data`"),
+    ("""
+        buf = torch.empty(2, 4)
+        torch.distributed.all_reduce(buf)  # a collective reading uninitialised memory
+        return (self.lin(x) + buf).sum()
+""", "all_reduce reads uninitialised memory"),
 ])
 def test_what_the_capture_cannot_follow_is_refused_in_one_line(tmp_path, forward, refusal):
     with pytest.raises(InputError, match=refusal) as e:
         check(_script(tmp_path, forward), Options(jobs=1, timeout=3))
     assert "\n" not in str(e.value)
+
+
+def test_a_captured_node_that_fails_to_run_is_named_with_its_line():
+    from tvsmt.capture.program import CapNode, Ref
+    from tvsmt.errors import InternalError
+
+    mm = CapNode("mm_1", "aten.mm.default", ["a", "b"], ["c"], {}, source="train.py:12",
+                 call=(torch.ops.aten.mm.default, (Ref(0), Ref(1)), {}))
+    with pytest.raises(InternalError, match=r"rank 1, node mm_1 \(aten.mm.default\) at "
+                                            r"train.py:12: RuntimeError: "):
+        run([(1, mm)], {"a": torch.ones(2, 3), "b": torch.ones(2, 3)})

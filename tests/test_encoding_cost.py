@@ -110,11 +110,11 @@ def _mismatches_one_by_one(f, seed: int = 0):
     """evaluate_at_random's answer computed the plain way: each comparison at each point,
     one `close` at a time (its points made as it makes them, its terms' values the points
     evaluator's, which the test above holds to the one-point evaluator)."""
-    from tvsmt.encoding.concrete import ABS, REL, _has_selection
+    from tvsmt.encoding.concrete import ABS, REL, point_kinds
     from tvsmt.encoding.evaluate import close
 
-    bounds = [None, None] + ([None, None, 4, 16, 64] if _has_selection(f) else [])
-    envs = [_point(f, random.Random(seed + k), b) for k, b in enumerate(bounds)]
+    envs = [_point(f, random.Random(seed + k), b, only)
+            for k, (b, only) in enumerate(point_kinds(f, 2))]
     if any(e is None for e in envs):
         return None
     ev = PointsEvaluator({n: np.array([e[n] for e in envs]) for n in envs[0]}, len(envs))

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from tvsmt.capture.program import CapNode, Ref, tensor_slots
-from tvsmt.errors import InputError
+from tvsmt.errors import InputError, InternalError
 
 
 def _fill(template: Any, tensors: list) -> Any:
@@ -59,12 +59,19 @@ def run(nodes: list[tuple[int, CapNode]], values: dict[str, torch.Tensor]) -> di
     with torch.no_grad():
         for rank, n in nodes:
             xs = [None if t is None else values[t] for t in n.inputs]
-            if n.comm is not None:
-                outs = [_collective(n, xs, rank)]
-            else:
-                target, args, kwargs = n.call
-                result = target(*_fill(args, xs), **_fill(kwargs, xs))
-                outs = tensor_slots(result)
+            try:
+                if n.comm is not None:
+                    outs = [_collective(n, xs, rank)]
+                else:
+                    target, args, kwargs = n.call
+                    outs = tensor_slots(target(*_fill(args, xs), **_fill(kwargs, xs)))
+            except (InputError, InternalError):
+                raise
+            except Exception as e:  # noqa: BLE001 - the converted program is tvsmt's own
+                at = f" at {n.source}" if n.source else ""
+                raise InternalError(f"while executing the captured program of rank {rank}, "
+                                    f"node {n.id} ({n.op}){at}: {type(e).__name__}: {e}",
+                                    node=n.id, op=n.op) from e
             for t, v in zip(n.outputs, outs):
                 if t is not None and isinstance(v, torch.Tensor):
                     values[t] = v

@@ -352,6 +352,9 @@ class _Converter:
         self.whole: dict[int, tuple[str, tuple[int, ...], int]] = {}
         self.nodes: list[CapNode] = []
         self.shapes: dict[str, tuple[int, ...]] = {}
+        # SSA id -> fx node of the torch.empty whose uninitialised memory it is (itself or a
+        # view of it): an operator that reads one is refused (`refuse_uninitialised_reads`)
+        self.uninitialised: dict[str, Any] = {}
 
     def fail(self, node, message: str):
         src = source_of(node, self.path)
@@ -534,6 +537,7 @@ class _Converter:
         kwargs = self.template(node, call_kwargs, inputs)
         val = node.meta.get("val")
         outs = self.outputs_of(node, val)
+        self.refuse_uninitialised_reads(node, name, inputs, outs)
         for w in written_fx:
             self.wrote(w, outs)
         cap = CapNode(node.name, name, inputs, tensor_slots(outs),
@@ -585,6 +589,33 @@ class _Converter:
             return True
 
         return ignored(node)
+
+    def refuse_uninitialised_reads(self, node, name: str, inputs: list[str], outs) -> None:
+        """Uninitialised memory (`torch.empty` that is not `unread_empty`) may only be viewed
+        or handed to a collective as its output buffer. An operator that reads it computes on
+        values the traced graph does not have: eager torch gave that tensor its values
+        outside the traced operators (`tensor.data = ...`, as Megatron-Core's
+        make_viewless_tensor does), so the captured program is not the code's. Refused here,
+        naming the line, before any value is computed from it."""
+        if name in EMPTY_OPS:
+            self.uninitialised[outs] = node
+            return
+        read = [t for t in inputs if t in self.uninitialised]
+        if not read:
+            return
+        if name in PURE_VIEW_OPS:
+            self.uninitialised[outs] = self.uninitialised[read[0]]
+            return
+        empty = self.uninitialised[read[0]]
+        src = source_of(empty, self.path)
+        frames = _FRAME.findall(empty.meta.get("stack_trace") or "")
+        made = f" at {src}" if src else ""
+        if frames and os.path.abspath(frames[-1][0]) != self.path:  # inside a library
+            made += f", in {frames[-1][0]}:{frames[-1][1]}"
+        made = f" (torch.empty{made})"
+        self.fail(node, f"{name} reads uninitialised memory{made}: its values were given "
+                        f"outside the traced operators (e.g. by assigning `.data`), which "
+                        f"tracing does not see; not supported")
 
     def functional(self, node, target, written):
         """The functional overload of an in-place ATen op (add_ -> add) or of an out= form
@@ -639,6 +670,8 @@ class _Converter:
         inp = src_fx if isinstance(src_fx, str) else self.read(src_fx, node)
         if not isinstance(inp, str):
             self.fail(node, f"{node.target}: the input is not a tensor")
+        if not (kind == "broadcast" and src != self.rank):  # a receiver's buffer is not read
+            self.refuse_uninitialised_reads(node, kind, [inp], out_id)
         out = out_id
         op = kind
         if kind in ("all_reduce", "reduce_scatter"):

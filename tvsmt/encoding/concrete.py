@@ -77,28 +77,51 @@ def _linear(term, coef: Fraction, out: dict) -> None:
         raise NotLinear()
 
 
-def _has_selection(formula: StageFormula) -> bool:
+def _selections(formula: StageFormula) -> tuple[bool, set[str]]:
     """Does a compared term select by value (an if-then-else, e.g. [idx == e] in MoE
-    routing or a token-id range)? Random reals never hit such a case's branch points."""
+    routing or a token-id range)? Random reals never hit such a case's branch points. And
+    the input symbols that select alone: each the only symbol of some if-then-else's
+    condition (a token id against the rows of an embedding, an expert index against an
+    expert), unlike a maximum's condition, which compares two computed values."""
     stack = [t for c in formula.comparisons for t in (c.lhs, c.rhs)]
     seen: set = set()
+    selects, alone = False, set()
     while stack:
         t = stack.pop()
         if t in seen:
             continue
         seen.add(t)
         if t.is_ite():
-            return True
+            selects = True
+            free = t.args()[0].get_free_variables()
+            if len(free) == 1:
+                alone.add(next(iter(free)).symbol_name())
         stack.extend(t.args())
-    return False
+    return selects, alone & set(formula.inputs)
 
 
-def _point(formula: StageFormula, rng: random.Random,
-           ints: int | None = None) -> dict[str, float] | None:
+def point_kinds(formula: StageFormula, points: int) -> list[tuple[int | None, set[str] | None]]:
+    """The points evaluate_at_random draws, as `_point`'s (ints, only) arguments: `points`
+    real points; where the stage selects by value, more real points and then small
+    integers, since a random real never equals an expert index or a token id. Small
+    integers everywhere make whole models overflow or divide by zero (a LayerNorm of equal
+    values), so the symbols that select alone (token ids) also get small integers beside
+    real values everywhere else."""
+    selects, alone = _selections(formula)
+    if not selects:
+        return [(None, None)] * points
+    kinds = [(None, None)] * max(points, 4) + [(b, None) for b in (4, 16, 64)]
+    return kinds + [(b, alone) for b in (4, 16, 64)] if alone else kinds
+
+
+def _point(formula: StageFormula, rng: random.Random, ints: int | None = None,
+           only: set[str] | None = None) -> dict[str, float] | None:
     """Random values for the stage's input symbols that satisfy its assumptions (small
-    integers below `ints` instead of reals in (0.5, 1.5) when given)."""
+    integers below `ints` instead of reals in (0.5, 1.5) when given: for the symbols in
+    `only` if given, else for all)."""
     names = sorted(formula.inputs)
-    env = {n: (rng.uniform(0.5, 1.5) if ints is None else float(rng.randrange(ints)))
+    env = {n: (rng.uniform(0.5, 1.5) if ints is None or (only is not None and n not in only)
+               else float(rng.randrange(ints)))
            for n in names}
     if not formula.constraints:
         return env
@@ -195,16 +218,12 @@ def evaluate_at_random(formula: StageFormula, points: int = 2, seed: int = 0) ->
     ev_out = Evaluation()
     if not formula.comparisons:
         return ev_out
-    # Where the stage selects by value, more real points and then small integers: a random
-    # real never equals an expert index or a token id.
-    ints: list[int | None] = [None] * points
-    if _has_selection(formula):
-        ints = [None] * max(points, 4) + [4, 16, 64]
+    kinds = point_kinds(formula, points)
     envs = []
-    for k, bound in enumerate(ints):
+    for k, (bound, only) in enumerate(kinds):
         rng = random.Random(seed + k)
         try:
-            env = _point(formula, rng, bound)
+            env = _point(formula, rng, bound, only)
         except NotLinear:
             ev_out.note = "assumptions are not linear"
             break

@@ -1,0 +1,110 @@
+"""Random evaluation of stages that select by value (tvsmt/encoding/concrete.py): token ids
+get small integers while everything else stays real.
+
+A random real never equals a token id, so at real points an embedding selects no row and
+every sample of a batch looks the same: a bug that mixes or drops samples is invisible. Small
+integers everywhere instead overflow whatever exponentiates large values (attention's softmax
+in Megatron-Core's GPTModel: every such point was NaN, and a captured GPTModel whose ranks
+each took half the batch ended inconclusive after 18 solver timeouts). The script below is
+that case in small: the solver times out on the wrong gradient's stage, and only a point
+with integer token ids and real weights shows it wrong."""
+
+from __future__ import annotations
+
+import random
+import textwrap
+
+import pytest
+
+from tvsmt.capture import check
+from tvsmt.verify import Options
+
+SCRIPT = """
+import os
+import torch
+import torch.distributed as dist
+
+WORLD_SIZE = 2
+VOCAB, HIDDEN, BATCH, SEQ = 8, 4, 4, 2
+BUG = os.environ.get("TVSMT_BUG", "")
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, HIDDEN)
+        self.norm = torch.nn.LayerNorm(HIDDEN)
+        self.out = torch.nn.Linear(HIDDEN, 2)
+
+    def forward(self, tokens):
+        # large values exponentiated, as unscaled attention scores are
+        return torch.exp(self.out(self.norm(self.emb(tokens))) * 100.0).mean()
+
+
+def build_single():
+    return Model(), torch.randint(0, VOCAB, (BATCH, SEQ))
+
+
+def build_rank(rank):
+    model, tokens = build_single()
+    h = BATCH // WORLD_SIZE
+    return model, tokens[rank * h:(rank + 1) * h]
+
+
+def train_step(model, tokens):
+    loss = model(tokens)
+    loss.backward()
+    for p in model.parameters():
+        if not (BUG == "norm-grad-unsynced" and p is model.norm.weight):
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+    loss = loss.detach().clone()
+    dist.all_reduce(loss, op=dist.ReduceOp.AVG)
+    return loss
+"""
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "embedding_dp.py"
+    path.write_text(textwrap.dedent(SCRIPT))
+    return str(path)
+
+
+def test_a_bug_only_integer_token_ids_show_is_a_violation(script, monkeypatch):
+    monkeypatch.setenv("TVSMT_BUG", "norm-grad-unsynced")
+    report = check(script, Options(jobs=1, timeout=5))
+    assert report.verdict == "violation", [f.message for f in report.failures]
+    [bad] = [f for f in report.failures if f.kind == "counterexample"]
+    assert bad.tensor == "grad.norm.weight"
+    tokens = {k: v for k, v in bad.counterexample["inputs"].items() if "batch" in k}
+    weights = {k: v for k, v in bad.counterexample["inputs"].items() if "param" in k}
+    assert tokens and all(float(v) == int(float(v)) for v in tokens.values()), tokens
+    assert any(float(v) != int(float(v)) for v in weights.values()), weights
+
+
+def test_the_same_program_without_the_bug_is_proven(script, monkeypatch):
+    monkeypatch.delenv("TVSMT_BUG", raising=False)
+    report = check(script, Options(jobs=1, timeout=5))
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+
+
+def test_only_symbols_that_select_alone_get_integers_beside_reals():
+    from pysmt.shortcuts import GE, Equals, Ite, Plus, Real, Symbol, Times
+    from pysmt.typing import REAL
+
+    from tvsmt.encoding.concrete import _point, point_kinds
+    from tvsmt.encoding.stage import Comparison, StageFormula
+
+    tok, w, a, b = (Symbol(n, REAL) for n in ("tok", "w", "a", "b"))
+    # a row chosen by a token id, and a maximum of two computed values
+    row = Ite(Equals(tok, Real(1)), w, Real(0))
+    biggest = Ite(GE(Times(a, w), b), Times(a, w), b)
+    f = StageFormula(stage=None, constraints=[],
+                     comparisons=[Comparison(0, (), (), Plus(row, biggest), row)],
+                     inputs={n: ("s:x", (i,)) for i, n in enumerate(("tok", "w", "a", "b"))})
+    kinds = point_kinds(f, 2)
+    assert {b for b, only in kinds if only is not None} == {4, 16, 64}
+    assert all(only == {"tok"} for _, only in kinds if only is not None)
+    mixed = _point(f, random.Random(0), 16, {"tok"})
+    assert mixed["tok"] == int(mixed["tok"])
+    assert all(0.5 <= mixed[n] <= 1.5 for n in ("w", "a", "b"))
