@@ -687,10 +687,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         "input (which overflows exponentials), never beside real weights",
         "random evaluation",
         (Patch("tvsmt/encoding/concrete.py",
-               "    return kinds + [(b, alone) for b in (4, 16, 64)] if alone else kinds\n",
+               "    return kinds + [(b, alone) for b in (4, 4, 16, 16, 64, 64)] if alone else kinds\n",
                "    return kinds\n"),),
         ("tests/test_evaluation_selection.py::"
          "test_a_bug_only_integer_token_ids_show_is_a_violation",), fast=True),
+    Mutation(
+        "evaluation-branch-points-unused",
+        "random evaluation draws the symbols that select alone from small integers only, "
+        "never from their conditions' branch points (a label ignored at -100)",
+        "random evaluation",
+        (Patch("tvsmt/encoding/concrete.py",
+               "        rare = sorted(v for v in (only or {}).get(n, ()) if not 0 <= v < ints)\n",
+               "        rare = []\n"),),
+        ("tests/test_evaluation_selection.py::"
+         "test_a_mean_of_ranks_means_is_a_violation_where_labels_are_ignored",), fast=True),
     Mutation(
         "divisor-search-skips-relations",
         "shape reduction's divisor search checks a product relation only when a class of its "

@@ -63,6 +63,47 @@ def train_step(model, tokens):
 """
 
 
+MEAN_OF_MEANS = """
+import torch
+import torch.distributed as dist
+
+WORLD_SIZE = 2
+VOCAB, HIDDEN, BATCH, SEQ = 8, 4, 4, 2
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, HIDDEN)
+        self.norm = torch.nn.LayerNorm(HIDDEN)
+        self.out = torch.nn.Linear(HIDDEN, VOCAB)
+
+    def forward(self, tokens, labels):
+        logits = self.out(self.norm(self.emb(tokens))).view(-1, VOCAB)
+        return torch.nn.functional.cross_entropy(logits, labels.view(-1))  # mean, ignores -100
+
+
+def build_single():
+    return Model(), (torch.randint(0, VOCAB, (BATCH, SEQ)), torch.randint(0, VOCAB, (BATCH, SEQ)))
+
+
+def build_rank(rank):
+    model, (tokens, labels) = build_single()
+    h = BATCH // WORLD_SIZE
+    return model, (tokens[rank * h:(rank + 1) * h], labels[rank * h:(rank + 1) * h])
+
+
+def train_step(model, batch):
+    loss = model(*batch)  # the mean over this rank's labels ...
+    loss.backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)  # ... averaged over the ranks
+    loss = loss.detach().clone()
+    dist.all_reduce(loss, op=dist.ReduceOp.AVG)
+    return loss
+"""
+
+
 @pytest.fixture
 def script(tmp_path):
     path = tmp_path / "embedding_dp.py"
@@ -89,22 +130,44 @@ def test_the_same_program_without_the_bug_is_proven(script, monkeypatch):
 
 
 def test_only_symbols_that_select_alone_get_integers_beside_reals():
-    from pysmt.shortcuts import GE, Equals, Ite, Plus, Real, Symbol, Times
+    from pysmt.shortcuts import GE, LT, Equals, Ite, Minus, Or, Plus, Real, Symbol, Times
     from pysmt.typing import REAL
 
     from tvsmt.encoding.concrete import _point, point_kinds
     from tvsmt.encoding.stage import Comparison, StageFormula
 
-    tok, w, a, b = (Symbol(n, REAL) for n in ("tok", "w", "a", "b"))
-    # a row chosen by a token id, and a maximum of two computed values
+    tok, lab, w, a, b = (Symbol(n, REAL) for n in ("tok", "lab", "w", "a", "b"))
+    # a row chosen by a token id, a label ignored at -100, a vocabulary range of 4 to 8
+    # (Megatron's mask), and a maximum of two computed values
     row = Ite(Equals(tok, Real(1)), w, Real(0))
+    kept = Ite(Equals(lab, Real(-100)), Real(0), w)
+    masked = Ite(Or(LT(tok, Real(4)), GE(Minus(tok, Real(4)), Real(4))), Real(0), w)
     biggest = Ite(GE(Times(a, w), b), Times(a, w), b)
+    names = ("tok", "lab", "w", "a", "b")
     f = StageFormula(stage=None, constraints=[],
-                     comparisons=[Comparison(0, (), (), Plus(row, biggest), row)],
-                     inputs={n: ("s:x", (i,)) for i, n in enumerate(("tok", "w", "a", "b"))})
+                     comparisons=[Comparison(0, (), (), Plus(row, kept, masked, biggest), row)],
+                     inputs={n: ("s:x", (i,)) for i, n in enumerate(names)})
     kinds = point_kinds(f, 2)
-    assert {b for b, only in kinds if only is not None} == {4, 16, 64}
-    assert all(only == {"tok"} for _, only in kinds if only is not None)
-    mixed = _point(f, random.Random(0), 16, {"tok"})
-    assert mixed["tok"] == int(mixed["tok"])
-    assert all(0.5 <= mixed[n] <= 1.5 for n in ("w", "a", "b"))
+    assert [b for b, only in kinds if only is not None] == [4, 4, 16, 16, 64, 64]
+    branch = {"tok": {1, 3, 4, 5, 7, 8, 9}, "lab": {-100}}
+    assert all(only == branch for _, only in kinds if only is not None)
+    mixed = [_point(f, random.Random(k), 16, branch) for k in range(40)]
+    assert all(p["tok"] == int(p["tok"]) and p["lab"] == int(p["lab"]) for p in mixed)
+    assert any(p["lab"] == -100 for p in mixed) and any(p["lab"] >= 0 for p in mixed)
+    assert all(0.5 <= p[n] <= 1.5 for p in mixed for n in ("w", "a", "b"))
+
+
+def test_a_mean_of_ranks_means_is_a_violation_where_labels_are_ignored(tmp_path):
+    """Data parallelism that averages the ranks' mean losses computes the single device's
+    mean only when every rank counts as many labels: with labels at cross entropy's ignored
+    index (-100) spread unevenly it does not. Small integers never reach -100 (the run was
+    inconclusive after 8 rounds of timeouts); the condition's own branch point does."""
+    path = tmp_path / "mean_of_means.py"
+    path.write_text(textwrap.dedent(MEAN_OF_MEANS))
+    report = check(str(path), Options(jobs=1, timeout=5))
+    assert report.verdict == "violation", [f.message for f in report.failures]
+    found = [f for f in report.failures if f.kind == "counterexample"]
+    assert {f.tensor for f in found} >= {"loss", "grad.out.weight"}
+    for f in found:
+        labels = [v for k, v in f.counterexample["inputs"].items() if "batch.1" in k]
+        assert "-100" in labels, (f.tensor, labels)

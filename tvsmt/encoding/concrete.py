@@ -18,6 +18,7 @@ NaN or infinity (outside a real function's domain) tell nothing and are skipped.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from fractions import Fraction
@@ -77,15 +78,16 @@ def _linear(term, coef: Fraction, out: dict) -> None:
         raise NotLinear()
 
 
-def _selections(formula: StageFormula) -> tuple[bool, set[str]]:
+def _selections(formula: StageFormula) -> tuple[bool, dict[str, set[int]]]:
     """Does a compared term select by value (an if-then-else, e.g. [idx == e] in MoE
     routing or a token-id range)? Random reals never hit such a case's branch points. And
-    the input symbols that select alone: each the only symbol of some if-then-else's
-    condition (a token id against the rows of an embedding, an expert index against an
-    expert), unlike a maximum's condition, which compares two computed values."""
+    the input symbols that select alone, each with the integers where its conditions change
+    (`_branch_points`): each such symbol is the only one in some if-then-else's condition (a
+    token id against the rows of an embedding or against an ignored index, an expert index
+    against an expert), unlike a maximum's condition, which compares two computed values."""
     stack = [t for c in formula.comparisons for t in (c.lhs, c.rhs)]
     seen: set = set()
-    selects, alone = False, set()
+    selects, alone = False, {}
     while stack:
         t = stack.pop()
         if t in seen:
@@ -93,36 +95,76 @@ def _selections(formula: StageFormula) -> tuple[bool, set[str]]:
         seen.add(t)
         if t.is_ite():
             selects = True
-            free = t.args()[0].get_free_variables()
+            cond = t.args()[0]
+            free = cond.get_free_variables()
             if len(free) == 1:
-                alone.add(next(iter(free)).symbol_name())
+                name = next(iter(free)).symbol_name()
+                if name in formula.inputs:
+                    alone.setdefault(name, set()).update(_branch_points(cond, name))
         stack.extend(t.args())
-    return selects, alone & set(formula.inputs)
+    return selects, alone
 
 
-def point_kinds(formula: StageFormula, points: int) -> list[tuple[int | None, set[str] | None]]:
+def _branch_points(cond, name: str) -> set[int]:
+    """The integers at which a condition on the one symbol `name` changes: v for x == v,
+    both sides of the boundary of x < v or x <= v, through not/and/or; none where a
+    comparison is not linear."""
+    out: set[int] = set()
+    stack = [cond]
+    while stack:
+        c = stack.pop()
+        kind = c.node_type()
+        if kind in (op.NOT, op.AND, op.OR):
+            stack.extend(c.args())
+            continue
+        if kind not in (op.EQUALS, op.LE, op.LT):
+            continue
+        form: dict = {}
+        try:
+            _linear(c.args()[0], Fraction(1), form)
+            _linear(c.args()[1], Fraction(-1), form)
+        except NotLinear:
+            continue
+        a = form.get(name, Fraction(0))
+        if not a:
+            continue
+        v = -form.get("", Fraction(0)) / a  # where a * x + b == 0
+        lo = math.floor(v)
+        out.update({lo} if v == lo and kind == op.EQUALS else {lo - 1, lo, lo + 1})
+    return out
+
+
+def point_kinds(formula: StageFormula, points: int
+                ) -> list[tuple[int | None, dict[str, set[int]] | None]]:
     """The points evaluate_at_random draws, as `_point`'s (ints, only) arguments: `points`
     real points; where the stage selects by value, more real points and then small
     integers, since a random real never equals an expert index or a token id. Small
     integers everywhere make whole models overflow or divide by zero (a LayerNorm of equal
-    values), so the symbols that select alone (token ids) also get small integers beside
-    real values everywhere else."""
+    values), so the symbols that select alone (token ids, labels) also get integers beside
+    real values everywhere else: small ones, or half the time one of their conditions' branch
+    points that small integers never reach (an ignored label, -100), two points per bound."""
     selects, alone = _selections(formula)
     if not selects:
         return [(None, None)] * points
     kinds = [(None, None)] * max(points, 4) + [(b, None) for b in (4, 16, 64)]
-    return kinds + [(b, alone) for b in (4, 16, 64)] if alone else kinds
+    return kinds + [(b, alone) for b in (4, 4, 16, 16, 64, 64)] if alone else kinds
 
 
 def _point(formula: StageFormula, rng: random.Random, ints: int | None = None,
-           only: set[str] | None = None) -> dict[str, float] | None:
-    """Random values for the stage's input symbols that satisfy its assumptions (small
-    integers below `ints` instead of reals in (0.5, 1.5) when given: for the symbols in
-    `only` if given, else for all)."""
+           only: dict[str, set[int]] | None = None) -> dict[str, float] | None:
+    """Random values for the stage's input symbols that satisfy its assumptions: reals in
+    (0.5, 1.5); with `ints`, small integers below it instead, for every symbol, or, given
+    `only` (symbol -> its branch points), for those symbols only, each of which takes one of
+    its branch points outside range(ints) half the time, if it has any."""
     names = sorted(formula.inputs)
-    env = {n: (rng.uniform(0.5, 1.5) if ints is None or (only is not None and n not in only)
-               else float(rng.randrange(ints)))
-           for n in names}
+    env = {}
+    for n in names:
+        if ints is None or (only is not None and n not in only):
+            env[n] = rng.uniform(0.5, 1.5)
+            continue
+        rare = sorted(v for v in (only or {}).get(n, ()) if not 0 <= v < ints)
+        env[n] = float(rng.choice(rare) if rare and rng.random() < 0.5 else
+                       rng.randrange(ints))
     if not formula.constraints:
         return env
     rows = []
