@@ -702,6 +702,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_evaluation_selection.py::"
          "test_a_mean_of_ranks_means_is_a_violation_where_labels_are_ignored",), fast=True),
     Mutation(
+        "capture-data-assignment-untraced",
+        "`t.data = v` during the trace leaves the tracer's record of t as it was (its old "
+        "node), so later reads of t take the old values",
+        "capture's memory written in place",
+        (Patch("tvsmt/capture/trace.py",
+               "        if proxy is not None:\n            set_proxy_slot(tensor, mode.tracer, proxy)\n",
+               "        if proxy is None:\n            set_proxy_slot(tensor, mode.tracer, proxy)\n"),),
+        ("tests/test_capture_inplace.py::"
+         "test_memory_written_in_place_is_captured_as_torch_computes_it",), fast=True),
+    Mutation(
         "divisor-search-skips-relations",
         "shape reduction's divisor search checks a product relation only when a class of its "
         "left side is chosen last, so a relation closed by its right side goes unchecked",

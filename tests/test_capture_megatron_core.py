@@ -93,6 +93,20 @@ def test_megatron_core_gpt_model_is_equivalent():
     assert how[("param.output_layer.weight", 0)].startswith("Megatron attributes")
 
 
+def test_megatron_core_gpt_model_with_a_micro_batch_of_one_is_equivalent(tmp_path):
+    """With a batch of one, Megatron-Core's make_viewless_tensor hands an activation over by
+    assigning `.data` of a `torch.empty((1,))`, which no ATen operator records: the capture
+    follows the assignment (it refused the read of uninitialised memory before)."""
+    with open(GPT, encoding="utf-8") as f:
+        source = f.read()
+    constants = "VOCAB, SEQ, BATCH, HIDDEN, HEADS = 32, 4, 2, 16, 4"
+    assert constants in source
+    path = tmp_path / "megatron_core_gpt_b1.py"
+    path.write_text(source.replace(constants, "VOCAB, SEQ, BATCH, HIDDEN, HEADS = 32, 4, 1, 16, 4"))
+    report = check(str(path), Options(jobs=2, timeout=30))
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+
+
 def test_a_gpt_loss_divided_by_the_tensor_parallel_size_is_a_violation(monkeypatch):
     monkeypatch.setenv("TVSMT_BUG", "loss-over-tp")
     report = check(GPT, Options(jobs=2, timeout=30))

@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import types
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -94,6 +95,40 @@ def build(script: CaptureScript, rank: int | None, draw: int, fake: bool = False
         except (Exception, SystemExit) as e:  # the user's code failed, not tvsmt
             raise user_code_failed(e, what, script.path) from None
         return _split_built(built, what, script.path)
+
+
+@contextmanager
+def traced_data_assignment():
+    """`t.data = v` followed by the tracer: afterwards `t` reads as `v`'s traced value.
+
+    Assigning `.data` swaps a tensor's storage without any ATen operator, so make_fx keeps
+    `t`'s old node (Megatron-Core's make_viewless_tensor: `torch.empty((1,))` whose `.data`
+    becomes the real activation, with a micro-batch of one). Here `torch.Tensor.data`
+    gets a setter, for the duration of the trace only, that also points the tracer's
+    record of `t` at `v`'s (`v = x.data` is traced, as a detach of `x`). A value the tracer
+    does not know leaves `t` as it was: a read of uninitialised memory is then refused.
+    Private API of the pinned torch (get/set_proxy_slot), exercised by
+    tests/test_capture_inplace.py."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot, set_proxy_slot
+
+    base = torch._C.TensorBase.data
+    own = torch.Tensor.__dict__.get("data")
+
+    def assign(tensor, value):
+        base.__set__(tensor, value)
+        mode = get_proxy_mode()
+        proxy = None if mode is None else get_proxy_slot(value, mode.tracer, None)
+        if proxy is not None:
+            set_proxy_slot(tensor, mode.tracer, proxy)
+
+    torch.Tensor.data = property(base.__get__, assign, doc=base.__doc__)
+    try:
+        yield
+    finally:
+        if own is None:
+            del torch.Tensor.data
+        else:
+            torch.Tensor.data = own
 
 
 def anchor_stack_traces(path: str) -> None:
@@ -199,7 +234,8 @@ class _Tracer:
         try:
             import torch.fx.traceback as fx_traceback
 
-            with fx_traceback.preserve_node_meta():  # keeps tvsmt.capture.microbatch marks
+            with fx_traceback.preserve_node_meta(), traced_data_assignment():
+                # preserve_node_meta keeps tvsmt.capture.microbatch marks
                 gm = make_fx(traced, tracing_mode="fake", record_stack_traces=True)(*ins)
         except InputError:
             raise
