@@ -8,10 +8,21 @@ needs without a GPU (../shared/notes/capture.md in the tvsmt project lists them)
     pip install megatron-core==0.16.1
     tvsmt check examples/megatron_core_gpt.py                       # equivalent
     TVSMT_BUG=loss-over-tp tvsmt check examples/megatron_core_gpt.py
+    TVSMT_SP=1 tvsmt check examples/megatron_core_gpt.py            # equivalent
+    TVSMT_SP=1 TVSMT_BUG=sp-grads-unsynced tvsmt check examples/megatron_core_gpt.py
 
-Planted bug (environment variable TVSMT_BUG):
-  loss-over-tp    the loss divided by the tensor-parallel size, as if the ranks' losses
-                  were summed (they are one loss, computed on every rank)
+TVSMT_SP=1 turns on Megatron's sequence parallelism: activations outside attention and MLP
+split along the sequence, all-gathered before the column-parallel layers and reduce-scattered
+after the row-parallel ones. The local spec's LayerNorm refuses it, so the LayerNorms here
+are torch's, marked `sequence_parallel` as Megatron's own are; their gradients are then
+partial on each rank and are summed over the tensor-parallel group, as Megatron's
+finalize_model_grads does.
+
+Planted bugs (environment variable TVSMT_BUG):
+  loss-over-tp        the loss divided by the tensor-parallel size, as if the ranks' losses
+                      were summed (they are one loss, computed on every rank)
+  sp-grads-unsynced   with TVSMT_SP=1, the sequence-parallel LayerNorms' gradients left as
+                      each rank computed them, over its part of the sequence only
 """
 
 import os
@@ -27,11 +38,34 @@ torch.cuda.current_device = lambda: "cpu"  # Megatron-Core asks for a device in 
 from megatron.core import parallel_state, tensor_parallel  # noqa: E402
 from megatron.core.models.gpt import GPTModel  # noqa: E402
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # noqa: E402
+from megatron.core.transformer.spec_utils import ModuleSpec  # noqa: E402
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
 WORLD_SIZE = 2
 VOCAB, SEQ, BATCH, HIDDEN, HEADS = 32, 4, 2, 16, 4
 BUG = os.environ.get("TVSMT_BUG", "")
+SEQUENCE_PARALLEL = os.environ.get("TVSMT_SP", "") == "1"
+
+
+class SequenceParallelLayerNorm(torch.nn.LayerNorm):
+    """torch's LayerNorm with Megatron's mark on its parameters when they live in the
+    sequence-parallel region (the local spec's WrappedTorchNorm refuses sequence parallelism)."""
+
+    def __init__(self, config, hidden_size, eps=1e-5, **_):
+        super().__init__(hidden_size, eps=eps)
+        for p in self.parameters():
+            p.sequence_parallel = config.sequence_parallel
+
+
+def _spec():
+    layer = get_gpt_layer_local_spec()
+    if not SEQUENCE_PARALLEL:
+        return layer
+    norm = ModuleSpec(module=SequenceParallelLayerNorm)
+    layer.submodules.input_layernorm = norm
+    layer.submodules.pre_mlp_layernorm = norm
+    return TransformerBlockSubmodules(layer_specs=[layer], layer_norm=norm)
 
 
 def _build(tp):
@@ -42,11 +76,12 @@ def _build(tp):
     config = TransformerConfig(
         num_layers=1, hidden_size=HIDDEN, num_attention_heads=HEADS,
         tensor_model_parallel_size=tp, use_cpu_initialization=True,
+        sequence_parallel=SEQUENCE_PARALLEL and tp > 1,
         hidden_dropout=0.0, attention_dropout=0.0,  # no randomness between the programs
         gradient_accumulation_fusion=False, bias_activation_fusion=False,
         masked_softmax_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
         persist_layer_norm=False)
-    model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=VOCAB,
+    model = GPTModel(config, _spec(), vocab_size=VOCAB,
                      max_sequence_length=SEQ)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
     labels = torch.randint(0, VOCAB, (BATCH, SEQ))
@@ -70,4 +105,11 @@ def train_step(model, batch):
     if BUG == "loss-over-tp":
         loss = loss / parallel_state.get_tensor_model_parallel_world_size()
     loss.backward()
+    if BUG != "sp-grads-unsynced":
+        # Megatron's finalize_model_grads: a sequence-parallel parameter's gradient is the
+        # sum of the ranks' gradients, each over its part of the sequence
+        group = parallel_state.get_tensor_model_parallel_group()
+        for p in model.parameters():
+            if getattr(p, "sequence_parallel", False) and p.grad is not None:
+                dist.all_reduce(p.grad, group=group)
     return loss

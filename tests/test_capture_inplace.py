@@ -89,6 +89,13 @@ CASES = {
         h = Viewless.apply(self.lin(x) * 1.0)  # torch.empty given its values by `.data =`
         return (h * h).sum()
 """,
+    "reused-buffer-ignored-by-baddbmm": """
+        h = self.lin(x).view(1, 2, 4)
+        buf = torch.empty(8)
+        buf[0:8].copy_(h.reshape(-1))  # the buffer written through a view, then reused
+        scores = torch.baddbmm(buf[0:4].view(1, 2, 2), h, h.transpose(1, 2), beta=0.0)
+        return torch.softmax(scores, dim=-1).sum() + scores.sum()
+""",
     "empty-ignored-by-baddbmm": """
         h = self.lin(x).view(1, 2, 4)
         buf = torch.empty(8)[0:4].view(1, 2, 2)  # uninitialised, as Megatron's buffer
@@ -132,6 +139,12 @@ def test_memory_written_in_place_is_captured_as_torch_computes_it(tmp_path, case
         buf = torch.empty(8)[0:4].view(2, 2)  # read through views
         return (self.lin(x)[:, :2] * buf).sum()
 """, "aten.mul.Tensor reads uninitialised memory"),
+    ("""
+        h = self.lin(x)
+        buf = torch.empty(8)
+        buf[0:4].copy_(h.reshape(-1)[:4])  # half written through a view ...
+        return (buf[0:4] * h[0]).sum()  # ... and its base read: not followed
+""", "after an in-place operation changed it through an alias"),
     ("""
         buf = torch.empty(2, 4)
         torch.distributed.all_reduce(buf)  # a collective reading uninitialised memory

@@ -15,7 +15,7 @@ import pytest
 import torch
 from capture_helpers import line_of, sources
 
-from tvsmt.capture import check
+from tvsmt.capture import capture, check
 from tvsmt.capture.lineages import input_lineage, megatron_block
 from tvsmt.capture.program import InputTensor
 from tvsmt.capture.script import load_script
@@ -31,6 +31,7 @@ GPT = os.path.join(ROOT, "examples", "megatron_core_gpt.py")
 @pytest.fixture(autouse=True)
 def _no_bug(monkeypatch):
     monkeypatch.delenv("TVSMT_BUG", raising=False)
+    monkeypatch.delenv("TVSMT_SP", raising=False)
 
 
 def test_megatron_core_mlp_is_equivalent_with_shards_from_megatron_itself():
@@ -116,6 +117,36 @@ def test_a_gpt_loss_divided_by_the_tensor_parallel_size_is_a_violation(monkeypat
     line = line_of(GPT, "loss = loss / parallel_state")
     assert any(s.endswith(f"megatron_core_gpt.py:{line}") for s in sources(report)), \
         sources(report)
+
+
+def test_megatron_core_gpt_model_with_sequence_parallelism_is_equivalent(monkeypatch):
+    """Megatron's sequence parallelism (TVSMT_SP=1): LayerNorms and dropouts on sequence
+    shards, all-gathered before the column-parallel layers and reduce-scattered after the
+    row-parallel ones; the LayerNorms' gradients summed over the tensor-parallel group by the
+    step, which finds them by the `sequence_parallel` mark Megatron reads (set on the
+    parameters, so it must stay readable on the stand-ins the trace swaps in)."""
+    monkeypatch.setenv("TVSMT_SP", "1")
+    pair = capture(GPT)
+    ops = {n["op"] for n in pair.parallel["nodes"]}
+    assert {"all_gather", "reduce_scatter"} <= ops, sorted(ops)
+    report = check(GPT, Options(jobs=2, timeout=30))
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+
+
+def test_sequence_parallel_layernorm_gradients_left_unsummed_are_a_violation(monkeypatch):
+    monkeypatch.setenv("TVSMT_SP", "1")
+    monkeypatch.setenv("TVSMT_BUG", "sp-grads-unsynced")
+    report = check(GPT, Options(jobs=2, timeout=30))
+    assert report.verdict == "violation"
+    wrong = {f.tensor for f in report.failures if f.kind == "counterexample"}
+    # exactly the parameters Megatron marks sequence_parallel: the LayerNorms and the biases
+    # the row-parallel layers add after their reduce-scatter
+    layer = "grad.decoder.layers.0."
+    assert wrong == {"grad.decoder.final_layernorm.weight", "grad.decoder.final_layernorm.bias",
+                     layer + "input_layernorm.weight", layer + "input_layernorm.bias",
+                     layer + "pre_mlp_layernorm.weight", layer + "pre_mlp_layernorm.bias",
+                     layer + "self_attention.linear_proj.bias",
+                     layer + "mlp.linear_fc2.bias"}, wrong
 
 
 def test_megatron_attributes_agree_with_inference_by_value():

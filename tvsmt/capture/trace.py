@@ -209,6 +209,10 @@ class _Tracer:
             params = [dtensor.leaf_parameter(p, layouts[n]) if n in layouts else
                       p.requires_grad_(True) if p.is_floating_point() else p
                       for n, p in zip(pnames, params)]
+            for n, p in zip(pnames, params):
+                # what the code set on its parameters (Megatron's sequence_parallel, which
+                # its gradient synchronisation reads) stays readable on their stand-ins
+                p.__dict__.update(vars(self.params[n]))
             mapping = dict(zip(pnames, params)) | dict(zip(bnames, buffers))
             mapping |= {a: mapping[n] for a, n in aliases.items()}
             batch = pytree.tree_unflatten(list(leaves), self.batch_spec)
@@ -351,6 +355,49 @@ def _without_out(target):
     return None
 
 
+OUTPUT_BUFFER_COLLECTIVES = {"c10d._allgather_base_.default",
+                             "c10d._reduce_scatter_base_.default",
+                             "c10d.alltoall_base_.default"}  # their first argument: the output
+
+
+def _values_ignored(value) -> bool:
+    """Are the values of fx node `value` never read: through views only (slice, view,
+    reshape), are its users `baddbmm` with beta 0 taking it as the term to add, which torch
+    ignores (Megatron's buffer for the attention scores), or collectives that take it as their
+    output buffer (the same buffer of Megatron's, reused by sequence parallelism's
+    all-gathers)?"""
+    if not value.users:
+        return False
+    for user in value.users:
+        target = str(user.target)
+        if target in PURE_VIEW_OPS and user.args[0] is value:
+            if not _values_ignored(user):
+                return False
+            continue
+        first_only = user.args[0] is value and not any(a is value for a in user.args[1:])
+        if not first_only or not (target in OUTPUT_BUFFER_COLLECTIVES or (
+                target == "aten.baddbmm.default" and _beta(user) == 0)):
+            return False
+    return True
+
+
+OVERWRITING_OPS = {"aten.copy.default", "aten.fill.Scalar", "aten.fill.Tensor",
+                   "aten.zero.default"}  # functional forms of copy_, fill_, zero_
+
+
+def _first_values_unread(fx_node, name: str) -> bool:
+    """Does the op leave its first argument's values unread: it overwrites all of them
+    (copy_, fill_, zero_, in their functional form) or adds them with weight 0 (baddbmm
+    with beta 0)?"""
+    return name in OVERWRITING_OPS or (name == "aten.baddbmm.default" and _beta(fx_node) == 0)
+
+
+def _beta(fx_node):
+    """baddbmm's beta (the weight of the term it adds), 1 when not given."""
+    beta = fx_node.kwargs.get("beta", fx_node.args[3] if len(fx_node.args) > 3 else 1)
+    return beta if isinstance(beta, (int, float)) else None
+
+
 def _dtype_of(fx_node) -> str | None:
     """The dtype of a non-floating tensor ("torch.int64", "torch.bool"): ATen entries such as
     index and index_put read it (a bool mask and 0/1 indices mean different things)."""
@@ -414,6 +461,11 @@ class _Converter:
             self.fail(user, f"uses {fx_node.name}, which the capture could not convert")
         seen = self.seen_version.get(fx_node)
         if seen is not None and self.version.get(seen[0], 0) != seen[1]:
+            if str(user.target) in PURE_VIEW_OPS and _values_ignored(user):
+                # a buffer reused after a write (Megatron's global buffer, written by an
+                # all-gather, then viewed as the next one's output or as baddbmm's ignored
+                # term): whatever it holds now, nothing reads it
+                return self.env[fx_node]
             if not self.rederive(fx_node, user, seen[0]):
                 self.fail(user, f"reads {fx_node.name} after an in-place operation changed "
                                 f"it through an alias (a view written in place): not "
@@ -571,6 +623,12 @@ class _Converter:
         inputs: list[str] = []
         args = self.template(node, node.args, inputs)
         kwargs = self.template(node, call_kwargs, inputs)
+        if inputs and inputs[0] in self.uninitialised and inputs[0] not in inputs[1:] \
+                and _first_values_unread(node, name):
+            # the values the op overwrites or ignores: zeros, never uninitialised memory
+            shape = tuple(node.args[0].meta["val"].shape)
+            inputs[0] = self.aten_node(node, "ignored", torch.ops.aten.zeros.default,
+                                       (list(shape),), [], shape)
         val = node.meta.get("val")
         outs = self.outputs_of(node, val)
         self.refuse_uninitialised_reads(node, name, inputs, outs)
@@ -603,28 +661,10 @@ class _Converter:
         return val
 
     def unread_empty(self, node) -> bool:
-        """Is `torch.empty` (uninitialised memory) unread: through views only (slice,
-        view, reshape), are its readers `baddbmm` with beta 0 taking it as the term to add,
-        which torch ignores (Megatron's buffer for the attention scores)? It is then
+        """Is `torch.empty` (uninitialised memory) unread (`_values_ignored`)? It is then
         captured as zeros, which no result depends on. Uninitialised memory that is read is
         never given values it does not have: it stays `aten.empty`, which no rule models."""
-        def ignored(value) -> bool:
-            if not value.users:
-                return False
-            for user in value.users:
-                if str(user.target) in PURE_VIEW_OPS and user.args[0] is value:
-                    if not ignored(user):
-                        return False
-                    continue
-                if str(user.target) != "aten.baddbmm.default" or user.args[0] is not value \
-                        or any(a is value for a in user.args[1:]):
-                    return False
-                beta = user.kwargs.get("beta", user.args[3] if len(user.args) > 3 else 1)
-                if not (isinstance(beta, (int, float)) and beta == 0):
-                    return False
-            return True
-
-        return ignored(node)
+        return _values_ignored(node)
 
     def refuse_uninitialised_reads(self, node, name: str, inputs: list[str], outs) -> None:
         """Uninitialised memory (`torch.empty` that is not `unread_empty`) may only be viewed
