@@ -11,12 +11,15 @@ with integer token ids and real weights shows it wrong."""
 
 from __future__ import annotations
 
+import io
 import random
 import textwrap
 
 import pytest
+from rich.console import Console
 
 from tvsmt.capture import check
+from tvsmt.report.render import render
 from tvsmt.verify import Options
 
 SCRIPT = """
@@ -171,3 +174,8 @@ def test_a_mean_of_ranks_means_is_a_violation_where_labels_are_ignored(tmp_path)
     for f in found:
         labels = [v for k, v in f.counterexample["inputs"].items() if "batch.1" in k]
         assert "-100" in labels, (f.tensor, labels)
+    # the report shows the token ids and labels before the weights
+    out = io.StringIO()
+    render(report, Console(file=out, width=2000, color_system=None))
+    shown = [line for line in out.getvalue().splitlines() if line.startswith("  inputs: ")]
+    assert shown and all("s:batch.1[" in line and "=-100" in line for line in shown), shown

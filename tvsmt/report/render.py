@@ -7,6 +7,8 @@ rich markup, emoji codes or terminal escapes.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -96,10 +98,25 @@ def render(report: Report, console: Console | None = None, max_failures: int = 1
                     f"{m(mm['single'])}  parallel = {m(mm['parallel'])}")
             inputs = cex.get("inputs", {})
             if inputs:
-                shown = ", ".join(f"{m(k)}={m(v)}" for k, v in list(inputs.items())[:6])
-                say(f"  inputs: {shown}" + (" ..." if len(inputs) > 6 else ""))
+                # where the point mixes integers with reals, the integers are what the plans
+                # select on (token ids, labels, expert indices): up to 16 of them first
+                ints = [kv for kv in inputs.items() if _integral(kv[1])]
+                rest = [kv for kv in inputs.items() if not _integral(kv[1])]
+                first = (ints[:16] + rest)[:max(6, min(len(ints), 16))] if rest else \
+                    list(inputs.items())[:6]
+                shown = ", ".join(f"{m(k)}={m(v)}" for k, v in first)
+                say(f"  inputs: {shown}" + (" ..." if len(inputs) > len(first) else ""))
     if len(report.failures) > max_failures:
         say(f"\n... {len(report.failures) - max_failures} more failures in the JSON report")
+
+
+def _integral(shown: str) -> bool:
+    """Is a counterexample's value (as the report writes it: "3", "0.25", "1/3",
+    "~0.3333") an integer?"""
+    try:
+        return Fraction(shown.lstrip("~")).denominator == 1
+    except (ValueError, ZeroDivisionError):
+        return False
 
 
 def _source_lines(nodes, limit: int = 3, first=()) -> list[str]:
