@@ -687,10 +687,10 @@ MUTATIONS: tuple[Mutation, ...] = (
         "input (which overflows exponentials), never beside real weights",
         "random evaluation",
         (Patch("tvsmt/encoding/concrete.py",
-               "    return kinds + [(b, alone) for b in (4, 4, 16, 16, 64, 64)] if alone else kinds\n",
-               "    return kinds\n"),),
+               "    return [(b, alone) for b in (4, 4, 16, 16, 64, 64)]\n",
+               "    return []\n"),),
         ("tests/test_evaluation_selection.py::"
-         "test_a_bug_only_integer_token_ids_show_is_a_violation",), fast=True),
+         "test_a_bug_only_integer_token_ids_show_is_a_violation",), fast=False),
     Mutation(
         "evaluation-branch-points-unused",
         "random evaluation draws the symbols that select alone from small integers only, "
@@ -742,6 +742,18 @@ MUTATIONS: tuple[Mutation, ...] = (
                "            if True:\n"),),
         ("tests/test_capture_inplace.py::"
          "test_what_the_capture_cannot_follow_is_refused_in_one_line",), fast=True),
+    Mutation(
+        "evaluation-mixed-points-need-rare-values",
+        "random evaluation adds its mixed points (integer token ids beside real weights) only "
+        "for out-of-reach branch points, not where integer points everywhere overflowed",
+        "random evaluation",
+        (Patch("tvsmt/encoding/concrete.py",
+               "    if not alone or not (rare or int_points_failed):\n",
+               "    if not alone or not rare:\n"),),
+        ("tests/test_evaluation_selection.py::"
+         "test_a_bug_only_integer_token_ids_show_is_a_violation",
+         "tests/test_evaluation_selection.py::"
+         "test_mixed_points_only_where_they_can_tell_more"), fast=True),
     Mutation(
         "divisor-search-skips-relations",
         "shape reduction's divisor search checks a product relation only when a class of its "

@@ -108,29 +108,40 @@ def test_points_evaluator_agrees_with_the_one_point_evaluator(moe_pair):
 
 def _mismatches_one_by_one(f, seed: int = 0):
     """evaluate_at_random's answer computed the plain way: each comparison at each point,
-    one `close` at a time (its points made as it makes them, its terms' values the points
-    evaluator's, which the test above holds to the one-point evaluator)."""
-    from tvsmt.encoding.concrete import ABS, REL, point_kinds
+    one `close` at a time (its points made as it makes them, first `point_kinds`, then
+    `mixed_kinds` when those found nothing, its terms' values the points evaluator's, which
+    the test above holds to the one-point evaluator)."""
+    from tvsmt.encoding.concrete import ABS, REL, mixed_kinds, point_kinds
     from tvsmt.encoding.evaluate import close
 
-    envs = [_point(f, random.Random(seed + k), b, only)
-            for k, (b, only) in enumerate(point_kinds(f, 2))]
-    if any(e is None for e in envs):
-        return None
-    ev = PointsEvaluator({n: np.array([e[n] for e in envs]) for n in envs[0]}, len(envs))
-    compared, first = 0, None
-    for k in range(len(envs)):
-        found = []
-        for c in f.comparisons:
-            x, y = float(ev.vector(c.lhs)[k]), float(ev.vector(c.rhs)[k])
-            if not (math.isfinite(x) and math.isfinite(y)):
-                continue
-            compared += 1
-            if not close(x, y, rel=REL, abs_=ABS):
-                found.append((c.part, list(c.single_index), list(c.index), repr(x), repr(y)))
-        if found and first is None:
-            first = (k, found)
-    return len(envs), compared, first
+    kinds = point_kinds(f, 2)
+    points = compared = 0
+    for batch in range(2):
+        envs = [_point(f, random.Random(seed + points + k), b, only)
+                for k, (b, only) in enumerate(kinds)]
+        if any(e is None for e in envs):
+            return None
+        ev = PointsEvaluator({n: np.array([e[n] for e in envs]) for n in envs[0]}, len(envs))
+        first, int_failed = None, False
+        for k in range(len(envs)):
+            found = []
+            for c in f.comparisons:
+                x, y = float(ev.vector(c.lhs)[k]), float(ev.vector(c.rhs)[k])
+                if not (math.isfinite(x) and math.isfinite(y)):
+                    int_failed |= kinds[k][0] is not None and kinds[k][1] is None
+                    continue
+                compared += 1
+                if not close(x, y, rel=REL, abs_=ABS):
+                    found.append((c.part, list(c.single_index), list(c.index), repr(x),
+                                  repr(y)))
+            if found and first is None:
+                first = (k, found)
+        points += len(envs)
+        if first is not None or batch == 1:
+            return points, compared, first
+        kinds = mixed_kinds(f, int_failed)
+        if not kinds:
+            return points, compared, None
 
 
 def test_random_evaluation_finds_what_the_element_by_element_check_finds():

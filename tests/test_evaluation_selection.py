@@ -136,7 +136,7 @@ def test_only_symbols_that_select_alone_get_integers_beside_reals():
     from pysmt.shortcuts import GE, LT, Equals, Ite, Minus, Or, Plus, Real, Symbol, Times
     from pysmt.typing import REAL
 
-    from tvsmt.encoding.concrete import _point, point_kinds
+    from tvsmt.encoding.concrete import _point, mixed_kinds, point_kinds
     from tvsmt.encoding.stage import Comparison, StageFormula
 
     tok, lab, w, a, b = (Symbol(n, REAL) for n in ("tok", "lab", "w", "a", "b"))
@@ -150,10 +150,11 @@ def test_only_symbols_that_select_alone_get_integers_beside_reals():
     f = StageFormula(stage=None, constraints=[],
                      comparisons=[Comparison(0, (), (), Plus(row, kept, masked, biggest), row)],
                      inputs={n: ("s:x", (i,)) for i, n in enumerate(names)})
-    kinds = point_kinds(f, 2)
-    assert [b for b, only in kinds if only is not None] == [4, 4, 16, 16, 64, 64]
+    assert all(only is None for _, only in point_kinds(f, 2))
+    kinds = mixed_kinds(f, int_points_failed=False)  # -100 is out of small integers' reach
+    assert [b for b, _ in kinds] == [4, 4, 16, 16, 64, 64]
     branch = {"tok": {1, 3, 4, 5, 7, 8, 9}, "lab": {-100}}
-    assert all(only == branch for _, only in kinds if only is not None)
+    assert all(only == branch for _, only in kinds)
     mixed = [_point(f, random.Random(k), 16, branch) for k in range(40)]
     assert all(p["tok"] == int(p["tok"]) and p["lab"] == int(p["lab"]) for p in mixed)
     assert any(p["lab"] == -100 for p in mixed) and any(p["lab"] >= 0 for p in mixed)
@@ -179,3 +180,21 @@ def test_a_mean_of_ranks_means_is_a_violation_where_labels_are_ignored(tmp_path)
     render(report, Console(file=out, width=2000, color_system=None))
     shown = [line for line in out.getvalue().splitlines() if line.startswith("  inputs: ")]
     assert shown and all("s:batch.1[" in line and "=-100" in line for line in shown), shown
+
+
+def test_mixed_points_only_where_they_can_tell_more():
+    """Selection by value alone, every branch point within small integers' reach and the
+    integer points all finite (MoE routing): no mixed points, which would only cost time."""
+    from pysmt.shortcuts import Equals, Ite, Real, Symbol
+    from pysmt.typing import REAL
+
+    from tvsmt.encoding.concrete import evaluate_at_random, mixed_kinds
+    from tvsmt.encoding.stage import Comparison, StageFormula
+
+    idx, w = Symbol("idx", REAL), Symbol("w", REAL)
+    routed = Ite(Equals(idx, Real(2)), w, Real(0))
+    f = StageFormula(stage=None, constraints=[], comparisons=[Comparison(0, (), (), routed, routed)],
+                     inputs={"idx": ("s:i", (0,)), "w": ("s:w", (0,))})
+    assert mixed_kinds(f, int_points_failed=False) == []
+    assert [b for b, _ in mixed_kinds(f, int_points_failed=True)] == [4, 4, 16, 16, 64, 64]
+    assert evaluate_at_random(f).points == 7  # 4 real points and 3 integer ones

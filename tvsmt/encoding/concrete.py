@@ -82,9 +82,10 @@ def _selections(formula: StageFormula) -> tuple[bool, dict[str, set[int]]]:
     """Does a compared term select by value (an if-then-else, e.g. [idx == e] in MoE
     routing or a token-id range)? Random reals never hit such a case's branch points. And
     the input symbols that select alone, each with the integers where its conditions change
-    (`_branch_points`): each such symbol is the only one in some if-then-else's condition (a
-    token id against the rows of an embedding or against an ignored index, an expert index
-    against an expert), unlike a maximum's condition, which compares two computed values."""
+    (`_branch_points`): a symbol that is the only one of a linear comparison in some
+    if-then-else's condition (a token id against the rows of an embedding or against an
+    ignored index, an expert index against an expert), unlike a maximum's condition, which
+    compares two computed values."""
     stack = [t for c in formula.comparisons for t in (c.lhs, c.rhs)]
     seen: set = set()
     selects, alone = False, {}
@@ -95,21 +96,18 @@ def _selections(formula: StageFormula) -> tuple[bool, dict[str, set[int]]]:
         seen.add(t)
         if t.is_ite():
             selects = True
-            cond = t.args()[0]
-            free = cond.get_free_variables()
-            if len(free) == 1:
-                name = next(iter(free)).symbol_name()
+            for name, points in _branch_points(t.args()[0]).items():
                 if name in formula.inputs:
-                    alone.setdefault(name, set()).update(_branch_points(cond, name))
+                    alone.setdefault(name, set()).update(points)
         stack.extend(t.args())
     return selects, alone
 
 
-def _branch_points(cond, name: str) -> set[int]:
-    """The integers at which a condition on the one symbol `name` changes: v for x == v,
-    both sides of the boundary of x < v or x <= v, through not/and/or; none where a
-    comparison is not linear."""
-    out: set[int] = set()
+def _branch_points(cond) -> dict[str, set[int]]:
+    """The symbols that a condition's linear comparisons each involve alone, with the
+    integers at which those comparisons change: v for x == v, both sides of the boundary of
+    x < v or x <= v, through not/and/or."""
+    out: dict[str, set[int]] = {}
     stack = [cond]
     while stack:
         c = stack.pop()
@@ -125,29 +123,41 @@ def _branch_points(cond, name: str) -> set[int]:
             _linear(c.args()[1], Fraction(-1), form)
         except NotLinear:
             continue
-        a = form.get(name, Fraction(0))
-        if not a:
+        names = [n for n, a in form.items() if n and a]
+        if len(names) != 1:
             continue
-        v = -form.get("", Fraction(0)) / a  # where a * x + b == 0
+        v = -form.get("", Fraction(0)) / form[names[0]]  # where a * x + b == 0
         lo = math.floor(v)
-        out.update({lo} if v == lo and kind == op.EQUALS else {lo - 1, lo, lo + 1})
+        out.setdefault(names[0], set()).update(
+            {lo} if v == lo and kind == op.EQUALS else {lo - 1, lo, lo + 1})
     return out
 
 
-def point_kinds(formula: StageFormula, points: int
+def point_kinds(formula: StageFormula, points: int, selections=None
                 ) -> list[tuple[int | None, dict[str, set[int]] | None]]:
-    """The points evaluate_at_random draws, as `_point`'s (ints, only) arguments: `points`
-    real points; where the stage selects by value, more real points and then small
-    integers, since a random real never equals an expert index or a token id. Small
-    integers everywhere make whole models overflow or divide by zero (a LayerNorm of equal
-    values), so the symbols that select alone (token ids, labels) also get integers beside
-    real values everywhere else: small ones, or half the time one of their conditions' branch
-    points that small integers never reach (an ignored label, -100), two points per bound."""
-    selects, alone = _selections(formula)
+    """The points evaluate_at_random draws first, as `_point`'s (ints, only) arguments:
+    `points` real points; where the stage selects by value, more real points and then small
+    integers everywhere, since a random real never equals an expert index or a token id."""
+    selects, _ = selections or _selections(formula)
     if not selects:
         return [(None, None)] * points
-    kinds = [(None, None)] * max(points, 4) + [(b, None) for b in (4, 16, 64)]
-    return kinds + [(b, alone) for b in (4, 4, 16, 16, 64, 64)] if alone else kinds
+    return [(None, None)] * max(points, 4) + [(b, None) for b in (4, 16, 64)]
+
+
+def mixed_kinds(formula: StageFormula, int_points_failed: bool, selections=None
+                ) -> list[tuple[int | None, dict[str, set[int]] | None]]:
+    """The points evaluate_at_random draws next, when the first ones found no mismatch: the
+    symbols that select alone (token ids, labels, expert indices) get integers beside real
+    values everywhere else: small ones, or half the time one of their conditions' branch
+    points that small integers never reach (a label ignored at -100); two points per bound.
+    Only where it can tell more: some branch point is out of the small integers' reach, or
+    some comparison at the integer points was not finite (small integers everywhere overflow
+    a whole model's exponentials, or divide by zero in a LayerNorm of equal values)."""
+    _, alone = selections or _selections(formula)
+    rare = any(not 0 <= v < 64 for values in alone.values() for v in values)
+    if not alone or not (rare or int_points_failed):
+        return []
+    return [(b, alone) for b in (4, 4, 16, 16, 64, 64)]
 
 
 def _point(formula: StageFormula, rng: random.Random, ints: int | None = None,
@@ -255,12 +265,31 @@ def exact_refutation(formula: StageFormula, point: dict[str, float]
 
 
 def evaluate_at_random(formula: StageFormula, points: int = 2, seed: int = 0) -> Evaluation:
-    """Evaluate every compared element of the stage at `points` random inputs (all points in
-    one walk of the terms, PointsEvaluator)."""
+    """Evaluate every compared element of the stage at random inputs (`point_kinds`, then
+    `mixed_kinds` if those found no mismatch), each batch of points in one walk of the
+    terms (PointsEvaluator)."""
     ev_out = Evaluation()
     if not formula.comparisons:
         return ev_out
-    kinds = point_kinds(formula, points)
+    selections = _selections(formula)
+    kinds = point_kinds(formula, points, selections)
+    batch = _evaluate_points(formula, kinds, seed, ev_out)
+    if batch is None or ev_out.counterexample is not None:
+        return ev_out
+    ints = [k for k, (bound, only) in enumerate(kinds[:batch.shape[1]])
+            if bound is not None and only is None]
+    more = mixed_kinds(formula, bool(ints) and not batch[:, ints].all(), selections)
+    if more:
+        _evaluate_points(formula, more, seed + len(kinds), ev_out)
+    return ev_out
+
+
+def _evaluate_points(formula: StageFormula, kinds: list, seed: int, ev_out: Evaluation
+                     ) -> np.ndarray | None:
+    """Evaluate the stage at the points `kinds` describes (point k drawn with seed + k),
+    adding to ev_out's counts and setting its counterexample at the first point with a
+    mismatch; returns the (comparison x point) matrix of finite comparisons, None if no point
+    could be evaluated (ev_out.note says why)."""
     envs = []
     for k, (bound, only) in enumerate(kinds):
         rng = random.Random(seed + k)
@@ -274,13 +303,13 @@ def evaluate_at_random(formula: StageFormula, points: int = 2, seed: int = 0) ->
             break
         envs.append(env)
     if not envs:
-        return ev_out
+        return None
     n = len(envs)
     try:
         columns = {name: np.array([e[name] for e in envs]) for name in envs[0]}
     except KeyError as e:  # points over different symbols: cannot happen, never a pass
         ev_out.note = f"no value for {e}"
-        return ev_out
+        return None
     ev = PointsEvaluator(columns, n)
     comps = formula.comparisons
     try:
@@ -294,7 +323,7 @@ def evaluate_at_random(formula: StageFormula, points: int = 2, seed: int = 0) ->
                     vectors[id(t)] = ev.vector(t)
     except KeyError as e:  # a symbol without a value: not a stage we can evaluate
         ev_out.note = f"no value for {e}"
-        return ev_out
+        return None
     single = np.array([vectors[id(c.lhs)] for c in comps], dtype=np.float64).reshape(-1, n)
     par = np.array([vectors[id(c.rhs)] for c in comps], dtype=np.float64).reshape(-1, n)
     finite = np.isfinite(single) & np.isfinite(par)  # elsewhere a point tells nothing
@@ -302,25 +331,23 @@ def evaluate_at_random(formula: StageFormula, points: int = 2, seed: int = 0) ->
         near = np.abs(single - par) <= np.maximum(
             ABS, REL * np.maximum(np.abs(single), np.abs(par)))  # `close`, elementwise
     differ = finite & ~near
-    ev_out.points = n
-    ev_out.compared = int(finite.sum())
-    first = None  # (point, mismatches) of the first point with a mismatch
+    ev_out.points += n
+    ev_out.compared += int(finite.sum())
     for k in range(n):
         rows = np.flatnonzero(differ[:, k]).tolist()
         if rows:
-            first = (k, [{"part": comps[i].part, "index": list(comps[i].single_index),
-                          "part_index": list(comps[i].index), "single": repr(float(single[i, k])),
-                          "parallel": repr(float(par[i, k]))} for i in rows])
+            ev_out.point = envs[k]
+            inputs = {}
+            for name in sorted(formula.inputs):
+                side_tensor, idx = formula.inputs[name]
+                inputs[f"{side_tensor}[{','.join(map(str, idx))}]"] = repr(envs[k][name])
+            ev_out.counterexample = {
+                "inputs": inputs, "found_by": "evaluation",
+                "mismatches": [{"part": comps[i].part, "index": list(comps[i].single_index),
+                                "part_index": list(comps[i].index),
+                                "single": repr(float(single[i, k])),
+                                "parallel": repr(float(par[i, k]))} for i in rows],
+                "reduced_shape": list(formula.target_shape),
+                "note": "element indices refer to the shape-reduced tensors of the stage"}
             break
-    if first is not None:
-        k, mismatches = first
-        ev_out.point = envs[k]
-        inputs = {}
-        for name in sorted(formula.inputs):
-            side_tensor, idx = formula.inputs[name]
-            inputs[f"{side_tensor}[{','.join(map(str, idx))}]"] = repr(envs[k][name])
-        ev_out.counterexample = {
-            "inputs": inputs, "mismatches": mismatches, "found_by": "evaluation",
-            "reduced_shape": list(formula.target_shape),
-            "note": "element indices refer to the shape-reduced tensors of the stage"}
-    return ev_out
+    return finite
