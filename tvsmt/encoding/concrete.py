@@ -86,21 +86,33 @@ def _selections(formula: StageFormula) -> tuple[bool, dict[str, set[int]]]:
     if-then-else's condition (a token id against the rows of an embedding or against an
     ignored index, an expert index against an expert), unlike a maximum's condition, which
     compares two computed values."""
+    ites = _ites(formula, first_only=True)
+    if not ites:  # most stages: found without walking all of every term
+        return False, {}
+    alone: dict[str, set[int]] = {}
+    for t in _ites(formula):
+        for name, points in _branch_points(t.args()[0]).items():
+            if name in formula.inputs:
+                alone.setdefault(name, set()).update(points)
+    return True, alone
+
+
+def _ites(formula: StageFormula, first_only: bool = False) -> list:
+    """The if-then-else terms in the stage's comparisons (the first one found only)."""
     stack = [t for c in formula.comparisons for t in (c.lhs, c.rhs)]
     seen: set = set()
-    selects, alone = False, {}
+    out = []
     while stack:
         t = stack.pop()
         if t in seen:
             continue
         seen.add(t)
         if t.is_ite():
-            selects = True
-            for name, points in _branch_points(t.args()[0]).items():
-                if name in formula.inputs:
-                    alone.setdefault(name, set()).update(points)
+            out.append(t)
+            if first_only:
+                break
         stack.extend(t.args())
-    return selects, alone
+    return out
 
 
 def _branch_points(cond) -> dict[str, set[int]]:
@@ -117,10 +129,13 @@ def _branch_points(cond) -> dict[str, set[int]]:
             continue
         if kind not in (op.EQUALS, op.LE, op.LT):
             continue
+        lhs, rhs = c.args()
+        if not (lhs.is_constant() or rhs.is_constant()):
+            continue  # two computed values (a maximum): no input alone
         form: dict = {}
         try:
-            _linear(c.args()[0], Fraction(1), form)
-            _linear(c.args()[1], Fraction(-1), form)
+            _linear(lhs, Fraction(1), form)
+            _linear(rhs, Fraction(-1), form)
         except NotLinear:
             continue
         names = [n for n, a in form.items() if n and a]
