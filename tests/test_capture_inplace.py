@@ -96,6 +96,12 @@ CASES = {
         scores = torch.baddbmm(buf[0:4].view(1, 2, 2), h, h.transpose(1, 2), beta=0.0)
         return torch.softmax(scores, dim=-1).sum() + scores.sum()
 """,
+    "empty-transposed-ignored-by-baddbmm": """
+        h = self.lin(x).view(1, 2, 4)
+        buf = torch.empty(1, 2, 2).transpose(1, 2)  # any view of uninitialised memory
+        scores = torch.baddbmm(buf, h, h.transpose(1, 2), beta=0.0)
+        return torch.softmax(scores, dim=-1).sum() + scores.sum()
+""",
     "empty-ignored-by-baddbmm": """
         h = self.lin(x).view(1, 2, 4)
         buf = torch.empty(8)[0:4].view(1, 2, 2)  # uninitialised, as Megatron's buffer

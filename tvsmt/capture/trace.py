@@ -385,6 +385,15 @@ OVERWRITING_OPS = {"aten.copy.default", "aten.fill.Scalar", "aten.fill.Tensor",
                    "aten.zero.default"}  # functional forms of copy_, fill_, zero_
 
 
+def _is_view(target) -> bool:
+    """Does the ATen op only view its input (its schema: every result an alias of an
+    argument, none written), as t, transpose, expand, split and as_strided do?"""
+    schema = getattr(target, "_schema", None)
+    return schema is not None and bool(schema.returns) and all(
+        r.alias_info is not None and not r.alias_info.is_write for r in schema.returns) and \
+        not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
 def _first_values_unread(fx_node, name: str) -> bool:
     """Does the op leave its first argument's values unread: it overwrites all of them
     (copy_, fill_, zero_, in their functional form) or adds them with weight 0 (baddbmm
@@ -679,8 +688,10 @@ class _Converter:
         read = [t for t in inputs if t in self.uninitialised]
         if not read:
             return
-        if name in PURE_VIEW_OPS:
-            self.uninitialised[outs] = self.uninitialised[read[0]]
+        if name in PURE_VIEW_OPS or _is_view(node.target):  # views of it are it
+            for t in outs if isinstance(outs, (list, tuple)) else [outs]:
+                if isinstance(t, str):
+                    self.uninitialised[t] = self.uninitialised[read[0]]
             return
         empty = self.uninitialised[read[0]]
         src = source_of(empty, self.path)
