@@ -702,6 +702,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_evaluation_selection.py::"
          "test_a_mean_of_ranks_means_is_a_violation_where_labels_are_ignored",), fast=False),
     Mutation(
+        "evaluation-evaluator-shared-by-names",
+        "random evaluation reuses a points evaluator whose points have the same symbols, "
+        "whatever their values: a stage evaluated at other points gets the old terms' values",
+        "random evaluation",
+        (Patch("tvsmt/encoding/concrete.py",
+               "    key = (n, tuple((name, col.tobytes()) for name, col in sorted(columns.items())))\n",
+               "    key = (n, tuple(sorted(columns)))\n"),),
+        ("tests/test_encoding_cost.py::"
+         "test_other_points_of_the_same_symbols_are_not_served_old_values",)),
+    Mutation(
         "capture-data-assignment-untraced",
         "`t.data = v` during the trace leaves the tracer's record of t as it was (its old "
         "node), so later reads of t take the old values",

@@ -185,6 +185,51 @@ def test_points_evaluator_sees_a_difference_at_one_point_only():
     assert ev.vector(term).tolist() == [0.0, 1.0, 0.0]
 
 
+def _formula(lhs, rhs, names):
+    from tvsmt.encoding.stage import Comparison, StageFormula
+
+    return StageFormula(stage=None, constraints=[], comparisons=[Comparison(0, (), (), lhs, rhs)],
+                        inputs={n: ("s:x", (i,)) for i, n in enumerate(names)})
+
+
+def test_stages_with_the_same_points_share_term_values_and_still_see_their_own_mismatch():
+    """The stages of one node's outputs draw the same points, and evaluate_at_random walks
+    a term they share once (`concrete._evaluator_for`); a stage whose own comparison differs
+    is still refuted after a sibling that matched, with its own values."""
+    from pysmt.shortcuts import Plus, Symbol, Times
+    from pysmt.typing import REAL
+
+    from tvsmt.encoding import concrete
+
+    x, y = Symbol("x", REAL), Symbol("y", REAL)
+    shared = Times(Plus(x, y), x)
+    right, wrong = _formula(shared, shared, "xy"), _formula(Plus(shared, y), shared, "xy")
+    assert evaluate_at_random(right).counterexample is None
+    walked = concrete._EVALUATORS[next(reversed(concrete._EVALUATORS))]
+    assert any(t is shared for t, _ in walked._values.values())
+    got = evaluate_at_random(wrong)
+    assert concrete._EVALUATORS[next(reversed(concrete._EVALUATORS))] is walked  # reused
+    point, mismatch = got.point, got.counterexample["mismatches"][0]
+    want = (point["x"] + point["y"]) * point["x"]
+    assert float(mismatch["parallel"]) == pytest.approx(want)
+    assert float(mismatch["single"]) == pytest.approx(want + point["y"])
+
+
+def test_other_points_of_the_same_symbols_are_not_served_old_values():
+    """The evaluator is shared by points, names and values, never by names alone: the same
+    stage at another seed is evaluated at its own points."""
+    from pysmt.shortcuts import Plus, Real, Symbol
+    from pysmt.typing import REAL
+
+    x = Symbol("x", REAL)
+    f = _formula(x, Plus(x, Real(1)), "x")  # every point a mismatch
+    for seed in (0, 7, 0, 7):
+        got = evaluate_at_random(f, seed=seed)
+        mismatch = got.counterexample["mismatches"][0]
+        assert float(mismatch["single"]) == got.point["x"]
+        assert float(mismatch["parallel"]) == got.point["x"] + 1
+
+
 # ----------------------------------------------------------------------------- expert axis
 SMALL_MOE = dict(hidden=16, heads=4, ffn=16, vocab=16, seq=4)
 

@@ -86,19 +86,33 @@ def _selections(formula: StageFormula) -> tuple[bool, dict[str, set[int]]]:
     if-then-else's condition (a token id against the rows of an embedding or against an
     ignored index, an expert index against an expert), unlike a maximum's condition, which
     compares two computed values."""
-    ites = _ites(formula, first_only=True)
-    if not ites:  # most stages: found without walking all of every term
-        return False, {}
+    ites = _ites(formula)
     alone: dict[str, set[int]] = {}
-    for t in _ites(formula):
-        for name, points in _branch_points(t.args()[0]).items():
+    for t in ites:
+        for name, points in _branch_points_of(t.args()[0]).items():
             if name in formula.inputs:
                 alone.setdefault(name, set()).update(points)
-    return True, alone
+    return bool(ites), alone
 
 
-def _ites(formula: StageFormula, first_only: bool = False) -> list:
-    """The if-then-else terms in the stage's comparisons (the first one found only)."""
+_BRANCH_POINTS: dict = {}  # condition term -> _branch_points(it), kept while it is small
+_BRANCH_POINTS_KEPT = 1 << 16
+
+
+def _branch_points_of(cond) -> dict[str, set[int]]:
+    """`_branch_points`, once per condition term (pysmt makes equal terms one object, and
+    the stages of one node's outputs share their conditions: a MoE layer's 384 per stage);
+    the memo holds its terms, so no id is reused while it lives."""
+    got = _BRANCH_POINTS.get(cond)
+    if got is None:
+        if len(_BRANCH_POINTS) >= _BRANCH_POINTS_KEPT:
+            _BRANCH_POINTS.clear()
+        got = _BRANCH_POINTS[cond] = _branch_points(cond)
+    return got
+
+
+def _ites(formula: StageFormula) -> list:
+    """The if-then-else terms in the stage's comparisons."""
     stack = [t for c in formula.comparisons for t in (c.lhs, c.rhs)]
     seen: set = set()
     out = []
@@ -109,8 +123,6 @@ def _ites(formula: StageFormula, first_only: bool = False) -> list:
         seen.add(t)
         if t.is_ite():
             out.append(t)
-            if first_only:
-                break
         stack.extend(t.args())
     return out
 
@@ -299,6 +311,25 @@ def evaluate_at_random(formula: StageFormula, points: int = 2, seed: int = 0) ->
     return ev_out
 
 
+_EVALUATORS: dict = {}  # points (n, names and values) -> their PointsEvaluator, the last few
+_EVALUATORS_KEPT = 4
+
+
+def _evaluator_for(columns: dict[str, np.ndarray], n: int) -> PointsEvaluator:
+    """A PointsEvaluator of these points: one of the last few again where its points are the
+    same (names and values), so that its memo of term values serves again. The stages of one
+    node's several outputs (a grouped GEMM's backward: five) have the same input symbols, so
+    they draw the same points, and their terms, one object each in pysmt, are walked once."""
+    key = (n, tuple((name, col.tobytes()) for name, col in sorted(columns.items())))
+    ev = _EVALUATORS.pop(key, None)
+    if ev is None:
+        ev = PointsEvaluator(columns, n)
+        while len(_EVALUATORS) >= _EVALUATORS_KEPT:
+            del _EVALUATORS[next(iter(_EVALUATORS))]
+    _EVALUATORS[key] = ev  # the most recent last
+    return ev
+
+
 def _evaluate_points(formula: StageFormula, kinds: list, seed: int, ev_out: Evaluation
                      ) -> np.ndarray | None:
     """Evaluate the stage at the points `kinds` describes (point k drawn with seed + k),
@@ -325,7 +356,7 @@ def _evaluate_points(formula: StageFormula, kinds: list, seed: int, ev_out: Eval
     except KeyError as e:  # points over different symbols: cannot happen, never a pass
         ev_out.note = f"no value for {e}"
         return None
-    ev = PointsEvaluator(columns, n)
+    ev = _evaluator_for(columns, n)
     comps = formula.comparisons
     try:
         # each distinct term once (the copies of a gathered tensor on every rank of a group
