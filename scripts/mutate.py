@@ -710,7 +710,35 @@ MUTATIONS: tuple[Mutation, ...] = (
                "    key = (n, tuple((name, col.tobytes()) for name, col in sorted(columns.items())))\n",
                "    key = (n, tuple(sorted(columns)))\n"),),
         ("tests/test_encoding_cost.py::"
-         "test_other_points_of_the_same_symbols_are_not_served_old_values",)),
+         "test_other_points_of_the_same_symbols_are_not_served_old_values",), fast=True),
+    Mutation(
+        "capture-hooks-left-on-the-real-tensor",
+        "the parameters the step traces keep their identity, but the post-accumulate-grad "
+        "hooks registered on them (a gradient reduction) stay with the untraced tensor",
+        "capture's parameters",
+        (Patch("tvsmt/capture/trace.py",
+               "            if hooks:\n                orig._post_accumulate_grad_hooks = None\n",
+               "            if False:\n                orig._post_accumulate_grad_hooks = None\n"),),
+        ("tests/test_capture_deepspeed.py::"
+         "test_hooks_registered_on_parameters_when_built_run_in_the_traced_step",), fast=True),
+    Mutation(
+        "capture-zero-partition-unread",
+        "under DeepSpeed ZeRO-1/2 the capture reads `.grad` (None) instead of the gradient "
+        "partition each rank keeps",
+        "capture's parameters",
+        (Patch("tvsmt/capture/zero.py",
+               "    if stage is None or stage == 0:\n        return None\n",
+               "    if True:\n        return None\n"),),
+        ("tests/test_capture_deepspeed.py::test_zero_claims_each_rank_s_partition_only",)),
+    Mutation(
+        "capture-zero-offset-ignored",
+        "a ZeRO partition's first piece is taken to start at its parameter's first element, "
+        "not `first_offset` elements into it",
+        "capture's parameters",
+        (Patch("tvsmt/capture/zero.py",
+               "            start = int(offsets[group]) if k == 0 else 0\n",
+               "            start = 0\n"),),
+        ("tests/test_capture_deepspeed.py::test_zero_claims_each_rank_s_partition_only",)),
     Mutation(
         "capture-data-assignment-untraced",
         "`t.data = v` during the trace leaves the tracer's record of t as it was (its old "

@@ -60,6 +60,7 @@ def _roles(prog: Program, prefix) -> dict[str, str]:
     roles = {prefix(i.id): {"param": "param", "buffer": "const", "batch": "input"}[i.kind]
              for i in prog.inputs}
     roles.update({prefix(g): "grad" for g in prog.grads.values() if g is not None})
+    roles.update({prefix(g): "grad" for pieces in prog.grad_pieces.values() for g, _ in pieces})
     if prog.loss is not None:
         roles[prefix(prog.loss)] = "loss"
     return roles

@@ -232,6 +232,10 @@ def input_and_claim_lineages(single: Program, ranks: dict[int, Program], shardin
             if s_grad is None:
                 continue
             own = prog.aliases.get(name, name)
+            for t, block in prog.grad_pieces.get(own, ()):  # DeepSpeed ZeRO's partition
+                part = Part(block, (rid(r, t),))
+                if part not in claims.setdefault(s_grad, []):
+                    claims[s_grad].append(part)
             if own not in prog.grads:  # another stage's parameter (pipeline parallelism)
                 continue
             r_grad = prog.grads[own]

@@ -73,6 +73,9 @@ class Program:
     # parameter -> block of the single gradient its .grad holds, where the code says so
     # (a DTensor gradient's placements; see dtensor.py); others use the parameter's block
     grad_slices: dict[str, tuple] = field(default_factory=dict)
+    # parameter -> [(tensor id, its block of the single gradient)]: the pieces of DeepSpeed
+    # ZeRO's gradient partition this rank holds (zero.py); such a program has no `grads`
+    grad_pieces: dict[str, list[tuple[str, tuple]]] = field(default_factory=dict)
 
 
 def tensor_slots(value: Any) -> list:

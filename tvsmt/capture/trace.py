@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
-from tvsmt.capture import dtensor
+from tvsmt.capture import dtensor, zero
 from tvsmt.capture.markers import microbatch_of
 from tvsmt.capture.program import CapNode, Collective, InputTensor, Program, Ref, tensor_slots
 from tvsmt.capture.script import CaptureScript, user_code_failed
@@ -131,6 +131,50 @@ def traced_data_assignment():
             torch.Tensor.data = own
 
 
+def _swap_tensors(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Exchange what two tensor objects are (class, attributes, and the C++ tensor under
+    them), each Python object keeping its identity. torch.utils.swap_tensors refuses a traced
+    tensor (the tracer holds weak references to it); private API of the pinned torch."""
+    a.__class__, b.__class__ = b.__class__, a.__class__
+    a.__dict__, b.__dict__ = b.__dict__, a.__dict__
+    torch._C._swap_tensor_impl(a, b)
+
+
+@contextmanager
+def parameters_kept(originals: list[torch.Tensor], standins: list[torch.Tensor]):
+    """The model's own parameter objects become the traced stand-ins for the duration of
+    the step: code that holds them (an optimizer's parameter lists, DeepSpeed's partitions
+    of them) or registered hooks on them (its gradient reduction after each gradient is
+    accumulated) sees the traced tensors, as it sees the real ones in training. What the
+    code set on a parameter (Megatron's `sequence_parallel`, DeepSpeed's ids) stays on it;
+    its post-accumulate-grad hooks move to the traced tensor. Each object is itself again
+    afterwards, without a gradient (tests/test_capture_deepspeed.py)."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot, set_proxy_slot
+
+    tracer = get_proxy_mode().tracer
+    done = []
+    try:
+        for orig, standin in zip(originals, standins):
+            proxy = get_proxy_slot(standin, tracer)
+            # the hooks' table is the Python object's, their registration the C++ tensor's:
+            # registered again, on the traced tensor
+            hooks = list((orig._post_accumulate_grad_hooks or {}).values())
+            own = dict(vars(orig))
+            _swap_tensors(orig, standin)
+            done.append((orig, standin))
+            orig.__dict__.update(own)
+            set_proxy_slot(orig, tracer, proxy)
+            if hooks:
+                orig._post_accumulate_grad_hooks = None
+                for hook in hooks:
+                    orig.register_post_accumulate_grad_hook(hook)
+        yield
+    finally:
+        for orig, standin in reversed(done):
+            orig.grad = None
+            _swap_tensors(orig, standin)
+
+
 def anchor_stack_traces(path: str) -> None:
     """Make make_fx record stack traces of every function of the user's file, not only of
     `forward` methods (fx keeps frames named forward or registered as anchors: private API
@@ -204,28 +248,38 @@ class _Tracer:
         layouts = {n: dtensor.layout_of(p, n, self.script.path)
                    for n, p in self.params.items() if dtensor.is_dtensor(p)}
         grad_slices: dict[str, Any] = {}
+        piece_blocks: list[tuple[str, Any]] = []  # (parameter, block) of each ZeRO piece
 
         def traced(params, buffers, leaves):
             params = [dtensor.leaf_parameter(p, layouts[n]) if n in layouts else
                       p.requires_grad_(True) if p.is_floating_point() else p
                       for n, p in zip(pnames, params)]
-            for n, p in zip(pnames, params):
-                # what the code set on its parameters (Megatron's sequence_parallel, which
-                # its gradient synchronisation reads) stays readable on their stand-ins
-                p.__dict__.update(vars(self.params[n]))
-            mapping = dict(zip(pnames, params)) | dict(zip(bnames, buffers))
-            mapping |= {a: mapping[n] for a, n in aliases.items()}
+            # plain parameters: the model's own objects become the traced tensors
+            # (`parameters_kept`); DTensor ones are swapped on the module for leaf DTensors
+            plain = [n for n in pnames if n not in layouts]
+            mapping = {n: p for n, p in zip(pnames, params) if n in layouts}
+            mapping |= dict(zip(bnames, buffers))
+            mapping |= {a: mapping[n] for a, n in aliases.items() if n in mapping}
+            at = {n: self.params[n] if n not in layouts else p for n, p in zip(pnames, params)}
             batch = pytree.tree_unflatten(list(leaves), self.batch_spec)
-            with _reparametrize_module(model, mapping, tie_weights=True):
-                loss = step(model, batch)
-            if loss is not None and not isinstance(loss, torch.Tensor):
-                raise InputError(f"train_step must return the loss tensor or None, not "
-                                 f"{type(loss).__name__}", file=self.script.path)
-            grads = []
-            for n, p in zip(pnames, params):
-                g, grad_slices[n] = dtensor.grad_result(p.grad, layouts.get(n))
-                grads.append(g)
-            return dtensor.loss_result(loss, self.script.path), grads
+            with parameters_kept([self.params[n] for n in plain],
+                                 [p for n, p in zip(pnames, params) if n not in layouts]):
+                with _reparametrize_module(model, mapping, tie_weights=True):
+                    loss = step(model, batch)
+                if loss is not None and not isinstance(loss, torch.Tensor):
+                    raise InputError(f"train_step must return the loss tensor or None, not "
+                                     f"{type(loss).__name__}", file=self.script.path)
+                held = zero.gradient_pieces(model, {id(self.params[n]): n for n in plain},
+                                            self.script.path)
+                grads, pieces = [], []
+                for n in pnames:
+                    g, grad_slices[n] = dtensor.grad_result(at[n].grad, layouts.get(n))
+                    grads.append(None if held is not None else g)
+                for n, got in (held or {}).items():  # ZeRO: the partitions, not .grad
+                    for tensor, block in got:
+                        piece_blocks.append((n, block))
+                        pieces.append(tensor)
+            return dtensor.loss_result(loss, self.script.path), grads, pieces
 
         values = self.input_values(self.model, self.batch)
         ins = ([values[f"param.{n}"] for n in pnames], [values[f"buffer.{n}"] for n in bnames],
@@ -261,11 +315,13 @@ class _Tracer:
         for n in self.batch_names:
             inputs.append(InputTensor(n, "batch", n, tuple(values[n].shape), [values[n]]))
         program = _Converter(gm, self.script.path, self.where, self.rank or 0).convert(
-            inputs, pnames)
+            inputs, pnames, piece_blocks)
         program.rank = self.rank
         program.aliases = dict(aliases)
         program.grad_slices = {n: dtensor.grad_slice(sp, n, self.script.path)
                                for n, sp in grad_slices.items() if sp is not None}
+        if zero.zero_stage(model) in (1, 2):
+            program.grads = {}  # ZeRO: only its partitions are the rank's gradients
         return _readable(program)
 
 
@@ -517,7 +573,10 @@ class _Converter:
             self.whole[s] = (value, tuple(val.shape), self.version[s])
 
     # main -----------------------------------------------------------------------------
-    def convert(self, inputs: list[InputTensor], pnames: list[str]) -> Program:
+    def convert(self, inputs: list[InputTensor], pnames: list[str],
+                piece_blocks: list[tuple[str, Any]] = ()) -> Program:
+        """The traced graph as a Program; `piece_blocks`: (parameter, block) of each piece of
+        a ZeRO gradient partition the step returned (zero.py), in order."""
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         if len(placeholders) != len(inputs):
             raise InputError(f"{self.where}: traced graph has {len(placeholders)} inputs, "
@@ -540,7 +599,7 @@ class _Converter:
                 self.fail(node, f"unsupported fx node kind {node.op}")
         flat = [self.read(x, out_node) if isinstance(x, torch.fx.Node) else x
                 for x in (out_node.args[0] if out_node is not None else [])]
-        loss, grads = pytree.tree_unflatten(flat, self.gm._out_spec)
+        loss, grads, pieces = pytree.tree_unflatten(flat, self.gm._out_spec)
         if loss is not None and not isinstance(loss, str):
             raise InputError(f"{self.where}: the loss is not a tensor of the graph",
                              file=self.path)
@@ -551,7 +610,14 @@ class _Converter:
             if g is not None and not isinstance(g, str):
                 raise InputError(f"{self.where}: the gradient of {nm} is not a tensor",
                                  file=self.path, tensor=nm)
-        return Program(None, inputs, self.nodes, self.shapes, loss, grad_ids)
+        for t in pieces:
+            if not isinstance(t, str):
+                raise InputError(f"{self.where}: a piece of DeepSpeed ZeRO's gradient "
+                                 f"partition is not a tensor of the graph", file=self.path)
+        program = Program(None, inputs, self.nodes, self.shapes, loss, grad_ids)
+        for (n, block), t in zip(piece_blocks, pieces):
+            program.grad_pieces.setdefault(n, []).append((t, block))
+        return program
 
     def get_attr(self, node) -> None:
         obj = getattr(self.gm, node.target)
@@ -993,6 +1059,9 @@ def _readable(program: Program) -> Program:
     for n, g in program.grads.items():
         if g is not None and g not in names:
             names[g] = f"grad.{n}"
+    for n, pieces in program.grad_pieces.items():
+        for k, (g, _) in enumerate(pieces):
+            names.setdefault(g, f"grad.{n}.{k}" if len(pieces) > 1 else f"grad.{n}")
     taken = {i.id for i in program.inputs}
     names = {k: v for k, v in names.items() if k not in taken}
     if not names:
@@ -1007,4 +1076,6 @@ def _readable(program: Program) -> Program:
     program.shapes = {r(t): s for t, s in program.shapes.items()}
     program.loss = r(program.loss)
     program.grads = {n: r(g) for n, g in program.grads.items()}
+    program.grad_pieces = {n: [(r(g), block) for g, block in pieces]
+                           for n, pieces in program.grad_pieces.items()}
     return program

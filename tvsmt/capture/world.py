@@ -28,13 +28,49 @@ def reset_framework_singletons() -> None:
     between the two builds (random draws) of one rank.
 
     Reset here: torch's own group registry (by destroy_process_group), Megatron-Core's
-    parallel state when it is imported, and DTensor's caches (`reset_caches`, called around
-    every world). Anything else a script keeps globally, it must reset
-    itself in build_rank.
+    parallel state when it is imported, DeepSpeed's communication backend at the end of a
+    world (`_end_deepspeed_world`), and DTensor's caches (`reset_caches`, called around
+    every world). Anything else a script keeps globally, it must reset itself in build_rank.
     """
     ps = sys.modules.get("megatron.core.parallel_state")
     if ps is not None and hasattr(ps, "destroy_model_parallel"):
         ps.destroy_model_parallel()
+
+
+def _end_deepspeed_world() -> None:
+    """DeepSpeed wraps the world in its own backend (`deepspeed.comm`) and keeps groups of
+    it: its own destroy_process_group ends the world and drops them, and the next world is
+    wrapped afresh by the next deepspeed.initialize. Within a world (the builds of two random
+    draws) its backend stays: it wraps the same world."""
+    ds = sys.modules.get("deepspeed.comm.comm")
+    if ds is not None and getattr(ds, "cdb", None) is not None and dist.is_initialized():
+        ds.destroy_process_group()
+        ds.cdb = None
+
+
+# what a launcher (torchrun, the deepspeed launcher) tells each rank's process
+LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT")
+
+
+@contextmanager
+def launcher_environment(rank: int, world_size: int):
+    """The environment variables a launcher sets for one rank of a one-node job, as code
+    such as DeepSpeed's reads them (without them it looks for MPI), restored afterwards.
+    Nothing connects to the address: the world is already made (the fake backend)."""
+    import os
+
+    saved = {k: os.environ.get(k) for k in LAUNCHER_ENV}
+    os.environ.update(zip(LAUNCHER_ENV, map(str, (rank, rank, world_size, world_size,
+                                                   "127.0.0.1", 29500))))
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @contextmanager
@@ -49,10 +85,11 @@ def rank_world(rank: int, world_size: int, script: str = "<script>"):
     dist.init_process_group("fake", store=_fake_store(), rank=rank, world_size=world_size)
     try:
         reset_caches()
-        with local_distribution():
+        with local_distribution(), launcher_environment(rank, world_size):
             yield
     finally:
         reset_framework_singletons()
+        _end_deepspeed_world()
         reset_caches()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,0 +1,106 @@
+"""DeepSpeed data parallelism with ZeRO (stage 0, 1 or 2) over two ranks: an MLP whose
+every rank takes its own half of the batch, wrapped by `deepspeed.initialize`, trained by
+`engine.backward`. Under ZeRO-1 and ZeRO-2 DeepSpeed keeps on each rank only its partition
+of the averaged gradients (every `p.grad` is None); tvsmt claims that partition, which is
+what the rank's optimizer step reads.
+
+    tvsmt check examples/deepspeed_zero.py                 # ZeRO-2: equivalent
+    DS_STAGE=1 tvsmt check examples/deepspeed_zero.py      # ZeRO-1 (0: ZeRO off): equivalent
+    TVSMT_BUG=loss-scaled-twice tvsmt check examples/deepspeed_zero.py      # a violation
+
+Planted bugs (environment variable TVSMT_BUG):
+  loss-scaled-twice   the loss divided by the number of ranks on top of DeepSpeed's own
+                      averaging of the gradients
+  sum-not-average     DeepSpeed's gradient averaging turned off: the ranks' gradients summed
+  no-reduce           the gradient buckets divided but never all-reduced
+
+Needs `pip install deepspeed==0.19.8` (no GPU: DeepSpeed picks its CPU accelerator). DeepSpeed's
+default `contiguous_gradients: true` is refused by tvsmt in one line (its gradient bucket is
+read through a stale view), so this config turns it off.
+"""
+
+import os
+
+import torch
+import torch.distributed as dist
+
+WORLD_SIZE = 2
+HIDDEN, FFN, BATCH = 8, 16, 4  # BATCH per rank; the single device takes both halves
+STAGE = int(os.environ.get("DS_STAGE", "2"))
+BUG = os.environ.get("TVSMT_BUG", "")
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(HIDDEN, FFN)
+        self.fc2 = torch.nn.Linear(FFN, FFN)
+        self.fc3 = torch.nn.Linear(FFN, HIDDEN)
+
+    def forward(self, x):
+        h = torch.nn.functional.silu(self.fc1(x))
+        h = torch.nn.functional.silu(self.fc2(h))
+        return self.fc3(h)
+
+
+class Single(torch.nn.Module):
+    """The single device's model under the names DeepSpeed's engine gives (`module.*`)."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        return self.module(x)
+
+
+def loss_of(y):
+    return (y * y).mean()
+
+
+def build_single():
+    return Single(MLP()), torch.randn(WORLD_SIZE * BATCH, HIDDEN)
+
+
+def build_rank(rank):
+    import deepspeed
+
+    single, x = build_single()
+    model = single.module
+    config = {
+        "train_micro_batch_size_per_gpu": BATCH,
+        "zero_optimization": {"stage": STAGE, "contiguous_gradients": False},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+    }
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    return engine, x[rank * BATCH:(rank + 1) * BATCH]
+
+
+def single_step(model, x):
+    loss = loss_of(model(x))
+    loss.backward()
+    return loss
+
+
+def train_step(engine, x):
+    loss = loss_of(engine(x))
+    if BUG == "loss-scaled-twice":
+        loss = loss / dist.get_world_size()
+    if BUG == "sum-not-average":
+        if STAGE == 0:
+            engine.gradient_average = False
+        else:
+            engine.optimizer.gradient_average = False
+    if BUG == "no-reduce":
+        if STAGE == 0:
+            engine.enable_backward_allreduce = False
+        else:
+            opt = engine.optimizer
+            opt.allreduce_bucket = lambda bucket, *a, **k: opt.flatten(bucket).div_(
+                dist.get_world_size())
+    engine.backward(loss)
+    reported = loss.detach().clone()
+    dist.all_reduce(reported, op=dist.ReduceOp.AVG)
+    return reported

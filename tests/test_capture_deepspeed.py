@@ -1,0 +1,183 @@
+"""DeepSpeed as shipped (deepspeed 0.19.8, a test dependency) in the capture, and what it
+needs of the tracer:
+
+* the model's own parameter objects are the traced tensors during the step
+  (`trace.parameters_kept`): DeepSpeed holds them in its partitions and registered its
+  gradient reduction as hooks on them (ZeRO-2), so swapping other tensors onto the module
+  left its hooks unfired and its lists pointing at untraced tensors; plain PyTorch code that
+  keeps parameters in a list or reduces gradients in a post-accumulate-grad hook needs the
+  same (tested without DeepSpeed below);
+* under ZeRO-1 and ZeRO-2 every `p.grad` is None after `engine.backward`: the claims are the
+  pieces of the gradient partition each rank keeps (`zero.gradient_pieces`), as rectangular
+  blocks of the single gradient (`zero.flat_blocks`); a partition piece that is wrong is a
+  violation, and every element must still be held by some rank."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import numpy as np
+import pytest
+from capture_helpers import line_of, sources
+
+from tvsmt.capture import check
+from tvsmt.capture.zero import flat_blocks
+from tvsmt.errors import InputError
+from tvsmt.verify import Options
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ZERO = os.path.join(ROOT, "examples", "deepspeed_zero.py")
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    monkeypatch.delenv("TVSMT_BUG", raising=False)
+    monkeypatch.delenv("DS_STAGE", raising=False)
+
+
+def _deepspeed():
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install .[test])")
+
+
+@pytest.mark.parametrize("stage", ["0", "1", "2"])
+def test_deepspeed_data_parallelism_is_equivalent_at_every_zero_stage(monkeypatch, stage):
+    _deepspeed()
+    monkeypatch.setenv("DS_STAGE", stage)
+    report = check(ZERO, Options(jobs=1, timeout=5))
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+
+
+@pytest.mark.parametrize("stage, bug", [("2", "loss-scaled-twice"), ("2", "sum-not-average"),
+                                        ("2", "no-reduce"), ("1", "no-reduce")])
+def test_deepspeed_zero_bugs_are_violations_in_the_partitions(monkeypatch, stage, bug):
+    _deepspeed()
+    monkeypatch.setenv("DS_STAGE", stage)
+    monkeypatch.setenv("TVSMT_BUG", bug)
+    report = check(ZERO, Options(jobs=1, timeout=5))
+    assert report.verdict == "violation", [f.message for f in report.failures]
+    wrong = {f.tensor for f in report.failures if f.kind == "counterexample"}
+    assert wrong and all(t.startswith("grad.module.") or t == "loss" for t in wrong), wrong
+    if bug == "loss-scaled-twice":  # the report shows the line that scales the loss
+        line = line_of(ZERO, "loss = loss / dist.get_world_size()")
+        assert any(s.endswith(f"deepspeed_zero.py:{line}") for s in sources(report)), \
+            sources(report)
+
+
+def test_zero_claims_each_rank_s_partition_only(monkeypatch):
+    """ZeRO-2 over two ranks: rank 0 holds the first half of the flattened gradients, rank 1
+    the rest; fc2.weight (16 x 16) is split inside a row, so its claims are blocks of whole
+    rows and of part of a row, on both ranks."""
+    _deepspeed()
+    from tvsmt.capture import capture
+
+    pair = capture(ZERO)
+    parts = [p for lin in pair.parallel["lineages"] if lin["single"] == "grad.module.fc2.weight"
+             for p in lin["parts"]]
+    by_rank: dict[str, list] = {}
+    for p in parts:
+        by_rank.setdefault(p["sum_of"][0].split(":")[0], []).append(
+            tuple(map(tuple, p["slice"])))
+    assert sorted(by_rank) == ["r0", "r1"], parts
+    # every element once, the row split between the ranks held in part by each
+    held = np.zeros((16, 16), int)
+    for blocks in by_rank.values():
+        for (r0, r1), (c0, c1) in blocks:
+            held[r0:r1, c0:c1] += 1
+    assert (held == 1).all(), held
+    split = [b for blocks in by_rank.values() for b in blocks if b[0][1] - b[0][0] == 1]
+    assert len(split) == 2 and {b[0] for b in split} == {split[0][0]}, by_rank
+
+
+@pytest.mark.parametrize("shape", [(5,), (3, 4), (2, 3, 4), (4, 1, 3), (6, 2, 2, 3)])
+def test_flat_blocks_are_the_range_in_row_major_order(shape):
+    n = int(np.prod(shape))
+    idx = np.arange(n).reshape(shape)
+    for start in range(n + 1):
+        for end in range(start, n + 1):
+            got = []
+            for block, at in flat_blocks(shape, start, end):
+                sub = idx[tuple(slice(a, b) for a, b in block)].reshape(-1)
+                assert sub[0] == at and (np.diff(sub) == 1).all(), (shape, start, end, block)
+                got += sub.tolist()
+            assert got == list(range(start, end)), (shape, start, end)
+            assert len(flat_blocks(shape, start, end)) <= 2 * len(shape) + 1
+
+
+HOOKED = """
+import os
+import torch
+import torch.distributed as dist
+
+WORLD_SIZE = 2
+BUG = os.environ.get("TVSMT_BUG", "")
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 8)
+        self.fc2 = torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x))).pow(2).mean()
+
+
+def build_single():
+    return Model(), torch.randn(4, 4)
+
+
+def build_rank(rank):
+    model, x = build_single()
+    # plain PyTorch data parallelism: each gradient averaged as soon as it is accumulated,
+    # by hooks registered when the model is built, and a list of the parameters kept
+    model.held = list(model.parameters())
+    for p in model.held:
+        if not (BUG == "fc2-unhooked" and p is model.fc2.weight):
+            p.register_post_accumulate_grad_hook(
+                lambda p: dist.all_reduce(p.grad, op=dist.ReduceOp.AVG))
+    return model, x[rank * 2:(rank + 1) * 2]
+
+
+def single_step(model, x):
+    loss = model(x)
+    loss.backward()
+    return loss
+
+
+def train_step(model, x):
+    loss = model(x)
+    loss.backward()
+    for p in model.held:  # the kept list holds the very parameters the step traced
+        assert p.grad is not None
+    loss = loss.detach().clone()
+    dist.all_reduce(loss, op=dist.ReduceOp.AVG)
+    return loss
+"""
+
+
+def test_hooks_registered_on_parameters_when_built_run_in_the_traced_step(tmp_path,
+                                                                          monkeypatch):
+    path = tmp_path / "hooked.py"
+    path.write_text(textwrap.dedent(HOOKED))
+    report = check(str(path), Options(jobs=1, timeout=5))
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+    monkeypatch.setenv("TVSMT_BUG", "fc2-unhooked")
+    report = check(str(path), Options(jobs=1, timeout=5))
+    assert report.verdict == "violation", [f.message for f in report.failures]
+    assert {f.tensor for f in report.failures if f.kind == "counterexample"} == {
+        "grad.fc2.weight"}
+
+
+def test_zero_stage_3_is_refused_in_one_line(monkeypatch):
+    _deepspeed()
+    from tvsmt.capture import zero
+
+    class Engine:  # what gradient_pieces reads of an engine, under ZeRO-3
+        __module__ = "deepspeed.runtime.engine"
+
+        def zero_optimization_stage(self):
+            return 3
+
+    with pytest.raises(InputError, match="ZeRO stage 3 is not supported"):
+        zero.gradient_pieces(Engine(), {}, "train.py")
