@@ -12,11 +12,13 @@ Planted bugs (environment variable TVSMT_BUG):
   loss-scaled-twice   the loss divided by the number of ranks on top of DeepSpeed's own
                       averaging of the gradients
   sum-not-average     DeepSpeed's gradient averaging turned off: the ranks' gradients summed
-  no-reduce           the gradient buckets divided but never all-reduced
+  no-reduce           DeepSpeed's all-reduces of the gradient buckets skipped (each rank
+                      keeps its own gradients, divided by the number of ranks)
 
-Needs `pip install deepspeed==0.19.8` (no GPU: DeepSpeed picks its CPU accelerator). DeepSpeed's
-default `contiguous_gradients: true` is refused by tvsmt in one line (its gradient bucket is
-read through a stale view), so this config turns it off.
+DS_NONCONTIGUOUS=1 turns DeepSpeed's contiguous gradient buckets off (another code path of
+its reduction, also equivalent).
+
+Needs `pip install deepspeed==0.19.8` (no GPU: DeepSpeed picks its CPU accelerator).
 """
 
 import os
@@ -69,7 +71,8 @@ def build_rank(rank):
     model = single.module
     config = {
         "train_micro_batch_size_per_gpu": BATCH,
-        "zero_optimization": {"stage": STAGE, "contiguous_gradients": False},
+        "zero_optimization": {"stage": STAGE,
+                              "contiguous_gradients": not os.environ.get("DS_NONCONTIGUOUS")},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
     }
@@ -93,14 +96,16 @@ def train_step(engine, x):
             engine.gradient_average = False
         else:
             engine.optimizer.gradient_average = False
-    if BUG == "no-reduce":
-        if STAGE == 0:
-            engine.enable_backward_allreduce = False
-        else:
-            opt = engine.optimizer
-            opt.allreduce_bucket = lambda bucket, *a, **k: opt.flatten(bucket).div_(
-                dist.get_world_size())
-    engine.backward(loss)
+    if BUG == "no-reduce":  # DeepSpeed's all-reduces of the gradients skipped
+        import deepspeed.comm
+
+        real, deepspeed.comm.all_reduce = deepspeed.comm.all_reduce, lambda *a, **k: None
+        try:
+            engine.backward(loss)
+        finally:
+            deepspeed.comm.all_reduce = real
+    else:
+        engine.backward(loss)
     reported = loss.detach().clone()
     dist.all_reduce(reported, op=dist.ReduceOp.AVG)
     return reported

@@ -722,6 +722,26 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_capture_deepspeed.py::"
          "test_hooks_registered_on_parameters_when_built_run_in_the_traced_step",), fast=True),
     Mutation(
+        "capture-held-part-misplaced",
+        "a stale contiguous view rederived from what was written into its storage slices "
+        "each written value from the written part's start, not from where the value begins "
+        "(a part cut short on the left gives another part's elements)",
+        "capture's memory written in place",
+        (Patch("tvsmt/capture/trace.py",
+               "                                      (Ref(0), 0, at - first, stop - first), [flat],\n",
+               "                                      (Ref(0), 0, at - a, stop - a), [flat],\n"),),
+        ("tests/test_capture_inplace.py::test_memory_written_in_place_is_captured_as_torch_"
+         "computes_it",), fast=True),
+    Mutation(
+        "capture-stale-view-taken-fresh",
+        "a view of a tensor that an in-place write made stale is taken as current",
+        "capture's memory written in place",
+        (Patch("tvsmt/capture/trace.py",
+               "                self.stale_views[user] = seen\n",
+               "                pass\n"),),
+        ("tests/test_capture_inplace.py::test_memory_written_in_place_is_captured_as_torch_"
+         "computes_it",), fast=True),
+    Mutation(
         "capture-zero-partition-unread",
         "under DeepSpeed ZeRO-1/2 the capture reads `.grad` (None) instead of the gradient "
         "partition each rank keeps",

@@ -10,7 +10,10 @@ needs of the tracer:
 * under ZeRO-1 and ZeRO-2 every `p.grad` is None after `engine.backward`: the claims are the
   pieces of the gradient partition each rank keeps (`zero.gradient_pieces`), as rectangular
   blocks of the single gradient (`zero.flat_blocks`); a partition piece that is wrong is a
-  violation, and every element must still be held by some rank."""
+  violation, and every element must still be held by some rank;
+* DeepSpeed's default contiguous gradient buckets are read through views of a buffer that
+  other views wrote (`trace._Converter.rederive_part`; in small in
+  tests/test_capture_inplace.py)."""
 
 from __future__ import annotations
 
@@ -32,18 +35,24 @@ ZERO = os.path.join(ROOT, "examples", "deepspeed_zero.py")
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch):
-    monkeypatch.delenv("TVSMT_BUG", raising=False)
-    monkeypatch.delenv("DS_STAGE", raising=False)
+    for name in ("TVSMT_BUG", "DS_STAGE", "DS_NONCONTIGUOUS"):
+        monkeypatch.delenv(name, raising=False)
 
 
 def _deepspeed():
     pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install .[test])")
 
 
-@pytest.mark.parametrize("stage", ["0", "1", "2"])
-def test_deepspeed_data_parallelism_is_equivalent_at_every_zero_stage(monkeypatch, stage):
+@pytest.mark.parametrize("stage, contiguous", [("0", True), ("1", True), ("2", True),
+                                               ("2", False)])
+def test_deepspeed_data_parallelism_is_equivalent_at_every_zero_stage(monkeypatch, stage,
+                                                                      contiguous):
+    """DeepSpeed's defaults (contiguous gradient buckets: a `torch.empty` filled through
+    narrow views and read through others) and its other reduction path."""
     _deepspeed()
     monkeypatch.setenv("DS_STAGE", stage)
+    if not contiguous:
+        monkeypatch.setenv("DS_NONCONTIGUOUS", "1")
     report = check(ZERO, Options(jobs=1, timeout=5))
     assert report.verdict == "equivalent", [f.message for f in report.failures]
 

@@ -2,9 +2,11 @@
 writes it: an out= form (`torch.exp(x, out=x)`), a whole view written in place and its base
 read afterwards (the attention scores masked through a view of the batched matmul's
 result), uninitialised memory that `baddbmm(beta=0)` ignores, `.data` assigned (Megatron's
-make_viewless_tensor). Each captured program, run on the traced inputs, gives the loss and
-gradients eager torch gives; a partial view written in place, and uninitialised memory that
-is read, stay one-line input errors."""
+make_viewless_tensor), parts of a tensor written through contiguous views and read through
+others (DeepSpeed's gradient bucket). Each captured program, run on the traced inputs, gives
+the loss and gradients eager torch gives; a view that is not contiguous written in place, a
+part never written read, and uninitialised memory that is read stay one-line input
+errors."""
 
 from __future__ import annotations
 
@@ -102,6 +104,19 @@ CASES = {
         scores = torch.baddbmm(buf, h, h.transpose(1, 2), beta=0.0)
         return torch.softmax(scores, dim=-1).sum() + scores.sum()
 """,
+    "partial-view-written": """
+        b = self.lin(x) * 1.0
+        b[0].mul_(2.0)  # a part of b written in place, through a contiguous view
+        return (b * b).sum()  # b read afterwards: its other part as it was
+""",
+    "buffer-filled-through-views": """
+        h = self.lin(x)
+        buf = torch.empty(16)  # a gradient bucket, as DeepSpeed's contiguous gradients
+        buf.narrow(0, 0, 8).copy_(h.reshape(-1))
+        buf.narrow(0, 8, 4).copy_(h[0] * 2.0)
+        buf.narrow(0, 0, 12).mul_(0.5)  # the filled part averaged in place
+        return (buf.narrow(0, 0, 8).view(2, 4) * h).sum() + buf[8:12].sum()
+""",
     "empty-ignored-by-baddbmm": """
         h = self.lin(x).view(1, 2, 4)
         buf = torch.empty(8)[0:4].view(1, 2, 2)  # uninitialised, as Megatron's buffer
@@ -133,7 +148,7 @@ def test_memory_written_in_place_is_captured_as_torch_computes_it(tmp_path, case
 @pytest.mark.parametrize("forward,refusal", [
     ("""
         b = self.lin(x) * 1.0
-        b[0].mul_(2.0)  # a partial view written in place
+        b.t()[0].mul_(2.0)  # a view that is not contiguous written in place
         return (b * b).sum()
 """, "through an alias"),
     ("""
@@ -149,7 +164,7 @@ def test_memory_written_in_place_is_captured_as_torch_computes_it(tmp_path, case
         h = self.lin(x)
         buf = torch.empty(8)
         buf[0:4].copy_(h.reshape(-1)[:4])  # half written through a view ...
-        return (buf[0:4] * h[0]).sum()  # ... and its base read: not followed
+        return (buf[0:8].view(2, 4) * h).sum()  # ... and read whole: half uninitialised
 """, "after an in-place operation changed it through an alias"),
     ("""
         buf = torch.empty(2, 4)

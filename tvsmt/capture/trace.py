@@ -12,6 +12,7 @@ stale view) is refused rather than guessed.
 from __future__ import annotations
 
 import logging
+import math
 import operator
 import os
 import re
@@ -385,6 +386,26 @@ def _storage(v) -> int | None:
     return None
 
 
+def _region(val) -> tuple[int, int] | None:
+    """The elements [start, end) of its storage that a contiguous tensor covers, in order;
+    None for a tensor that is not contiguous (or has no storage)."""
+    try:
+        if isinstance(val, torch.Tensor) and val.is_contiguous():
+            start = val.storage_offset()
+            return start, start + val.numel()
+    except Exception:  # noqa: BLE001 - no storage to speak of
+        pass
+    return None
+
+
+def _functional_name(target) -> str:
+    """An in-place ATen overload's functional form's name (aten.copy_.default ->
+    aten.copy.default), as the conversion writes it."""
+    name = str(target)
+    op, _, overload = name.rpartition(".")
+    return f"{op[:-1]}.{overload}" if op.endswith("_") else name
+
+
 def _whole(val) -> bool:
     """Does the tensor `val` view all of its storage, contiguously, from its start?"""
     try:
@@ -498,6 +519,17 @@ class _Converter:
         # out= op wrote all of it: a stale read of another whole view of it is that value
         # viewed in its own shape (`read`)
         self.whole: dict[int, tuple[str, tuple[int, ...], int]] = {}
+        # storage -> what it holds where, as [(start, end, SSA id, start of that id)] in
+        # element offsets, sorted: its first value and what in-place or out= ops wrote into
+        # contiguous parts of it since (`wrote`); None once a write the capture cannot place
+        # (a non-contiguous view, an in-place collective) or a view of another dtype. A
+        # stale contiguous view is rederived from it (`rederive`): DeepSpeed's gradient
+        # bucket, a `torch.empty` filled gradient by gradient through narrow views and read
+        # through another one
+        self.held: dict[int, list | None] = {}
+        self.held_dtype: dict[int, Any] = {}
+        # fx view node -> the stale (storage, version) it viewed: the view is stale too
+        self.stale_views: dict[Any, tuple[int, int]] = {}
         self.nodes: list[CapNode] = []
         self.shapes: dict[str, tuple[int, ...]] = {}
         # SSA id -> fx node of the torch.empty whose uninitialised memory it is (itself or a
@@ -512,14 +544,21 @@ class _Converter:
     # values ---------------------------------------------------------------------------
     def define(self, fx_node, value) -> None:
         self.env[fx_node] = value
-        s = _storage(fx_node.meta.get("val"))
-        if s is not None:
-            self.seen_version[fx_node] = (s, self.version.get(s, 0))
+        val = fx_node.meta.get("val")
+        s = _storage(val)
+        if s is None:
+            return
+        stale = self.stale_views.pop(fx_node, None)
+        self.seen_version[fx_node] = stale or (s, self.version.get(s, 0))
+        if s not in self.held and isinstance(value, str) and _whole(val) and \
+                str(fx_node.target) not in EMPTY_OPS:  # a storage's first value
+            self.held[s], self.held_dtype[s] = [(0, val.numel(), value, 0)], val.dtype
 
     def mutate(self, fx_tensor_node) -> None:
         s = _storage(fx_tensor_node.meta.get("val"))
         if s is not None:
             self.version[s] = self.version.get(s, 0) + 1
+            self.held[s] = None  # unless `wrote` says what was written where
 
     def read(self, fx_node, user):
         if fx_node not in self.env:
@@ -531,6 +570,16 @@ class _Converter:
                 # all-gather, then viewed as the next one's output or as baddbmm's ignored
                 # term): whatever it holds now, nothing reads it
                 return self.env[fx_node]
+            if str(user.target) in PURE_VIEW_OPS and user.args[0] is fx_node:
+                # a view of a stale tensor is as stale: rederived where it is read
+                self.stale_views[user] = seen
+                return self.env[fx_node]
+            if user.args and user.args[0] is fx_node and fx_node not in user.args[1:] and \
+                    _first_values_unread(user, _functional_name(user.target)):
+                # overwritten whole (copy_, fill_, zero_): its values are not read
+                shape = tuple(fx_node.meta["val"].shape)
+                return self.aten_node(user, "overwritten", torch.ops.aten.zeros.default,
+                                      (list(shape),), [], shape)
             if not self.rederive(fx_node, user, seen[0]):
                 self.fail(user, f"reads {fx_node.name} after an in-place operation changed "
                                 f"it through an alias (a view written in place): not "
@@ -545,7 +594,7 @@ class _Converter:
         latest = self.whole.get(storage)
         val = fx_node.meta.get("val")
         if latest is None or latest[2] != self.version.get(storage, 0) or not _whole(val):
-            return False
+            return self.rederive_part(fx_node, user, storage)
         vid, shape, version = latest
         if tuple(val.shape) != shape:
             target = torch.ops.aten.view.default
@@ -563,14 +612,69 @@ class _Converter:
         self.seen_version[fx_node] = (storage, version)
         return True
 
+    def rederive_part(self, fx_node, user, storage: int) -> bool:
+        """A stale contiguous `fx_node` whose elements the storage's `held` parts cover: the
+        slices of those parts' values, concatenated, in `fx_node`'s shape. False where a
+        part is unknown or uninitialised (refused by the caller)."""
+        val = fx_node.meta.get("val")
+        held, region = self.held.get(storage), _region(val)
+        if held is None or region is None or self.held_dtype.get(storage) != val.dtype:
+            return False
+        start, end = region
+        pieces, at, version = [], start, self.version.get(storage, 0)
+        name = f"{fx_node.name}_v{version}"
+        for a, b, vid, first in held:
+            if b <= at:
+                continue
+            if a > at:
+                return False  # a gap: never written, or uninitialised
+            stop = min(b, end)
+            flat = vid
+            if len(self.shapes[vid]) != 1:
+                flat = self.aten_node(user, f"{name}_{len(pieces)}_flat",
+                                      torch.ops.aten.view.default, (Ref(0), [-1]), [vid],
+                                      (math.prod(self.shapes[vid]),))
+            if (at - first, stop - first) != (0, self.shapes[flat][0]):
+                flat = self.aten_node(user, f"{name}_{len(pieces)}", torch.ops.aten.slice.Tensor,
+                                      (Ref(0), 0, at - first, stop - first), [flat],
+                                      (stop - at,))
+            pieces.append(flat)
+            at = stop
+            if at >= end:
+                break
+        if at < end:
+            return False
+        vid = pieces[0] if len(pieces) == 1 else self.aten_node(
+            user, f"{name}_cat", torch.ops.aten.cat.default,
+            ([Ref(k) for k in range(len(pieces))], 0), pieces, (end - start,))
+        if tuple(val.shape) != (end - start,):
+            vid = self.aten_node(user, f"{name}_view", torch.ops.aten.view.default,
+                                 (Ref(0, _dtype_of(fx_node)), list(val.shape)), [vid],
+                                 tuple(val.shape))
+        self.env[fx_node] = vid
+        self.seen_version[fx_node] = (storage, version)
+        return True
+
     def wrote(self, fx_tensor, value) -> None:
         """`fx_tensor` was written in place with `value` (an SSA id): a new version of its
-        storage, whole when it covers all of the storage."""
-        self.mutate(fx_tensor)
+        storage, whole when it covers all of the storage; where it is contiguous, the
+        storage's `held` parts say so."""
         val = fx_tensor.meta.get("val")
         s = _storage(val)
-        if s is not None and isinstance(value, str) and _whole(val):
+        before = self.held.get(s, []) if s is not None else None
+        self.mutate(fx_tensor)
+        if s is None or not isinstance(value, str):
+            return
+        if _whole(val):
             self.whole[s] = (value, tuple(val.shape), self.version[s])
+        region = _region(val)
+        if region is None or before is None or (before and self.held_dtype.get(s) != val.dtype):
+            return
+        a, b = region
+        kept = [(x, min(y, a), v, f) for x, y, v, f in before if x < a] + \
+               [(max(x, b), y, v, f) for x, y, v, f in before if y > b]
+        self.held[s] = sorted(kept + [(a, b, value, a)], key=lambda p: p[0])
+        self.held_dtype[s] = val.dtype
 
     # main -----------------------------------------------------------------------------
     def convert(self, inputs: list[InputTensor], pnames: list[str],
@@ -988,7 +1092,7 @@ class _Converter:
             oid = f"{node.name}.{i}"
             self._shape_for(oid, t.meta["val"])
             outs.append(self.comm_node(node, kind, t, ranks, out_id=oid, **kw))
-            self.mutate(t)
+            self.wrote(t, oid)  # the buffer holds the result, also for its other views
         self.define(node, (outs, None))
 
     def collective(self, node, name: str) -> None:
@@ -1005,7 +1109,7 @@ class _Converter:
             oid = node.name
             self._shape_for(oid, out_fx.meta["val"])
             self.comm_node(node, kind, in_fx, ranks, reduce=op, out_id=oid)
-            self.mutate(out_fx)
+            self.wrote(out_fx, oid)
             self.define(node, (oid, None))
         elif name in ("c10d.allgather_.default", "c10d.reduce_scatter_.default",
                       "c10d.alltoall_.default"):
