@@ -626,8 +626,8 @@ class _Converter:
         for a, b, vid, first in held:
             if b <= at:
                 continue
-            if a > at:
-                return False  # a gap: never written, or uninitialised
+            if a > at or vid not in self.shapes:
+                return False  # a gap (never written, or uninitialised), or not a tensor
             stop = min(b, end)
             flat = vid
             if len(self.shapes[vid]) != 1:
