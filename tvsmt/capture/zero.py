@@ -16,6 +16,7 @@ compact partition buffer), are refused in one line: their pieces do not follow p
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -81,9 +82,7 @@ def gradient_pieces(model: Any, names: dict[int, str], path: str
             flat = piece.reshape(-1)
             for block, at in flat_blocks(tuple(param.shape), start, end):
                 size = [e - s for s, e in block]
-                numel = 1
-                for d in size:
-                    numel *= d
+                numel = math.prod(size)
                 out.setdefault(name, []).append(
                     (flat[at - start:at - start + numel].view(size), block))
     return out
@@ -98,9 +97,7 @@ def flat_blocks(shape: tuple[int, ...], start: int, end: int) -> list[tuple[Slic
         return []
     if not shape:
         return [((), start)]
-    row = 1
-    for d in shape[1:]:
-        row *= d
+    row = math.prod(shape[1:])
     out: list[tuple[Slice, int]] = []
     first, last = start // row, (end - 1) // row
     if start % row or (first == last and end - first * row < row):  # a partial first row
