@@ -12,7 +12,8 @@ A mutation is *killed* when one of its tests fails. One that provably cannot cha
 behaviour says why (`equivalent`) and is expected to survive. A patch whose old text is no longer
 found exactly once is *stale* (the code it targets has changed: rewrite the patch), never
 skipped. The unmutated copy must pass the same tests first (a test that fails anyway kills
-nothing). The exit code is 0 only when every selected mutation is killed.
+nothing; `--no-baseline` leaves that to a caller that runs them itself). The exit code is 0
+only when every selected mutation is killed.
 
     python scripts/mutate.py            # every mutation (a few minutes)
     python scripts/mutate.py --fast     # the CI subset (tests/test_mutation_fast.py)
@@ -1257,21 +1258,23 @@ def check_imports_the_copy(copy: Path) -> None:
                  f"{copy}: mutations would not be tested")
 
 
-def run(mutations: list[Mutation], timeout: float, progress) -> list[Outcome]:
+def run(mutations: list[Mutation], timeout: float, progress, baseline: bool = True
+        ) -> list[Outcome]:
     with tempfile.TemporaryDirectory(prefix="tvsmt-mutate-") as tmp:
         copy = Path(tmp) / "project"
         copy.mkdir()
         copy_project(copy)
         check_imports_the_copy(copy)
         tests = tuple(dict.fromkeys(t for m in mutations for t in m.tests))
-        progress(f"baseline: {len(tests)} test selections on the unmutated copy")
-        # every selection once, beside whatever else the machine runs (the CI suite's other
-        # worker): more time than one mutation's
-        rc, out = run_tests(copy, tests, timeout * 4)
-        if rc != 0:
-            why = first_failure(out) or out[-2000:]
-            sys.exit(f"mutate.py: the unmutated project fails its own tests ({why}); a failing "
-                     "test kills nothing")
+        if baseline:
+            progress(f"baseline: {len(tests)} test selections on the unmutated copy")
+            # every selection once, beside whatever else the machine runs (the CI suite's
+            # other worker): more time than one mutation's
+            rc, out = run_tests(copy, tests, timeout * 4)
+            if rc != 0:
+                why = first_failure(out) or out[-2000:]
+                sys.exit(f"mutate.py: the unmutated project fails its own tests ({why}); a "
+                         "failing test kills nothing")
         outcomes = []
         for m in mutations:
             t0 = time.monotonic()
@@ -1330,6 +1333,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=None,
                     help="seconds per mutation's test run (default 300; 150 with --fast, "
                     "whose slowest takes ~25 s)")
+    ap.add_argument("--no-baseline", action="store_true",
+                    help="skip the unmutated run of the tests: only for a caller that runs "
+                    "the same tests unmutated itself and fails if they fail (the CI suite, "
+                    "tests/test_mutation_fast.py)")
     args = ap.parse_args(argv)
     if args.timeout is None:
         args.timeout = 150.0 if args.fast else 300.0
@@ -1345,7 +1352,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"    tests: {' '.join(m.tests)}")
         return 0
     t0 = time.monotonic()
-    outcomes = run(chosen, args.timeout, lambda msg: print(msg, file=sys.stderr, flush=True))
+    outcomes = run(chosen, args.timeout, lambda msg: print(msg, file=sys.stderr, flush=True),
+                   baseline=not args.no_baseline)
     print(table(outcomes, args.markdown))
     bad = [o for o in outcomes if not o.ok]
     print(f"\n{len(outcomes) - len(bad)} of {len(outcomes)} mutations killed in "

@@ -58,10 +58,15 @@ def hypotheses_to_drop(single: Plan, parallel: Plan, report: Report,
 
     witnessed = witnessed or {}
     lins = parallel.lineages
-    failing = {f.lineage for f in report.failures if f.lineage is not None}
-    drop = {i for i in failing if lins[i].hypothesis}
     real = {f.lineage for f in report.failures if f.lineage is not None
             and f.kind == "counterexample" and lins[f.lineage].single in witnessed}
+    # A solver's timeout discredits nothing: a claim that timed out is kept as it was cut
+    # (merging its stage only makes it larger); a hypothesis that timed out is dropped in
+    # the hope that a merged stage proves what it could not, unless a witnessed bug already
+    # makes the run a violation (dropping it would only grow stages that time out again).
+    failing = {f.lineage for f in report.failures if f.lineage is not None
+               and (f.kind != "inconclusive" or (lins[f.lineage].hypothesis and not real))}
+    drop = {i for i in failing if lins[i].hypothesis}
     claims = {i for i in failing if not lins[i].hypothesis} - real
     stages = {st.target: st for st in cut_stages(single, parallel).stages} \
         if claims or real else {}
