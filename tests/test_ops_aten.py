@@ -298,6 +298,8 @@ def direct_calls():
                                         aten.detach_copy.default(x),
                                        
                                         aten.clamp.Tensor(x, x1, None),
+                                        # 0-d: a clipping coefficient
+                                        aten.clamp.default(aten.sum.default(x), None, 0.3),
                                         aten.pow.Tensor_Tensor(x.abs() + 0.5, x1),
                                         aten.div.Tensor_mode(x, x1.abs() + 1, rounding_mode=None),
                                         aten.rsub.Tensor(x, x1),

@@ -61,6 +61,7 @@ def _roles(prog: Program, prefix) -> dict[str, str]:
              for i in prog.inputs}
     roles.update({prefix(g): "grad" for g in prog.grads.values() if g is not None})
     roles.update({prefix(g): "grad" for pieces in prog.grad_pieces.values() for g, _ in pieces})
+    roles.update({prefix(u): "param" for u in prog.updated.values()})
     if prog.loss is not None:
         roles[prefix(prog.loss)] = "loss"
     return roles
@@ -106,7 +107,8 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True,
         lineages, provenance = carried_lineages(carry_from, single, ranks, sc.path)
         with_hypotheses = False  # carried over with the rest
     s_out = ([single.loss] if single.loss is not None else []) + list(
-        dict.fromkeys(g for g in single.grads.values() if g is not None))
+        dict.fromkeys(g for g in single.grads.values() if g is not None)) + list(
+        single.updated.values())
     s_nodes = live_nodes(single.nodes, set(s_out))
     claim_ids = {t for lin in lineages if lin.kind == "claim" for p in lin.parts
                  for t in p.sum_of}

@@ -228,10 +228,11 @@ def input_and_claim_lineages(single: Program, ranks: dict[int, Program], shardin
         by_input = {p.tensor: p.slice for p in provenance if p.rank == r}
         names = set(single.grads) | set(single.aliases)
         for name in sorted(names):
+            own = prog.aliases.get(name, name)
+            _claim_update(single, prog, r, name, own, by_input, claims)
             s_grad = single.grads.get(single.aliases.get(name, name))
             if s_grad is None:
                 continue
-            own = prog.aliases.get(name, name)
             for t, block in prog.grad_pieces.get(own, ()):  # DeepSpeed ZeRO's partition
                 part = Part(block, (rid(r, t),))
                 if part not in claims.setdefault(s_grad, []):
@@ -239,6 +240,8 @@ def input_and_claim_lineages(single: Program, ranks: dict[int, Program], shardin
             if own not in prog.grads:  # another stage's parameter (pipeline parallelism)
                 continue
             r_grad = prog.grads[own]
+            if r_grad is None and own in prog.updated:
+                continue  # the optimizer's update is claimed (gradients zeroed after it)
             if r_grad is None:
                 raise StructuralViolation(f"rank {r} computes no gradient for {name} (its "
                                           f".grad is None after train_step)", tensor=name)
@@ -255,11 +258,30 @@ def input_and_claim_lineages(single: Program, ranks: dict[int, Program], shardin
     return out, provenance
 
 
+def _claim_update(single: Program, prog: Program, r: int, name: str, own: str,
+                  by_input: dict, claims: dict[str, list[Part]]) -> None:
+    """The claim that the rank's parameter after its optimizer step is its block of the
+    single parameter after the single step; a step that updates a parameter on one side
+    only is a violation."""
+    s_new = single.updated.get(single.aliases.get(name, name))
+    held = f"param.{own}" in by_input
+    if not held or (s_new is None and own not in prog.updated):
+        return
+    if s_new is None or own not in prog.updated:
+        side = "single step" if s_new is not None else f"step of rank {r}"
+        raise StructuralViolation(f"only the {side} updates parameter {name} (an "
+                                  f"optimizer step on one side only)", tensor=name)
+    part = Part(by_input[f"param.{own}"], (rid(r, prog.updated[own]),))
+    if part not in claims.setdefault(s_new, []):
+        claims[s_new].append(part)
+
+
 def _every_parameter_is_held(single: Program, claims: dict[str, list[Part]], path: str) -> None:
-    """Every element of every single-device gradient is claimed by some rank: a rank may
-    lack a parameter (a pipeline stage holds its own layers only), but a parameter, or a
-    block of one, that no rank holds would leave its gradient unchecked."""
+    """Every element of every single-device gradient (and updated parameter) is claimed by
+    some rank: a rank may lack a parameter (a pipeline stage holds its own layers only), but
+    a parameter, or a block of one, that no rank holds would leave its gradient unchecked."""
     names = {g: n for n, g in single.grads.items() if g is not None}
+    names |= {u: n for n, u in single.updated.items()}
     for g, name in names.items():
         slices = [p.slice for p in claims.get(g, [])]
         if not covers(tuple(single.shapes[g]), slices):

@@ -76,6 +76,9 @@ class Program:
     # parameter -> [(tensor id, its block of the single gradient)]: the pieces of DeepSpeed
     # ZeRO's gradient partition this rank holds (zero.py); such a program has no `grads`
     grad_pieces: dict[str, list[tuple[str, tuple]]] = field(default_factory=dict)
+    # parameter -> tensor id of its value after the step, for each parameter the step wrote
+    # in place (an optimizer's update: `optimizer.step()` inside train_step)
+    updated: dict[str, str] = field(default_factory=dict)
 
 
 def tensor_slots(value: Any) -> list:

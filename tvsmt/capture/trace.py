@@ -39,6 +39,9 @@ PURE_VIEW_OPS = {"aten.slice.Tensor", "aten.view.default", "aten._unsafe_view.de
                  "aten.reshape.default", "aten.alias.default"}
 IDENTITY_OPS = {"aten.detach.default", "aten.alias.default", "aten.lift_fresh_copy.default",
                 "_c10d_functional.wait_tensor.default"}
+# marks for torch's profiler (optimizers wrap their step in one): no value, nothing computed
+PROFILER_OPS = {"profiler._record_function_enter_new.default",
+                "profiler._record_function_exit._RecordFunction"}
 REDUCE_OPS = {0: "sum", 1: "avg", 4: "max"}  # c10d ReduceOp codes the registry has an op for
 # the registry's op per (collective, reduction); a pair not listed is refused
 REDUCED_COMM = {("all_reduce", "sum"): "all_reduce", ("all_reduce", "avg"): "all_reduce_avg",
@@ -280,7 +283,9 @@ class _Tracer:
                     for tensor, block in got:
                         piece_blocks.append((n, block))
                         pieces.append(tensor)
-            return dtensor.loss_result(loss, self.script.path), grads, pieces
+                # each parameter's value after the step (an optimizer updates it in place)
+                after = [None if n in layouts else self.params[n] for n in pnames]
+            return dtensor.loss_result(loss, self.script.path), grads, pieces, after
 
         values = self.input_values(self.model, self.batch)
         ins = ([values[f"param.{n}"] for n in pnames], [values[f"buffer.{n}"] for n in bnames],
@@ -295,7 +300,8 @@ class _Tracer:
 
             with fx_traceback.preserve_node_meta(), traced_data_assignment():
                 # preserve_node_meta keeps tvsmt.capture.microbatch marks
-                gm = make_fx(traced, tracing_mode="fake", record_stack_traces=True)(*ins)
+                gm = make_fx(traced, tracing_mode="fake", record_stack_traces=True,
+                             decomposition_table=_decompositions())(*ins)
         except InputError:
             raise
         except (Exception, SystemExit) as e:  # the user's code failed under tracing
@@ -324,6 +330,19 @@ class _Tracer:
         if zero.zero_stage(model) in (1, 2):
             program.grads = {}  # ZeRO: only its partitions are the rank's gradients
         return _readable(program)
+
+
+# composite ATen ops of optimizers and gradient clipping, traced as torch's own
+# decompositions into ops the registry has (the pinned torch's tables)
+DECOMPOSED = ("linalg_vector_norm.default", "lerp.Scalar", "lerp.Tensor", "lerp_.Scalar",
+              "lerp_.Tensor", "addcmul.default", "addcmul_.default", "addcdiv.default",
+              "addcdiv_.default")
+
+
+def _decompositions() -> dict:
+    from torch._decomp import get_decompositions
+
+    return get_decompositions([operator.attrgetter(n)(torch.ops.aten) for n in DECOMPOSED])
 
 
 def _declared(p) -> Any:
@@ -703,7 +722,7 @@ class _Converter:
                 self.fail(node, f"unsupported fx node kind {node.op}")
         flat = [self.read(x, out_node) if isinstance(x, torch.fx.Node) else x
                 for x in (out_node.args[0] if out_node is not None else [])]
-        loss, grads, pieces = pytree.tree_unflatten(flat, self.gm._out_spec)
+        loss, grads, pieces, after = pytree.tree_unflatten(flat, self.gm._out_spec)
         if loss is not None and not isinstance(loss, str):
             raise InputError(f"{self.where}: the loss is not a tensor of the graph",
                              file=self.path)
@@ -719,6 +738,9 @@ class _Converter:
                 raise InputError(f"{self.where}: a piece of DeepSpeed ZeRO's gradient "
                                  f"partition is not a tensor of the graph", file=self.path)
         program = Program(None, inputs, self.nodes, self.shapes, loss, grad_ids)
+        for nm, inp, now in zip(pnames, inputs, after):
+            if isinstance(now, str) and now != inp.id:  # written in place by the step
+                program.updated[nm] = now
         for (n, block), t in zip(piece_blocks, pieces):
             program.grad_pieces.setdefault(n, []).append((t, block))
         return program
@@ -778,6 +800,9 @@ class _Converter:
         name = str(target)
         if name.startswith("c10d.") or name.startswith("_c10d_functional."):
             return self.collective(node, name)
+        if name in PROFILER_OPS:  # torch.profiler.record_function around optimizer steps
+            self.define(node, None)
+            return
         if not isinstance(target, torch._ops.OpOverload) or not name.startswith("aten."):
             self.fail(node, f"unsupported call {name} (only ATen operators and collectives "
                             f"are captured)")
@@ -1156,7 +1181,8 @@ class _Converter:
 
 
 def _readable(program: Program) -> Program:
-    """Name the results after what they are: `loss`, `grad.<parameter>` (reports show them)."""
+    """Name the results after what they are: `loss`, `grad.<parameter>`,
+    `updated.<parameter>` (reports show them)."""
     names = {}
     if program.loss is not None:
         names[program.loss] = "loss"
@@ -1166,6 +1192,8 @@ def _readable(program: Program) -> Program:
     for n, pieces in program.grad_pieces.items():
         for k, (g, _) in enumerate(pieces):
             names.setdefault(g, f"grad.{n}.{k}" if len(pieces) > 1 else f"grad.{n}")
+    for n, u in program.updated.items():
+        names.setdefault(u, f"updated.{n}")
     taken = {i.id for i in program.inputs}
     names = {k: v for k, v in names.items() if k not in taken}
     if not names:
@@ -1182,4 +1210,5 @@ def _readable(program: Program) -> Program:
     program.grads = {n: r(g) for n, g in program.grads.items()}
     program.grad_pieces = {n: [(r(g), block) for g, block in pieces]
                            for n, pieces in program.grad_pieces.items()}
+    program.updated = {n: r(u) for n, u in program.updated.items()}
     return program

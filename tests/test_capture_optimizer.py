@@ -1,0 +1,157 @@
+"""Optimizer steps and gradient clipping in the capture: a train_step that ends with
+`optimizer.step()` is verified on the parameters it leaves (`updated.<name>` claims) as well
+as on the loss and the (clipped) gradients; torch's optimizers (SGD, SGD with momentum,
+Adam, AdamW) and clipping by the global norm (torch.nn.utils.clip_grad_norm_, or Megatron's
+way over the tensor-parallel group) are captured as torch runs them (their composite ATen
+ops as torch's own decompositions, its profiler marks skipped), and each planted bug is a
+violation at the user's line."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+import torch
+from capture_helpers import line_of, sources
+
+from tvsmt.capture import capture_pair, check
+from tvsmt.capture.execute import run
+from tvsmt.capture.script import load_script
+from tvsmt.capture.trace import build, trace_program
+from tvsmt.errors import StructuralViolation
+from tvsmt.verify import Options
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "optimizer_step.py")
+
+DATA_PARALLEL = """
+import os
+import torch
+import torch.distributed as dist
+
+WORLD_SIZE = 2
+OPTIMIZER = os.environ.get("OPTIMIZER", "sgd")
+BUG = os.environ.get("TVSMT_BUG", "")
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 8)
+        self.fc2 = torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x))).pow(2).mean()
+
+
+def build_single():
+    return Model(), torch.randn(4, 4)
+
+
+def build_rank(rank):
+    model, x = build_single()
+    return model, x[rank * 2:(rank + 1) * 2]
+
+
+def _optimizer(model):
+    if OPTIMIZER == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=0.1)
+    if OPTIMIZER == "momentum":
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def train_step(model, x):
+    optimizer = _optimizer(model)
+    loss = model(x)
+    loss.backward()
+    if dist.is_initialized():
+        for p in model.parameters():
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    if not (BUG == "no-step-on-rank-1" and dist.is_initialized() and dist.get_rank() == 1):
+        optimizer.step()
+    optimizer.zero_grad()  # the gradients are gone: the parameters are the claims
+    loss = loss.detach().clone()
+    if dist.is_initialized():
+        dist.all_reduce(loss, op=dist.ReduceOp.AVG)
+    return loss
+"""
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    for name in ("TVSMT_BUG", "OPTIMIZER"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _script(tmp_path) -> str:
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(DATA_PARALLEL))
+    return str(path)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_the_example_s_whole_step_is_equivalent(monkeypatch, optimizer):
+    monkeypatch.setenv("OPTIMIZER", optimizer)
+    report = check(EXAMPLE, Options(jobs=1, timeout=30))
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+    proven = {s[2] for s in report.to_dict()["stages"] if s[3] == "proven"}
+    for name in ("proj.weight", "fc1.weight", "fc2.weight"):
+        assert f"updated.{name}" in proven and f"grad.{name}" in proven, sorted(proven)
+
+
+@pytest.mark.parametrize("bug, line, wrong", [
+    ("local-norm", "p.grad.mul_(coef)", "grad."),
+    ("clip-before-reduce", "p.grad.mul_(coef)", "grad."),
+    ("lr-on-one-rank", "    optimizer.step()", "updated."),
+])
+def test_the_example_s_bugs_are_violations_at_their_lines(monkeypatch, bug, line, wrong):
+    monkeypatch.setenv("TVSMT_BUG", bug)
+    report = check(EXAMPLE, Options(jobs=1, timeout=30))
+    assert report.verdict == "violation", [f.message for f in report.failures]
+    tensors = {f.tensor for f in report.failures if f.kind == "counterexample"}
+    assert any(t.startswith(wrong) for t in tensors), tensors
+    at = f"optimizer_step.py:{line_of(EXAMPLE, line)}"
+    assert any(s.endswith(at) for s in sources(report)), sources(report)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adamw"])
+def test_torch_s_clipping_and_optimizers_with_gradients_zeroed(tmp_path, monkeypatch,
+                                                              optimizer):
+    """clip_grad_norm_ (torch's foreach norm on CPU) and an optimizer, then zero_grad: the
+    updated parameters are the claims, and each is proven."""
+    monkeypatch.setenv("OPTIMIZER", optimizer)
+    report = check(_script(tmp_path), Options(jobs=1, timeout=30))
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+    proven = {s[2] for s in report.to_dict()["stages"] if s[3] == "proven"}
+    assert {f"updated.{n}" for n in ("fc1.weight", "fc1.bias", "fc2.weight",
+                                     "fc2.bias")} <= proven, sorted(proven)
+
+
+def test_a_step_on_one_side_only_is_a_violation(tmp_path, monkeypatch):
+    monkeypatch.setenv("TVSMT_BUG", "no-step-on-rank-1")
+    with pytest.raises(StructuralViolation, match="only the single step updates parameter"):
+        capture_pair(_script(tmp_path))
+    report = check(_script(tmp_path), Options(jobs=1, timeout=30))
+    assert report.verdict == "violation"
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_the_captured_step_leaves_the_parameters_torch_leaves(tmp_path, monkeypatch,
+                                                             optimizer):
+    """The captured single program, run on the traced inputs, gives the parameters eager
+    torch's step gives (the decomposed norm, clamp and optimizer arithmetic included)."""
+    monkeypatch.setenv("OPTIMIZER", optimizer)
+    sc = load_script(_script(tmp_path))
+    program = trace_program(sc, None)
+    assert set(program.updated) == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
+    values = run([(0, n) for n in program.nodes], {i.id: i.draws[0] for i in program.inputs})
+    model, x = build(sc, None, 0)  # draw 0 again: the inputs the trace recorded
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    sc.train_step(model, x)
+    for name, p in model.named_parameters():
+        assert not torch.equal(p.detach(), before[name]), name
+        assert torch.allclose(values[program.updated[name]], p.detach(), rtol=1e-5,
+                              atol=1e-7), name
