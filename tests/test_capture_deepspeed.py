@@ -217,6 +217,22 @@ def test_a_solver_timeout_discredits_no_hypothesis_once_a_bug_is_witnessed(tmp_p
         == dropped(("counterexample", claim), witnessed=witnessed)
 
 
+def test_deepspeed_s_engine_step_is_refused_in_one_line():
+    """DeepSpeed's optimizer step is not captured (tests/test_capture_optimizer.py has
+    torch's): a step it took is refused by name, never verified as if it had not run."""
+    from tvsmt.capture import zero
+
+    class Engine:  # what gradient_pieces reads of an engine that stepped
+        __module__ = "deepspeed.runtime.engine"
+        global_steps = 1
+
+        def zero_optimization_stage(self):
+            return 0
+
+    with pytest.raises(InputError, match=r"engine.step\(\) is not captured"):
+        zero.gradient_pieces(Engine(), {}, "train.py")
+
+
 def test_zero_stage_3_is_refused_in_one_line():
     from tvsmt.capture import zero
 

@@ -106,8 +106,11 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True,
 
         lineages, provenance = carried_lineages(carry_from, single, ranks, sc.path)
         with_hypotheses = False  # carried over with the rest
+    claimed = {lin.single for lin in lineages if lin.kind == "claim"}
+    # a gradient the ranks zeroed after their optimizer step is not a result: the update is
     s_out = ([single.loss] if single.loss is not None else []) + list(
-        dict.fromkeys(g for g in single.grads.values() if g is not None)) + list(
+        dict.fromkeys(g for n, g in single.grads.items() if g is not None
+                      and (g in claimed or n not in single.updated))) + list(
         single.updated.values())
     s_nodes = live_nodes(single.nodes, set(s_out))
     claim_ids = {t for lin in lineages if lin.kind == "claim" for p in lin.parts

@@ -280,7 +280,8 @@ def _every_parameter_is_held(single: Program, claims: dict[str, list[Part]], pat
     """Every element of every single-device gradient (and updated parameter) is claimed by
     some rank: a rank may lack a parameter (a pipeline stage holds its own layers only), but
     a parameter, or a block of one, that no rank holds would leave its gradient unchecked."""
-    names = {g: n for n, g in single.grads.items() if g is not None}
+    names = {g: n for n, g in single.grads.items() if g is not None
+             and not (n in single.updated and g not in claims)}  # zeroed after the step
     names |= {u: n for n, u in single.updated.items()}
     for g, name in names.items():
         slices = [p.slice for p in claims.get(g, [])]
