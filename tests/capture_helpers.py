@@ -17,3 +17,29 @@ def sources(report) -> set[str]:
     """Every "file:line" that a report's failure nodes carry."""
     return {n.get("source") for f in report.failures for n in f.parallel_nodes + f.single_nodes
             if n.get("source")}
+
+
+# The head of a capture script over two ranks: imports, a two-layer model whose mean square
+# output is the loss, and its single-device build (tests append build_rank and the steps).
+TWO_LAYER_SCRIPT = """
+import os
+import torch
+import torch.distributed as dist
+
+WORLD_SIZE = 2
+BUG = os.environ.get("TVSMT_BUG", "")
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 8)
+        self.fc2 = torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x))).pow(2).mean()
+
+
+def build_single():
+    return Model(), torch.randn(4, 4)
+"""

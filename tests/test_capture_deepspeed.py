@@ -22,7 +22,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from capture_helpers import line_of, sources
+from capture_helpers import TWO_LAYER_SCRIPT, line_of, sources
 
 from tvsmt.capture import check
 from tvsmt.capture.zero import flat_blocks
@@ -113,28 +113,7 @@ def test_flat_blocks_are_the_range_in_row_major_order(shape):
             assert len(flat_blocks(shape, start, end)) <= 2 * len(shape) + 1
 
 
-HOOKED = """
-import os
-import torch
-import torch.distributed as dist
-
-WORLD_SIZE = 2
-BUG = os.environ.get("TVSMT_BUG", "")
-
-
-class Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = torch.nn.Linear(4, 8)
-        self.fc2 = torch.nn.Linear(8, 2)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x))).pow(2).mean()
-
-
-def build_single():
-    return Model(), torch.randn(4, 4)
-
+HOOKED = TWO_LAYER_SCRIPT + """
 
 def build_rank(rank):
     model, x = build_single()

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 import torch
-from capture_helpers import line_of, sources
+from capture_helpers import TWO_LAYER_SCRIPT, line_of, sources
 
 from tvsmt.capture import capture_pair, check
 from tvsmt.capture.execute import run
@@ -25,28 +25,8 @@ from tvsmt.verify import Options
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "optimizer_step.py")
 
-DATA_PARALLEL = """
-import os
-import torch
-import torch.distributed as dist
-
-WORLD_SIZE = 2
+DATA_PARALLEL = TWO_LAYER_SCRIPT + """
 OPTIMIZER = os.environ.get("OPTIMIZER", "sgd")
-BUG = os.environ.get("TVSMT_BUG", "")
-
-
-class Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = torch.nn.Linear(4, 8)
-        self.fc2 = torch.nn.Linear(8, 2)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x))).pow(2).mean()
-
-
-def build_single():
-    return Model(), torch.randn(4, 4)
 
 
 def build_rank(rank):
