@@ -234,9 +234,7 @@ def input_and_claim_lineages(single: Program, ranks: dict[int, Program], shardin
             if s_grad is None:
                 continue
             for t, block in prog.grad_pieces.get(own, ()):  # DeepSpeed ZeRO's partition
-                part = Part(block, (rid(r, t),))
-                if part not in claims.setdefault(s_grad, []):
-                    claims[s_grad].append(part)
+                _add_claim(claims, s_grad, Part(block, (rid(r, t),)))
             if own not in prog.grads:  # another stage's parameter (pipeline parallelism)
                 continue
             r_grad = prog.grads[own]
@@ -246,9 +244,7 @@ def input_and_claim_lineages(single: Program, ranks: dict[int, Program], shardin
                 raise StructuralViolation(f"rank {r} computes no gradient for {name} (its "
                                           f".grad is None after train_step)", tensor=name)
             sl = prog.grad_slices.get(own, by_input[f"param.{own}"])
-            part = Part(sl, (rid(r, r_grad),))
-            if part not in claims.setdefault(s_grad, []):
-                claims[s_grad].append(part)
+            _add_claim(claims, s_grad, Part(sl, (rid(r, r_grad),)))
         if single.loss is not None and prog.loss is not None:
             claims.setdefault(single.loss, []).append(
                 Part(full(single.shapes[single.loss]), (rid(r, prog.loss),)))
@@ -271,9 +267,13 @@ def _claim_update(single: Program, prog: Program, r: int, name: str, own: str,
         side = "single step" if s_new is not None else f"step of rank {r}"
         raise StructuralViolation(f"only the {side} updates parameter {name} (an "
                                   f"optimizer step on one side only)", tensor=name)
-    part = Part(by_input[f"param.{own}"], (rid(r, prog.updated[own]),))
-    if part not in claims.setdefault(s_new, []):
-        claims[s_new].append(part)
+    _add_claim(claims, s_new, Part(by_input[f"param.{own}"], (rid(r, prog.updated[own]),)))
+
+
+def _add_claim(claims: dict[str, list[Part]], single: str, part: Part) -> None:
+    """A part of a single tensor's claim, once (tied parameters reach it by several names)."""
+    if part not in claims.setdefault(single, []):
+        claims[single].append(part)
 
 
 def _every_parameter_is_held(single: Program, claims: dict[str, list[Part]], path: str) -> None:

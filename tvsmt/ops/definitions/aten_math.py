@@ -189,8 +189,8 @@ def _clamp(be, ctx, x, min=None, max=None):
         out = be.maximum(out, arr(be, min))
     if max is not None:
         out = be.scale(be.maximum(be.scale(out, -1), be.scale(arr(be, max), -1)), -1)
-    # numpy gives a 0-d operand's result as a scalar (a term or a float): an array again
-    out = np.asarray(out, dtype=np.asarray(x).dtype)
+    if not isinstance(out, np.ndarray):  # numpy gives a 0-d operand's result as a scalar
+        out = np.asarray(out, dtype=object if np.asarray(x).dtype == object else None)
     return np.array(np.broadcast_to(out, x.shape)) if out.shape != x.shape else out
 
 
