@@ -257,3 +257,18 @@ def test_worlds_leave_no_process_group_or_excepthook_behind(mlp_pair):
     capture(MLP)
     assert not dist.is_initialized()
     assert sys.excepthook is hook
+
+
+def test_values_that_are_not_finite_give_no_hypothesis():
+    """A block holding a NaN or an infinity on the concrete run (a wrong program's random
+    draw can) is never fingerprinted, and no ratio is taken of one: before, a NaN made the
+    hypothesis search fail with Fraction's ValueError (a Megatron-Core capture in CI)."""
+    import torch
+
+    from tvsmt.capture.lineages import _nice, _normalised
+
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        assert _normalised(torch.tensor([1.0, bad, 2.0])) == (b"", 0.0)
+        assert _nice(bad) is None
+    key, pivot = _normalised(torch.tensor([1.0, -4.0, 2.0]))
+    assert pivot == -4.0 and key

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -295,6 +296,8 @@ def _normalised(t: torch.Tensor) -> tuple[bytes, float]:
     """A scale-free fingerprint of a block: values divided by the largest-magnitude one,
     rounded (a lookup key only; every hit is checked with allclose)."""
     flat = t.reshape(-1).double()
+    if not bool(torch.isfinite(flat).all()):  # a NaN or an infinity matches nothing
+        return b"", 0.0
     pivot = float(flat[int(flat.abs().argmax())])
     if pivot == 0:
         return b"", 0.0
@@ -303,6 +306,8 @@ def _normalised(t: torch.Tensor) -> tuple[bytes, float]:
 
 def _nice(c: float) -> Fraction | None:
     """c as a small exact ratio (a loss scale such as the number of replicas), if it is one."""
+    if not math.isfinite(c):
+        return None
     f = Fraction(c).limit_denominator(64)
     if f == 0 or abs(float(f) - c) > 1e-4 * abs(c) or max(f.numerator, f.denominator) > 64:
         return None
