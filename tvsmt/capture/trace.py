@@ -11,6 +11,7 @@ stale view) is refused rather than guessed.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import operator
@@ -339,7 +340,9 @@ DECOMPOSED = ("linalg_vector_norm.default", "lerp.Scalar", "lerp.Tensor", "lerp_
               "addcdiv_.default")
 
 
+@functools.cache
 def _decompositions() -> dict:
+    """Built once per process (every rank and draw traces with the same table)."""
     from torch._decomp import get_decompositions
 
     return get_decompositions([operator.attrgetter(n)(torch.ops.aten) for n in DECOMPOSED])
