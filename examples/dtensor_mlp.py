@@ -7,6 +7,7 @@ the DTensor placements of the parameters are the input lineages.
     tvsmt check examples/dtensor_mlp.py                                   # equivalent
     TVSMT_BUG=wrong-input-layout tvsmt check examples/dtensor_mlp.py      # violation
     TVSMT_BUG=unparallelised-fc2 tvsmt check examples/dtensor_mlp.py      # refused by torch
+    DTENSOR_STEP=sgd tvsmt check examples/dtensor_mlp.py                  # equivalent
 
 Planted bugs (environment variable TVSMT_BUG):
   wrong-input-layout   fc1 is told that its input arrives sharded by batch
@@ -16,6 +17,7 @@ Planted bugs (environment variable TVSMT_BUG):
                        unparallelised fc2 is fed fc1's local shard; torch itself refuses the
                        program (the shard's width is not fc2's input width), and tvsmt
                        reports torch's error in one line at the user's line
+  lr-on-one-rank       (with DTENSOR_STEP=sgd) rank 1 steps with twice the learning rate
 """
 
 import os
@@ -28,6 +30,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 WORLD_SIZE = 2
 HIDDEN, FFN, BATCH = 8, 16, 4
 BUG = os.environ.get("TVSMT_BUG", "")
+STEP = os.environ.get("DTENSOR_STEP") == "sgd"  # end the step with torch's SGD
 
 
 class MLP(torch.nn.Module):
@@ -63,4 +66,7 @@ def train_step(model, x):
     y = model(x)
     loss = (y * y).sum()
     loss.backward()
+    if STEP:  # updates the DTensor parameters' local shards: each rank's are claims too
+        lr = 0.2 if BUG == "lr-on-one-rank" and torch.distributed.get_rank() == 1 else 0.1
+        torch.optim.SGD(model.parameters(), lr=lr).step()
     return loss

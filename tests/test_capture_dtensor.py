@@ -29,6 +29,27 @@ SP = os.path.join(ROOT, "examples", "dtensor_sp.py")
 @pytest.fixture(autouse=True)
 def _no_bug(monkeypatch):
     monkeypatch.delenv("TVSMT_BUG", raising=False)
+    monkeypatch.delenv("DTENSOR_STEP", raising=False)
+
+
+@pytest.mark.parametrize("bug", ["", "lr-on-one-rank"])
+def test_an_optimizer_step_on_dtensor_parameters_is_verified(monkeypatch, bug):
+    """torch's SGD on DTensor parameters writes their local shards below autograd (the
+    DTensor's version counter moves, the local tensor's does not): each rank's updated
+    shard is a claim `updated.<name>`, proven; one rank stepping with another learning rate
+    is a violation. (Before: a false violation, "only the single step updates".)"""
+    monkeypatch.setenv("DTENSOR_STEP", "sgd")
+    monkeypatch.setenv("TVSMT_BUG", bug)
+    report = check(MLP, Options(jobs=1, timeout=5))
+    stages = report.to_dict()["stages"]
+    updated = {s[2] for s in stages if s[2].startswith("updated.")}
+    assert updated == {f"updated.{n}" for n in ("proj.weight", "fc1.weight", "fc1.bias",
+                                                "fc2.weight", "fc2.bias")}
+    if not bug:
+        assert report.verdict == "equivalent", [f.message for f in report.failures]
+    else:
+        assert report.verdict == "violation"
+        assert {s[2] for s in stages if s[3] != "proven"} <= updated
 
 
 def test_dtensor_mlp_is_equivalent_with_lineages_from_placements():

@@ -117,6 +117,19 @@ CASES = {
         buf.narrow(0, 0, 12).mul_(0.5)  # the filled part averaged in place
         return (buf.narrow(0, 0, 8).view(2, 4) * h).sum() + buf[8:12].sum()
 """,
+    "stale-views-of-a-buffer-written-again": """
+        buf = torch.empty(8)  # as FSDP2's unsharded parameter: gathered, viewed and saved
+        buf.copy_(self.lin(x).reshape(-1))  # for the backward, then gathered again into the
+        w = buf.as_strided((2, 4), (4, 1), 0).detach().t()  # same memory, which the saved
+        buf.copy_((self.lin(x) * 3.0).reshape(-1))  # views read
+        return (w * w).sum() + (buf * w.t().reshape(-1)).sum()
+""",
+    "as-strided-ranges": """
+        flat = self.lin(x).reshape(-1) * 1.0  # as FSDP2's views of each parameter's part
+        a = flat.as_strided((2, 2), (2, 1), 2)  # of its reduce-scatter's flat output
+        b = flat[1:7].as_strided((3,), (1,), 4)  # (offsets count from the storage's start)
+        return (a * a).sum() + (b * flat[0:3]).sum()
+""",
     "empty-ignored-by-baddbmm": """
         h = self.lin(x).view(1, 2, 4)
         buf = torch.empty(8)[0:4].view(1, 2, 2)  # uninitialised, as Megatron's buffer
@@ -187,3 +200,23 @@ def test_a_captured_node_that_fails_to_run_is_named_with_its_line():
     with pytest.raises(InternalError, match=r"rank 1, node mm_1 \(aten.mm.default\) at "
                                             r"train.py:12: RuntimeError: "):
         run([(1, mm)], {"a": torch.ones(2, 3), "b": torch.ones(2, 3)})
+
+
+def test_as_strided_ranges_are_verified_as_slices(tmp_path):
+    """`as_strided` picking a contiguous range of a contiguous tensor becomes a slice of the
+    flattened tensor and a view (`_Converter.as_strided_range`), which the verifier models
+    (it models as_strided only as a whole reshape): such a step is verified, and the same
+    step with a range one element off on rank 1 is a violation."""
+    body = HEADER.replace("{forward}", textwrap.indent(textwrap.dedent("""
+        flat = self.lin(x).reshape(-1) * 1.0
+        start = 3 if OFF and torch.distributed.get_rank() == 1 else 2
+        return (flat.as_strided((2, 2), (2, 1), start) ** 2).sum()
+"""), " " * 8))
+    path = tmp_path / "train.py"
+    path.write_text("OFF = False\n" + body)
+    program = trace_program(load_script(str(path)), None)
+    strided = [n.attrs["args"] for n in program.nodes if n.op == "aten.as_strided.default"]
+    assert all(a[1:] == [[8], [1], 0] for a in strided), strided  # whole reshapes only
+    assert check(str(path), Options(jobs=1, timeout=5)).verdict == "equivalent"
+    path.write_text("OFF = True\n" + body)
+    assert check(str(path), Options(jobs=1, timeout=5)).verdict == "violation"

@@ -83,9 +83,11 @@ def spec_of(t) -> Spec:
                 tuple(int(s) for s in t.stride()))
 
 
-def layout_of(t, name: str, path: str, what: str = "parameter") -> Layout:
+def layout_of(t, name: str, path: str, what: str = "parameter", uneven: bool = False
+              ) -> Layout:
     """The layout of a DTensor (or of a Spec read from one), or a one-line InputError naming
-    `name` for a placement the capture does not model."""
+    `name` for a placement the capture does not model; `uneven`: shards of unequal sizes
+    are taken as torch.chunk cuts them (FSDP2's, whose padding fsdp.py traces)."""
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
     from torch.distributed.tensor.placement_types import Shard, _StridedShard
 
@@ -109,7 +111,7 @@ def layout_of(t, name: str, path: str, what: str = "parameter") -> Layout:
             d = p.dim % len(shape) if shape else p.dim
             split[d] = split.get(d, 1) * mesh.size(mesh_dim)
     for d, k in split.items():
-        if shape[d] % k:
+        if shape[d] % k and not uneven:
             raise InputError(f"DTensor {what} is sharded unevenly (dimension {d} of size "
                              f"{shape[d]} over {k} ranks): not supported", file=path,
                              tensor=name)
@@ -165,8 +167,8 @@ def grad_result(grad, layout: Layout | None) -> tuple[Any, Spec | None]:
     return grad.to_local(), spec_of(grad)
 
 
-def grad_slice(spec: Spec, name: str, path: str) -> Slice:
-    return layout_of(spec, name, path, what="gradient").slice
+def grad_slice(spec: Spec, name: str, path: str, uneven: bool = False) -> Slice:
+    return layout_of(spec, name, path, what="gradient", uneven=uneven).slice
 
 
 def loss_result(loss, path: str):

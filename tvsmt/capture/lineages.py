@@ -225,7 +225,8 @@ def input_and_claim_lineages(single: Program, ranks: dict[int, Program], shardin
                                  f"model does not have", file=path, tensor=inp.name)
             prov = input_lineage(s, r, inp, sharding, path)
             provenance.append(prov)
-            assumptions.setdefault(s.id, []).append(Part(prov.slice, (rid(r, inp.id),)))
+            if not _empty(prov.slice):  # a rank holding none of a tensor holds no part
+                assumptions.setdefault(s.id, []).append(Part(prov.slice, (rid(r, inp.id),)))
         by_input = {p.tensor: p.slice for p in provenance if p.rank == r}
         names = set(single.grads) | set(single.aliases)
         for name in sorted(names):
@@ -271,8 +272,16 @@ def _claim_update(single: Program, prog: Program, r: int, name: str, own: str,
     _add_claim(claims, s_new, Part(by_input[f"param.{own}"], (rid(r, prog.updated[own]),)))
 
 
+def _empty(sl: Slice) -> bool:
+    """Is the block empty (FSDP2's last ranks' share of a few uneven rows)?"""
+    return any(a >= b for a, b in sl)
+
+
 def _add_claim(claims: dict[str, list[Part]], single: str, part: Part) -> None:
-    """A part of a single tensor's claim, once (tied parameters reach it by several names)."""
+    """A part of a single tensor's claim, once (tied parameters reach it by several names);
+    an empty block claims nothing."""
+    if _empty(part.slice):
+        return
     if part not in claims.setdefault(single, []):
         claims[single].append(part)
 
@@ -296,8 +305,8 @@ def _normalised(t: torch.Tensor) -> tuple[bytes, float]:
     """A scale-free fingerprint of a block: values divided by the largest-magnitude one,
     rounded (a lookup key only; every hit is checked with allclose)."""
     flat = t.reshape(-1).double()
-    if not bool(torch.isfinite(flat).all()):  # a NaN or an infinity matches nothing
-        return b"", 0.0
+    if not flat.numel() or not bool(torch.isfinite(flat).all()):
+        return b"", 0.0  # empty (a rank's share of uneven rows), a NaN or an infinity
     pivot = float(flat[int(flat.abs().argmax())])
     if pivot == 0:
         return b"", 0.0

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
-from tvsmt.capture import dtensor, zero
+from tvsmt.capture import dtensor, fsdp, zero
 from tvsmt.capture.markers import microbatch_of
 from tvsmt.capture.program import CapNode, Collective, InputTensor, Program, Ref, tensor_slots
 from tvsmt.capture.script import CaptureScript, user_code_failed
@@ -44,6 +44,7 @@ IDENTITY_OPS = {"aten.detach.default", "aten.alias.default", "aten.lift_fresh_co
 PROFILER_OPS = {"profiler._record_function_enter_new.default",
                 "profiler._record_function_exit._RecordFunction"}
 REDUCE_OPS = {0: "sum", 1: "avg", 4: "max"}  # c10d ReduceOp codes the registry has an op for
+REDUCE_OP_NAMES = {2: "PRODUCT", 3: "MIN", 5: "BAND", 6: "BOR", 7: "BXOR", 8: "PREMUL_SUM"}
 # the registry's op per (collective, reduction); a pair not listed is refused
 REDUCED_COMM = {("all_reduce", "sum"): "all_reduce", ("all_reduce", "avg"): "all_reduce_avg",
                 ("all_reduce", "max"): "all_reduce_max",
@@ -229,6 +230,7 @@ class _Tracer:
             if n not in self.params:
                 self.aliases[n] = first[id(p)]
         self.batch_names, leaves, self.batch_spec = _batch_leaves(batch, script.path)
+        self.fsdp = fsdp.managed(model, self.params, script.path)  # FSDP2's parameters
 
     def input_values(self, model, batch) -> dict[str, torch.Tensor]:
         values = {f"param.{n}": dtensor.local_value(p) for n, p in model.named_parameters()}
@@ -250,25 +252,32 @@ class _Tracer:
 
         pnames, bnames = list(self.params), list(self.buffers)
         model, step, aliases = self.model, self.step, self.aliases
-        layouts = {n: dtensor.layout_of(p, n, self.script.path)
+        layouts = {n: dtensor.layout_of(p, n, self.script.path, uneven=n in self.fsdp)
                    for n, p in self.params.items() if dtensor.is_dtensor(p)}
         grad_slices: dict[str, Any] = {}
         piece_blocks: list[tuple[str, Any]] = []  # (parameter, block) of each ZeRO piece
 
         def traced(params, buffers, leaves):
-            params = [dtensor.leaf_parameter(p, layouts[n]) if n in layouts else
+            shards = {n: p for n, p in zip(pnames, params) if n in self.fsdp}
+            params = [p if n in self.fsdp else
+                      dtensor.leaf_parameter(p, layouts[n]) if n in layouts else
                       p.requires_grad_(True) if p.is_floating_point() else p
                       for n, p in zip(pnames, params)]
             # plain parameters: the model's own objects become the traced tensors
-            # (`parameters_kept`); DTensor ones are swapped on the module for leaf DTensors
+            # (`parameters_kept`); DTensor ones are swapped on the module for leaf DTensors;
+            # FSDP2's stay, FSDP2's shard storage becomes the traced tensors (fsdp.py)
             plain = [n for n in pnames if n not in layouts]
-            mapping = {n: p for n, p in zip(pnames, params) if n in layouts}
+            mapping = {n: p for n, p in zip(pnames, params)
+                       if n in layouts and n not in self.fsdp}
             mapping |= dict(zip(bnames, buffers))
             mapping |= {a: mapping[n] for a, n in aliases.items() if n in mapping}
-            at = {n: self.params[n] if n not in layouts else p for n, p in zip(pnames, params)}
+            at = {n: self.params[n] if n not in layouts or n in self.fsdp else p
+                  for n, p in zip(pnames, params)}
             batch = pytree.tree_unflatten(list(leaves), self.batch_spec)
             with parameters_kept([self.params[n] for n in plain],
-                                 [p for n, p in zip(pnames, params) if n not in layouts]):
+                                 [p for n, p in zip(pnames, params) if n not in layouts]), \
+                    fsdp.traced_shards(self.fsdp, shards):
+                versions = {n: at[n]._version for n in layouts}
                 with _reparametrize_module(model, mapping, tie_weights=True):
                     loss = step(model, batch)
                 if loss is not None and not isinstance(loss, torch.Tensor):
@@ -284,8 +293,13 @@ class _Tracer:
                     for tensor, block in got:
                         piece_blocks.append((n, block))
                         pieces.append(tensor)
-                # each parameter's value after the step (an optimizer updates it in place)
-                after = [None if n in layouts else self.params[n] for n in pnames]
+                # each parameter's value after the step (an optimizer updates it in place);
+                # a DTensor's local tensor where the step wrote the DTensor (its version
+                # counter moved: DTensor writes its local tensor below autograd, which
+                # counts nothing there; FSDP2's is a view of its padded shard anyway)
+                after = [self.params[n] if n not in layouts else
+                         at[n]._local_tensor if at[n]._version != versions[n] else None
+                         for n in pnames]
             return dtensor.loss_result(loss, self.script.path), grads, pieces, after
 
         values = self.input_values(self.model, self.batch)
@@ -301,8 +315,11 @@ class _Tracer:
 
             with fx_traceback.preserve_node_meta(), traced_data_assignment():
                 # preserve_node_meta keeps tvsmt.capture.microbatch marks
+                table = _decompositions()
+                if self.fsdp:
+                    table = {**table, **fsdp.decompositions()}
                 gm = make_fx(traced, tracing_mode="fake", record_stack_traces=True,
-                             decomposition_table=_decompositions())(*ins)
+                             decomposition_table=table)(*ins)
         except InputError:
             raise
         except (Exception, SystemExit) as e:  # the user's code failed under tracing
@@ -326,7 +343,8 @@ class _Tracer:
             inputs, pnames, piece_blocks)
         program.rank = self.rank
         program.aliases = dict(aliases)
-        program.grad_slices = {n: dtensor.grad_slice(sp, n, self.script.path)
+        program.grad_slices = {n: dtensor.grad_slice(sp, n, self.script.path,
+                                                     uneven=n in self.fsdp)
                                for n, sp in grad_slices.items() if sp is not None}
         if zero.zero_stage(model) in (1, 2):
             program.grads = {}  # ZeRO: only its partitions are the rank's gradients
@@ -602,11 +620,54 @@ class _Converter:
                 shape = tuple(fx_node.meta["val"].shape)
                 return self.aten_node(user, "overwritten", torch.ops.aten.zeros.default,
                                       (list(shape),), [], shape)
-            if not self.rederive(fx_node, user, seen[0]):
+            if not self.rederive_through_views(fx_node, user, seen[0]):
                 self.fail(user, f"reads {fx_node.name} after an in-place operation changed "
                                 f"it through an alias (a view written in place): not "
                                 f"supported")
         return self.env[fx_node]
+
+    def rederive_through_views(self, fx_node, user, storage: int) -> bool:
+        """A stale `fx_node` that is a chain of views (t, as_strided, detach, ...) of a
+        tensor `rederive` can give its storage's current value: the same views of that
+        value, as eager torch reads the memory now. FSDP2's unsharded parameters are such:
+        the forward saves `t(as_strided(buffer))`, the buffer is all-gathered again before
+        the backward reads it. False where no tensor of the chain can be rederived."""
+        chain, node = [], fx_node
+        while True:
+            seen = self.seen_version.get(node)
+            if node is not fx_node and seen is not None and \
+                    self.version.get(seen[0], 0) == seen[1]:
+                break  # viewed after the write: current
+            if self.rederive(node, user, storage):
+                break
+            base = node.args[0] if node.op == "call_function" and node.args else None
+            if not (isinstance(base, torch.fx.Node) and base in self.env
+                    and isinstance(node.meta.get("val"), torch.Tensor)
+                    and _storage(base.meta.get("val")) == storage
+                    and (str(node.target) in IDENTITY_OPS or _is_view(node.target))):
+                return False
+            chain.append(node)
+            node = base
+        version = self.version.get(storage, 0)
+        for node in reversed(chain):
+            if str(node.target) in IDENTITY_OPS:
+                self.env[node] = self.env[node.args[0]]
+            else:
+                inputs: list[str] = []
+                args = self.template(node, node.args, inputs)
+                kwargs = self.template(node, dict(node.kwargs), inputs)
+                new = f"{node.name}_v{version}"
+                while new in self.shapes:  # never another tensor's name
+                    new += "_"
+                self.shapes[new] = tuple(node.meta["val"].shape)
+                self.nodes.append(CapNode(new, str(node.target), inputs, [new],
+                                          {"args": _to_json(args), "kwargs": _to_json(kwargs)},
+                                          source_of(user, self.path),
+                                          call=(node.target, args, kwargs),
+                                          mb=microbatch_of(user)))
+                self.env[node] = new
+            self.seen_version[node] = (storage, version)
+        return True
 
     def rederive(self, fx_node, user, storage: int) -> bool:
         """A stale `fx_node` that views all of its storage, whose whole new value an
@@ -813,6 +874,8 @@ class _Converter:
             value = self.read(node.args[0], node)
             self.define(node, value)
             return
+        if name == "aten.as_strided.default" and self.as_strided_range(node):
+            return
         zeroed = name in EMPTY_OPS and self.unread_empty(node)
         if zeroed:  # values nobody reads: zeros (any other torch.empty stays as it is:
             # dead where a collective overwrites it, else refused later as unknown)
@@ -847,6 +910,34 @@ class _Converter:
                       mb=microbatch_of(node))
         self.nodes.append(cap)
         self.define(node, outs)
+
+    def as_strided_range(self, node) -> bool:
+        """`as_strided` that takes a contiguous range of a contiguous tensor's elements in a
+        new shape (FSDP2 views each parameter's gradient so in the reduce-scatter's flat
+        output): the range sliced from the flattened tensor, viewed in that shape. Any
+        other as_strided stays one (modelled only as a reshape of the whole tensor)."""
+        base, val = node.args[0], node.meta.get("val")
+        bval = base.meta.get("val") if isinstance(base, torch.fx.Node) else None
+        region = _region(bval)
+        if not isinstance(val, torch.Tensor) or region is None or _region(val) is None or \
+                val.dtype != bval.dtype:
+            return False
+        (a, b), (start, end) = region, _region(val)
+        if not (a <= start and end <= b) or (start, end) == (a, b):
+            return False
+        x = self.read(base, node)
+        if not isinstance(x, str):
+            return False
+        view = torch.ops.aten.view.default
+        flat = x if bval.dim() == 1 else self.aten_node(node, "flat", view, (Ref(0), [-1]),
+                                                       [x], (bval.numel(),))
+        piece = self.aten_node(node, "range", torch.ops.aten.slice.Tensor,
+                               (Ref(0), 0, start - a, end - a), [flat], (end - start,))
+        out = self.aten_node(node, "view", view, (Ref(0), list(val.shape)), [piece],
+                             tuple(val.shape))
+        self.refuse_uninitialised_reads(node, "aten.view.default", [x], out)
+        self.define(node, out)
+        return True
 
     def outputs_of(self, node, val):
         """SSA ids of a node's tensor outputs (the node's name, or name.i for several)."""
@@ -945,7 +1036,8 @@ class _Converter:
             op = arg.lower()
         else:
             _, obj = self.read(arg, node)
-            op = REDUCE_OPS.get(int(obj.op()), f"ReduceOp {int(obj.op())}")
+            code = int(obj.op())
+            op = REDUCE_OPS.get(code) or REDUCE_OP_NAMES.get(code, f"ReduceOp {code}")
         if op not in ("sum", "avg", "max"):
             self.fail(node, f"{node.target}: reduction {op} is not supported (sum, avg, max)")
         return op

@@ -30,6 +30,8 @@ tried only when the narrow stage is underivable, so proven plans pay nothing for
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from tvsmt.errors import StructuralViolation
@@ -124,7 +126,9 @@ def _cut_through(index: int, single_tensor: str, ptensors: list[str], sgraph: Gr
     inputs = sorted({j for t in pfrontier for j in known.get(t, ())})
     single_stop = {parallel.lineages[j].single for j in inputs}
     snodes, sfrontier = sgraph.backward_slice([single_tensor], stop=lambda t: t in single_stop)
-    free_p = tuple(t for t in pfrontier if t not in known)
+    # a tensor of no elements (FSDP2's last rank's share of a few rows) holds no values:
+    # nothing depends on it, so no lineage needs to relate it
+    free_p = tuple(t for t in pfrontier if t not in known and math.prod(parallel.shape(t)))
     free_s = tuple(t for t in sfrontier if t not in single_stop)
     return Stage(index, tuple(inputs), tuple(snodes), tuple(pnodes), tuple(sfrontier),
                  tuple(pfrontier), free_p, free_s)

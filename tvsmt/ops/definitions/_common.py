@@ -30,7 +30,16 @@ def add_all(xs: Sequence[np.ndarray]) -> np.ndarray:
     """Elementwise sum of a non-empty list of arrays."""
     if not xs:
         raise AttrError("sum of no tensors")
-    return reduce(operator.add, xs)
+    return reduce(_add_arrays, xs)
+
+
+def _add_arrays(a, b):
+    """a + b, kept an array: numpy gives 0-d operands' sum as a bare element, and a pysmt
+    term plus an array (the third rank's 0-d loss of an average) is not a term."""
+    out = a + b
+    if isinstance(out, np.ndarray) or not isinstance(a, np.ndarray):
+        return out
+    return np.asarray(out, dtype=a.dtype)
 
 
 def norm_axes(dims: Any, ndim: int) -> tuple[int, ...]:

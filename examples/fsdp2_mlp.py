@@ -1,0 +1,103 @@
+"""PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`) over two ranks: every rank takes
+its own half of the batch; each linear layer and the whole model are `fully_shard`ed, so
+every parameter is a DTensor sharded by rows over the ranks, all-gathered before each
+layer's forward (and again before its backward) and its gradient reduce-scattered
+(averaged) into the rank's rows after the backward. Nothing is annotated for tvsmt: the
+DTensor placements FSDP2 gives the parameters are the input lineages, and each rank's
+`.grad` rows are the claims.
+
+    tvsmt check examples/fsdp2_mlp.py                                 # equivalent
+    FSDP_RESHARD=0 tvsmt check examples/fsdp2_mlp.py                  # equivalent
+    FSDP_SHAPE=uneven tvsmt check examples/fsdp2_mlp.py               # equivalent
+    TVSMT_BUG=sum-not-average tvsmt check examples/fsdp2_mlp.py       # a violation
+
+FSDP_OPTIMIZER=sgd or adamw ends the step with torch's SGD or AdamW on the sharded
+parameters: each rank's updated rows are claims too. FSDP_RESHARD=0 keeps the gathered parameters from the forward to the backward
+(`reshard_after_forward=False`: no second all-gather). FSDP_SHAPE=uneven runs four ranks on
+widths that do not divide by four (FSDP2 pads each rank's rows to the first rank's count;
+the last rank holds no row of fc3): also equivalent.
+
+Planted bugs (environment variable TVSMT_BUG):
+  sum-not-average     the gradients' divide factor set to 1: the ranks' gradients summed
+                      (FSDP2 then reduce-scatters with NCCL's PREMUL_SUM, whose factor the
+                      traced op does not show: refused in one line, never taken for a sum)
+  no-gradient-sync    set_requires_gradient_sync(False) left on: no rank holds its rows of
+                      the averaged gradients
+  lr-on-one-rank      (with FSDP_OPTIMIZER) rank 1 steps with twice the learning rate
+  loss-scaled-twice   the loss divided by the number of ranks on top of FSDP2's averaging
+  same-batch-half     every rank is fed the first half of the batch (a data loader bug)
+"""
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+UNEVEN = os.environ.get("FSDP_SHAPE") == "uneven"
+WORLD_SIZE = 4 if UNEVEN else 2
+# BATCH per rank; the single device takes every rank's. Uneven: rows that do not divide
+# among the ranks (10 rows: 3, 3, 3, 1; fc3's 5 rows: 2, 2, 1 and none on rank 3)
+HIDDEN, FFN, BATCH = (5, 10, 2) if UNEVEN else (8, 16, 4)
+BUG = os.environ.get("TVSMT_BUG", "")
+RESHARD = os.environ.get("FSDP_RESHARD", "1") != "0"
+OPTIMIZER = os.environ.get("FSDP_OPTIMIZER", "")  # "sgd" or "adamw": the step ends with it
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(HIDDEN, FFN)
+        self.fc2 = torch.nn.Linear(FFN, FFN)
+        self.fc3 = torch.nn.Linear(FFN, HIDDEN)
+
+    def forward(self, x):
+        h = torch.nn.functional.silu(self.fc1(x))
+        h = torch.nn.functional.silu(self.fc2(h))
+        return self.fc3(h)
+
+
+def loss_of(y):
+    return (y * y).mean()
+
+
+def build_single():
+    return MLP(), torch.randn(WORLD_SIZE * BATCH, HIDDEN)
+
+
+def build_rank(rank):
+    model, x = build_single()
+    for layer in (model.fc1, model.fc2, model.fc3):
+        fully_shard(layer, reshard_after_forward=RESHARD)
+    fully_shard(model, reshard_after_forward=RESHARD)
+    if BUG == "sum-not-average":
+        for module in (model.fc1, model.fc2, model.fc3, model):
+            module.set_gradient_divide_factor(1.0)
+    if BUG == "no-gradient-sync":
+        model.set_requires_gradient_sync(False)
+    part = 0 if BUG == "same-batch-half" else rank
+    return model, x[part * BATCH:(part + 1) * BATCH]
+
+
+def optimizer_step(model, lr=0.1):
+    if OPTIMIZER:
+        kind = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}[OPTIMIZER]
+        kind(model.parameters(), lr=lr).step()
+
+
+def single_step(model, x):
+    loss = loss_of(model(x))
+    loss.backward()
+    optimizer_step(model)
+    return loss
+
+
+def train_step(model, x):
+    loss = loss_of(model(x))
+    if BUG == "loss-scaled-twice":
+        loss = loss / dist.get_world_size()
+    loss.backward()
+    optimizer_step(model, lr=0.2 if BUG == "lr-on-one-rank" and dist.get_rank() == 1 else 0.1)
+    reported = loss.detach().clone()
+    dist.all_reduce(reported, op=dist.ReduceOp.AVG)
+    return reported

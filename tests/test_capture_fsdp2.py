@@ -1,0 +1,120 @@
+"""PyTorch's FSDP2 (`fully_shard`, torch 2.13) in the capture (tvsmt/capture/fsdp.py), and
+what it needs of the tracer:
+
+* FSDP2's parameters stay on their modules, FSDP2's own shard storage becomes the traced
+  local tensors, so its all-gathers read graph inputs; the claims are the sharded
+  parameters' `.grad` rows, by their DTensor placements;
+* the forward saves views of the unsharded parameter (`t(as_strided(buffer))`) that the
+  backward reads after the buffer was all-gathered again
+  (`trace._Converter.rederive_through_views`; in small in tests/test_capture_inplace.py);
+* each parameter's gradient is an `as_strided` range of the reduce-scatter's flat output
+  (`trace._Converter.as_strided_range`; in small there too).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from capture_helpers import line_of, sources
+
+from tvsmt.capture import check
+from tvsmt.errors import InputError
+from tvsmt.verify import Options
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FSDP2 = os.path.join(ROOT, "examples", "fsdp2_mlp.py")
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    for name in ("TVSMT_BUG", "FSDP_RESHARD", "FSDP_SHAPE", "FSDP_OPTIMIZER"):
+        monkeypatch.delenv(name, raising=False)
+
+
+PARAMS = [f"fc{i}.{w}" for i in (1, 2, 3) for w in ("weight", "bias")]
+
+
+@pytest.mark.parametrize("reshard, shape, optimizer", [("1", "even", ""), ("0", "even", ""),
+                                                       ("1", "uneven", "adamw")])
+def test_fsdp2_data_parallelism_is_equivalent(monkeypatch, reshard, shape, optimizer):
+    """With the parameters gathered again before the backward (reshard_after_forward, the
+    default: the saved views read the buffer gathered again) and kept from the forward; and
+    on four ranks whose rows do not divide evenly (padded shards, a rank holding no row),
+    with AdamW's step on the sharded parameters (each rank's updated rows claimed)."""
+    monkeypatch.setenv("FSDP_RESHARD", reshard)
+    monkeypatch.setenv("FSDP_SHAPE", shape)
+    monkeypatch.setenv("FSDP_OPTIMIZER", optimizer)
+    report = check(FSDP2, Options(jobs=1, timeout=5))
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+    proven = {s[2] for s in report.to_dict()["stages"] if s[3] == "proven"}
+    assert {f"grad.{n}" for n in PARAMS} <= proven, sorted(proven)
+    assert ({f"updated.{n}" for n in PARAMS} <= proven) == bool(optimizer), sorted(proven)
+
+
+@pytest.mark.parametrize("shape", ["even", "uneven"])
+def test_a_loss_scaled_twice_under_fsdp2_is_a_violation_at_its_line(monkeypatch, shape):
+    """Uneven: a rank's share of no rows relates to nothing and needs no lineage
+    (stages/cutter.py), which must not let a wrong gradient through."""
+    monkeypatch.setenv("FSDP_SHAPE", shape)
+    monkeypatch.setenv("TVSMT_BUG", "loss-scaled-twice")
+    report = check(FSDP2, Options(jobs=1, timeout=5))
+    assert report.verdict == "violation"
+    at = f"fsdp2_mlp.py:{line_of(FSDP2, 'loss = loss / dist.get_world_size()')}"
+    assert any(src.endswith(at) for src in sources(report)), sorted(sources(report))
+
+
+def test_fsdp2_without_gradient_sync_is_a_violation(monkeypatch):
+    """`set_requires_gradient_sync(False)` left on: FSDP2 keeps the unsharded gradients to
+    itself and no rank holds its rows."""
+    monkeypatch.setenv("TVSMT_BUG", "no-gradient-sync")
+    report = check(FSDP2, Options(jobs=1, timeout=5))
+    assert report.verdict == "violation"
+    assert "computes no gradient" in report.failures[0].message
+
+
+def test_fsdp2_reductions_the_capture_does_not_model_are_refused_in_one_line(monkeypatch):
+    """A custom gradient divide factor makes FSDP2 reduce-scatter with NCCL's PREMUL_SUM,
+    whose factor the traced op does not show: refused, never taken for a sum."""
+    monkeypatch.setenv("TVSMT_BUG", "sum-not-average")
+    with pytest.raises(InputError, match="reduction PREMUL_SUM is not supported") as e:
+        check(FSDP2, Options(jobs=1, timeout=5))
+    assert "\n" not in str(e.value)
+
+
+def _fsdp_ops():
+    import torch
+    from torch.distributed.fsdp import fully_shard  # noqa: F401 - registers torch.ops.fsdp
+
+    return torch, torch.ops.fsdp
+
+
+@pytest.mark.parametrize("rows", [8, 7, 5, 1])
+def test_fsdp2_kernels_are_traced_as_the_aten_ops_torch_runs(rows):
+    """fsdp.py's decompositions of FSDP2's copy-in, copy-out and chunk-cat kernels compute
+    what the kernels compute (their CPU implementations), on even and uneven rows."""
+    from tvsmt.capture import fsdp
+
+    torch, ops = _fsdp_ops()
+    table = fsdp.decompositions()
+    world = 4
+    grads = [torch.randn(rows, 3), torch.randn(rows)]
+    size = -(-rows // world)
+    want = torch.empty(world, size * 4)
+    got = torch.empty(world, size * 4)
+    ops.chunk_cat.default(grads, 0, world, out=want)
+    table[ops.chunk_cat.default](grads, 0, world, out=got)
+    assert torch.equal(got, want)
+
+    shards = [torch.randn(6), torch.randn(2)]
+    out_a, out_b = torch.zeros(world * 8), torch.zeros(world * 8)
+    a = ops.all_gather_copy_in.default(shards, out_a, [6, 2], 8, 2)
+    b = table[ops.all_gather_copy_in.default](shards, out_b, [6, 2], 8, 2)
+    assert torch.equal(a[0], b[0]) and torch.equal(out_a, out_b)
+
+    gathered = torch.randn(world, 8)
+    outs_a = [torch.empty(world, 6), torch.empty(world, 2)]
+    outs_b = [torch.empty(world, 6), torch.empty(world, 2)]
+    ops.split_with_sizes_copy.default(gathered, [6, 2], dim=1, out=outs_a)
+    table[ops.split_with_sizes_copy.default](gathered, [6, 2], dim=1, out=outs_b)
+    assert all(torch.equal(x, y) for x, y in zip(outs_a, outs_b))
