@@ -118,3 +118,25 @@ def test_fsdp2_kernels_are_traced_as_the_aten_ops_torch_runs(rows):
     ops.split_with_sizes_copy.default(gathered, [6, 2], dim=1, out=outs_a)
     table[ops.split_with_sizes_copy.default](gathered, [6, 2], dim=1, out=outs_b)
     assert all(torch.equal(x, y) for x, y in zip(outs_a, outs_b))
+
+
+FSDP2_TP = os.path.join(ROOT, "examples", "fsdp2_tp_mlp.py")
+
+
+@pytest.mark.parametrize("bug", ["", "batch-by-tp-rank"])
+def test_fsdp2_over_tensor_parallelism_on_a_2d_mesh(monkeypatch, bug):
+    """FSDP2 on top of tensor parallelism: FSDP2 shards rows that tp already split with
+    `_StridedShard(0)`, whose block torch's offsets give (and the values confirm:
+    dtensor.check_values refuses a local tensor that is not its block)."""
+    monkeypatch.setenv("TVSMT_BUG", bug)
+    report = check(FSDP2_TP, Options(jobs=1, timeout=5))
+    if bug:
+        assert report.verdict == "violation"
+        return
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+    blocks = {(i["tensor"], i["rank"]): i["slice"] for i in report.inputs}
+    # rank 1 is dp 0, tp 1: the first half of tp's second half of fc1's rows
+    assert blocks[("param.fc1.weight", 1)] == [[8, 12], [0, 8]]
+    assert blocks[("param.fc2.weight", 1)] == [[0, 4], [8, 16]]
+    proven = {s[2] for s in report.to_dict()["stages"] if s[3] == "proven"}
+    assert {"grad.fc1.weight", "grad.fc1.bias", "grad.fc2.weight", "grad.fc2.bias"} <= proven

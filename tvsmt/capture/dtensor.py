@@ -86,22 +86,24 @@ def spec_of(t) -> Spec:
 def layout_of(t, name: str, path: str, what: str = "parameter", uneven: bool = False
               ) -> Layout:
     """The layout of a DTensor (or of a Spec read from one), or a one-line InputError naming
-    `name` for a placement the capture does not model; `uneven`: shards of unequal sizes
-    are taken as torch.chunk cuts them (FSDP2's, whose padding fsdp.py traces)."""
+    `name` for a placement the capture does not model; `uneven` (FSDP2's parameters):
+    shards of unequal sizes are taken as torch.chunk cuts them (fsdp.py traces FSDP2's
+    padding), and `_StridedShard` (FSDP2's rows of rows tp already split) as the block
+    torch's offsets give, which `check_values` confirms by the values."""
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
     from torch.distributed.tensor.placement_types import Shard, _StridedShard
 
     spec = t if isinstance(t, Spec) else spec_of(t)
     mesh, placements, shape = spec.mesh, spec.placements, spec.shape
     for mesh_dim, p in enumerate(placements):
-        if isinstance(p, _StridedShard):
+        if isinstance(p, _StridedShard) and not uneven:  # FSDP2 over tp: fsdp.py
             raise InputError(f"DTensor {what} has a strided shard placement "
                              f"({p!r}): not supported (only "
                              f"Shard(d) and Replicate())", file=path, tensor=name)
         if p.is_partial():
             raise InputError(f"DTensor {what} has a Partial placement: not supported "
                              f"(only Shard(d) and Replicate())", file=path, tensor=name)
-        if not (isinstance(p, Shard) or p.is_replicate()):
+        if not (isinstance(p, (Shard, _StridedShard)) or p.is_replicate()):
             raise InputError(f"DTensor {what} has placement {p!r}: not supported",
                              file=path, tensor=name)
     # even shards only: every split dimension divisible by the product of its mesh sizes
