@@ -1172,6 +1172,25 @@ MUTATIONS: tuple[Mutation, ...] = (
                "if isinstance(now, str) and now != inp.id:",
                "if isinstance(now, str) and now != now:"),),
         ("tests/test_capture_optimizer.py",)),
+    Mutation(
+        "capture-stale-views-read-as-they-were",
+        "a stale chain of views (FSDP2's saved unsharded parameter, gathered again before the "
+        "backward) keeps the values it viewed before the buffer was written again",
+        "stale views rederived through their chain (tvsmt/capture/trace.py "
+        "rederive_through_views)",
+        (Patch("tvsmt/capture/trace.py", "                self.env[node] = new\n",
+               "                self.env[node] = self.env[node]\n"),),
+        ("tests/test_capture_inplace.py::"
+         "test_memory_written_in_place_is_captured_as_torch_computes_it",)),
+    Mutation(
+        "capture-as-strided-range-from-the-base-start",
+        "as_strided's storage offset taken from the viewed tensor's start, not the storage's",
+        "as_strided ranges as slices (tvsmt/capture/trace.py as_strided_range)",
+        (Patch("tvsmt/capture/trace.py",
+               "(Ref(0), 0, start - a, end - a), [flat], (end - start,))",
+               "(Ref(0), 0, start, end), [flat], (end - start,))"),),
+        ("tests/test_capture_inplace.py::"
+         "test_memory_written_in_place_is_captured_as_torch_computes_it",)),
 )
 
 
