@@ -140,3 +140,61 @@ def test_fsdp2_over_tensor_parallelism_on_a_2d_mesh(monkeypatch, bug):
     assert blocks[("param.fc2.weight", 1)] == [[0, 4], [8, 16]]
     proven = {s[2] for s in report.to_dict()["stages"] if s[3] == "proven"}
     assert {"grad.fc1.weight", "grad.fc1.bias", "grad.fc2.weight", "grad.fc2.bias"} <= proven
+
+
+ACCUMULATION = '''
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+WORLD_SIZE = 2
+MB, BATCH = 2, 2
+
+
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 6)
+        self.fc2 = torch.nn.Linear(6, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+def build_single():
+    return M(), torch.randn(WORLD_SIZE * MB * BATCH, 4)
+
+
+def build_rank(rank):
+    m, x = build_single()
+    fully_shard(m.fc1)
+    fully_shard(m.fc2)
+    fully_shard(m)
+    return m, x[rank * MB * BATCH:(rank + 1) * MB * BATCH]
+
+
+def single_step(model, x):
+    loss = (model(x) ** 2).mean()
+    loss.backward()
+    return loss
+
+
+def train_step(model, x):
+    total = 0
+    for i, chunk in enumerate(x.split(BATCH)):
+        model.set_requires_gradient_sync(i == SYNCED)
+        loss = (model(chunk) ** 2).mean() / MB
+        loss.backward()
+        total = total + loss.detach()
+    dist.all_reduce(total, op=dist.ReduceOp.AVG)
+    return total
+'''
+
+
+@pytest.mark.parametrize("synced, verdict", [("MB - 1", "equivalent"), ("0", "violation")])
+def test_fsdp2_gradient_accumulation_syncs_at_the_last_micro_batch(tmp_path, synced, verdict):
+    """Micro-batches under `set_requires_gradient_sync(False)`: FSDP2 accumulates the
+    unsharded gradients and reduce-scatters them at the last one. Synced after the first
+    micro-batch instead, the second one's gradients are never reduced: a violation."""
+    path = tmp_path / "train.py"
+    path.write_text(ACCUMULATION.replace("SYNCED", synced))
+    assert check(str(path), Options(jobs=1, timeout=5)).verdict == verdict
