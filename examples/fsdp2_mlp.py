@@ -9,13 +9,16 @@ DTensor placements FSDP2 gives the parameters are the input lineages, and each r
     tvsmt check examples/fsdp2_mlp.py                                 # equivalent
     FSDP_RESHARD=0 tvsmt check examples/fsdp2_mlp.py                  # equivalent
     FSDP_SHAPE=uneven tvsmt check examples/fsdp2_mlp.py               # equivalent
+    FSDP_SHAPE=hsdp tvsmt check examples/fsdp2_mlp.py                 # equivalent
     TVSMT_BUG=sum-not-average tvsmt check examples/fsdp2_mlp.py       # a violation
 
 FSDP_OPTIMIZER=sgd or adamw ends the step with torch's SGD or AdamW on the sharded
 parameters: each rank's updated rows are claims too. FSDP_RESHARD=0 keeps the gathered parameters from the forward to the backward
 (`reshard_after_forward=False`: no second all-gather). FSDP_SHAPE=uneven runs four ranks on
 widths that do not divide by four (FSDP2 pads each rank's rows to the first rank's count;
-the last rank holds no row of fc3): also equivalent.
+the last rank holds no row of fc3): also equivalent. FSDP_SHAPE=hsdp: hybrid sharding on
+four ranks, two replicas of two shards (a 2-D mesh: rows sharded within a replica,
+gradients reduce-scattered there and all-reduced across replicas): equivalent.
 
 Planted bugs (environment variable TVSMT_BUG):
   sum-not-average     the gradients' divide factor set to 1: the ranks' gradients summed
@@ -32,10 +35,12 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 UNEVEN = os.environ.get("FSDP_SHAPE") == "uneven"
-WORLD_SIZE = 4 if UNEVEN else 2
+HSDP = os.environ.get("FSDP_SHAPE") == "hsdp"  # 2 replicas x 2 shards (hybrid sharding)
+WORLD_SIZE = 4 if UNEVEN or HSDP else 2
 # BATCH per rank; the single device takes every rank's. Uneven: rows that do not divide
 # among the ranks (10 rows: 3, 3, 3, 1; fc3's 5 rows: 2, 2, 1 and none on rank 3)
 HIDDEN, FFN, BATCH = (5, 10, 2) if UNEVEN else (8, 16, 4)
@@ -67,9 +72,12 @@ def build_single():
 
 def build_rank(rank):
     model, x = build_single()
+    mesh = None  # FSDP2's default: one mesh dimension over every rank
+    if HSDP:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     for layer in (model.fc1, model.fc2, model.fc3):
-        fully_shard(layer, reshard_after_forward=RESHARD)
-    fully_shard(model, reshard_after_forward=RESHARD)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=RESHARD)
+    fully_shard(model, mesh=mesh, reshard_after_forward=RESHARD)
     if BUG == "sum-not-average":
         for module in (model.fc1, model.fc2, model.fc3, model):
             module.set_gradient_divide_factor(1.0)

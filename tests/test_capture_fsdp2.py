@@ -36,12 +36,15 @@ PARAMS = [f"fc{i}.{w}" for i in (1, 2, 3) for w in ("weight", "bias")]
 
 
 @pytest.mark.parametrize("reshard, shape, optimizer", [("1", "even", ""), ("0", "even", ""),
-                                                       ("1", "uneven", "adamw")])
+                                                       ("1", "uneven", "adamw"),
+                                                       ("1", "hsdp", "")])
 def test_fsdp2_data_parallelism_is_equivalent(monkeypatch, reshard, shape, optimizer):
     """With the parameters gathered again before the backward (reshard_after_forward, the
     default: the saved views read the buffer gathered again) and kept from the forward; and
     on four ranks whose rows do not divide evenly (padded shards, a rank holding no row),
-    with AdamW's step on the sharded parameters (each rank's updated rows claimed)."""
+    with AdamW's step on the sharded parameters (each rank's updated rows claimed); and
+    hybrid sharding (HSDP: rows sharded within each of two replicas, placements
+    [Replicate(), Shard(0)], gradients also all-reduced across the replicas)."""
     monkeypatch.setenv("FSDP_RESHARD", reshard)
     monkeypatch.setenv("FSDP_SHAPE", shape)
     monkeypatch.setenv("FSDP_OPTIMIZER", optimizer)
