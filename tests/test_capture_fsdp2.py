@@ -55,6 +55,21 @@ def test_fsdp2_data_parallelism_is_equivalent(monkeypatch, reshard, shape, optim
     assert ({f"updated.{n}" for n in PARAMS} <= proven) == bool(optimizer), sorted(proven)
 
 
+def test_an_fsdp2_rank_stepping_with_another_learning_rate_is_a_violation_on_the_updates(
+        monkeypatch):
+    """Only the updated parameters are wrong, and only they fail: the gradient claims are
+    the very tensors the optimizer reads (the DTensor gradient's local tensor, not a view
+    of it), so the updates' stages start there (before: they reached back through the
+    whole backward, hypotheses were merged away, 2 stages timed out, 17 s)."""
+    monkeypatch.setenv("FSDP_OPTIMIZER", "sgd")
+    monkeypatch.setenv("TVSMT_BUG", "lr-on-one-rank")
+    report = check(FSDP2, Options(jobs=1, timeout=5))
+    assert report.verdict == "violation"
+    failed = {s[2] for s in report.to_dict()["stages"] if s[3] != "proven"}
+    assert failed == {f"updated.{n}" for n in PARAMS}
+    assert report.hypotheses["dropped"] == 0
+
+
 @pytest.mark.parametrize("shape", ["even", "uneven"])
 def test_a_loss_scaled_twice_under_fsdp2_is_a_violation_at_its_line(monkeypatch, shape):
     """Uneven: a rank's share of no rows relates to nothing and needs no lineage

@@ -166,7 +166,7 @@ def grad_result(grad, layout: Layout | None) -> tuple[Any, Spec | None]:
         return grad, None
     if layout is not None and any(p.is_partial() for p in grad.placements):
         grad = grad.redistribute(layout.mesh, layout.placements)
-    return grad.to_local(), spec_of(grad)
+    return grad._local_tensor, spec_of(grad)  # the very tensor an optimizer reads
 
 
 def grad_slice(spec: Spec, name: str, path: str, uneven: bool = False) -> Slice:
