@@ -12,14 +12,16 @@ points FSDP2's own shard storage at the traced local tensors instead (`traced_sh
 all-gather then reads graph inputs, and the gradients the optimizer would read are the
 sharded parameters' `.grad`, claimed by their DTensor placements. FSDP2's copy-in and
 copy-out kernels (ops of the `fsdp` library, which read data pointers) are traced as the
-ATen ops they stand for (`DECOMPOSITIONS`).
+ATen ops they stand for (`decompositions`).
 
 FSDP2's lazy initialisation runs once on the real tensors before tracing. Uneven rows (a
 first dimension not divisible by the data-parallel size) are FSDP2's as torch.chunk cuts
 them: each rank's shard padded with zeros to the first one's size, all-gathered padded, the
 padding cut off the unsharded parameter and zeros added to the gradients before their
 reduce-scatter. CPU offloading and mixed precision policies, which change what is
-all-gathered, are refused in one line.
+all-gathered, are refused in one line (tried: bf16 parameters need `_foreach_copy_` traced,
+zeros of the buffer's dtype where the converter makes zeros, and the concrete checks'
+float32 tolerances widened; not done).
 """
 
 from __future__ import annotations
