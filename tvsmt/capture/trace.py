@@ -626,6 +626,15 @@ class _Converter:
                                 f"supported")
         return self.env[fx_node]
 
+    def new_version_id(self, fx_node, version: int, shape: tuple[int, ...]) -> str:
+        """A fresh SSA id for `fx_node`'s value at storage version `version` (never another
+        tensor's name), with its shape recorded."""
+        new = f"{fx_node.name}_v{version}"
+        while new in self.shapes:
+            new += "_"
+        self.shapes[new] = shape
+        return new
+
     def rederive_through_views(self, fx_node, user, storage: int) -> bool:
         """A stale `fx_node` that is a chain of views (t, as_strided, detach, ...) of a
         tensor `rederive` can give its storage's current value: the same views of that
@@ -656,10 +665,7 @@ class _Converter:
                 inputs: list[str] = []
                 args = self.template(node, node.args, inputs)
                 kwargs = self.template(node, dict(node.kwargs), inputs)
-                new = f"{node.name}_v{version}"
-                while new in self.shapes:  # never another tensor's name
-                    new += "_"
-                self.shapes[new] = tuple(node.meta["val"].shape)
+                new = self.new_version_id(node, version, tuple(node.meta["val"].shape))
                 self.nodes.append(CapNode(new, str(node.target), inputs, [new],
                                           {"args": _to_json(args), "kwargs": _to_json(kwargs)},
                                           source_of(user, self.path),
@@ -682,10 +688,7 @@ class _Converter:
         if tuple(val.shape) != shape:
             target = torch.ops.aten.view.default
             args = (Ref(0, _dtype_of(fx_node)), list(val.shape))
-            new = f"{fx_node.name}_v{version}"
-            while new in self.shapes:  # never another tensor's name
-                new += "_"
-            self.shapes[new] = tuple(val.shape)
+            new = self.new_version_id(fx_node, version, tuple(val.shape))
             self.nodes.append(CapNode(new, str(target), [vid], [new],
                                       {"args": _to_json(args), "kwargs": {}},
                                       source_of(user, self.path), call=(target, args, {}),
