@@ -1,19 +1,22 @@
-"""DeepSpeed data parallelism with ZeRO (stage 0, 1 or 2) over two ranks: an MLP whose
+"""DeepSpeed data parallelism with ZeRO (stage 0, 1, 2 or 3) over two ranks: an MLP whose
 every rank takes its own half of the batch, wrapped by `deepspeed.initialize`, trained by
 `engine.backward`. Under ZeRO-1 and ZeRO-2 DeepSpeed keeps on each rank only its partition
 of the averaged gradients (every `p.grad` is None); tvsmt claims that partition, which is
-what the rank's optimizer step reads.
+what the rank's optimizer step reads. Under ZeRO-3 the parameters too live only as each
+rank's partition, all-gathered before each layer runs: the partitions are the inputs.
 
     tvsmt check examples/deepspeed_zero.py                 # ZeRO-2: equivalent
-    DS_STAGE=1 tvsmt check examples/deepspeed_zero.py      # ZeRO-1 (0: ZeRO off): equivalent
+    DS_STAGE=3 tvsmt check examples/deepspeed_zero.py      # ZeRO-3 (0: ZeRO off): equivalent
     TVSMT_BUG=loss-scaled-twice tvsmt check examples/deepspeed_zero.py      # a violation
 
 Planted bugs (environment variable TVSMT_BUG):
   loss-scaled-twice   the loss divided by the number of ranks on top of DeepSpeed's own
                       averaging of the gradients
   sum-not-average     DeepSpeed's gradient averaging turned off: the ranks' gradients summed
-  no-reduce           DeepSpeed's all-reduces of the gradient buckets skipped (each rank
-                      keeps its own gradients, divided by the number of ranks)
+                      (ZeRO-3 has no such switch: its averaged partitions multiplied back)
+  no-reduce           DeepSpeed's reduction of the gradients skipped (each rank keeps its
+                      own gradients, divided by the number of ranks): its all-reduces, or
+                      ZeRO-3's reduce-scatter
 
 DS_NONCONTIGUOUS=1 turns DeepSpeed's contiguous gradient buckets off (another code path of
 its reduction, also equivalent).
@@ -87,16 +90,38 @@ def single_step(model, x):
     return loss
 
 
+def _backward_zero3_bug(engine, loss, world):
+    """ZeRO-3 reduce-scatters the gradients (it has no averaging switch): `no-reduce` skips
+    the reduce-scatter (each rank keeps its own chunk, pre-divided), `sum-not-average` undoes
+    the averaging of the reduced chunks."""
+    import deepspeed.runtime.comm.coalesced_collectives as coalesced
+    import deepspeed.runtime.zero.stage3 as stage3
+
+    if BUG == "no-reduce":
+        real, where, name = coalesced._torch_reduce_scatter_fn, coalesced, \
+            "_torch_reduce_scatter_fn"
+        fake = lambda *a, **k: None  # noqa: E731
+    else:
+        real, where, name = stage3.reduce_scatter_coalesced, stage3, "reduce_scatter_coalesced"
+        fake = lambda ts, group=None: [t * world for t in real(ts, group)]  # noqa: E731
+    setattr(where, name, fake)
+    try:
+        engine.backward(loss)
+    finally:
+        setattr(where, name, real)
+
+
 def train_step(engine, x):
     loss = loss_of(engine(x))
     if BUG == "loss-scaled-twice":
         loss = loss / dist.get_world_size()
-    if BUG == "sum-not-average":
-        if STAGE == 0:
-            engine.gradient_average = False
-        else:
-            engine.optimizer.gradient_average = False
-    if BUG == "no-reduce":  # DeepSpeed's all-reduces of the gradients skipped
+    if BUG == "sum-not-average" and STAGE == 0:
+        engine.gradient_average = False
+    elif BUG == "sum-not-average" and STAGE < 3:
+        engine.optimizer.gradient_average = False
+    if BUG in ("no-reduce", "sum-not-average") and STAGE == 3:
+        _backward_zero3_bug(engine, loss, dist.get_world_size())
+    elif BUG == "no-reduce":  # DeepSpeed's all-reduces of the gradients skipped
         import deepspeed.comm
 
         real, deepspeed.comm.all_reduce = deepspeed.comm.all_reduce, lambda *a, **k: None

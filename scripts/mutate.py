@@ -643,7 +643,7 @@ MUTATIONS: tuple[Mutation, ...] = (
                "    elif candidates:\n"),),
         ("tests/test_capture.py::test_degenerate_parameter_is_refused_by_name",
          "tests/test_capture_megatron_core.py::"
-         "test_a_constant_shard_is_refused_unless_megatron_places_it"), fast=True),
+         "test_a_constant_shard_is_refused_unless_megatron_places_it")),
     Mutation(
         "capture-partial-view-taken-whole",
         "a view written in place counts as all of its storage whatever its extent, so a "
@@ -653,7 +653,7 @@ MUTATIONS: tuple[Mutation, ...] = (
                "        return (isinstance(val, torch.Tensor) and val.storage_offset() == 0\n",
                "        return (isinstance(val, torch.Tensor) or val.storage_offset() == 0\n"),),
         ("tests/test_capture_inplace.py::"
-         "test_what_the_capture_cannot_follow_is_refused_in_one_line",), fast=True),
+         "test_what_the_capture_cannot_follow_is_refused_in_one_line",)),
     Mutation(
         "capture-out-form-not-written",
         "an out= form (torch.exp(x, out=x)) computes its value but does not make it the "
@@ -663,7 +663,7 @@ MUTATIONS: tuple[Mutation, ...] = (
                "        for w in written_fx:\n            self.wrote(w, outs)\n",
                "        for w in written_fx[1:]:\n            self.wrote(w, outs)\n"),),
         ("tests/test_capture_inplace.py::"
-         "test_memory_written_in_place_is_captured_as_torch_computes_it",), fast=True),
+         "test_memory_written_in_place_is_captured_as_torch_computes_it",)),
     Mutation(
         "capture-empty-read-as-zeros",
         "uninitialised memory (torch.empty) that the step reads is captured as zeros",
@@ -671,7 +671,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         (Patch("tvsmt/capture/trace.py", "        return _values_ignored(node)\n",
                "        return True\n"),),
         ("tests/test_capture_inplace.py::"
-         "test_what_the_capture_cannot_follow_is_refused_in_one_line",), fast=True),
+         "test_what_the_capture_cannot_follow_is_refused_in_one_line",)),
     Mutation(
         "capture-uninitialised-read-allowed",
         "an operator reading uninitialised memory (torch.empty given its values by `.data =`, "
@@ -769,7 +769,7 @@ MUTATIONS: tuple[Mutation, ...] = (
                "        if proxy is not None:\n            set_proxy_slot(tensor, mode.tracer, proxy)\n",
                "        if proxy is None:\n            set_proxy_slot(tensor, mode.tracer, proxy)\n"),),
         ("tests/test_capture_inplace.py::"
-         "test_memory_written_in_place_is_captured_as_torch_computes_it",), fast=True),
+         "test_memory_written_in_place_is_captured_as_torch_computes_it",)),
     Mutation(
         "capture-parameter-attributes-dropped",
         "the parameters, while they are the traced tensors, lose what the code set on them "
@@ -790,7 +790,7 @@ MUTATIONS: tuple[Mutation, ...] = (
                "_beta(fx_node) == 0)\n",
                "    return False\n"),),
         ("tests/test_capture_inplace.py::"
-         "test_memory_written_in_place_is_captured_as_torch_computes_it",), fast=True),
+         "test_memory_written_in_place_is_captured_as_torch_computes_it",)),
     Mutation(
         "capture-stale-read-unchecked",
         "a read of a tensor an in-place op changed through an alias is taken as its old value "
@@ -812,7 +812,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_evaluation_selection.py::"
          "test_a_bug_only_integer_token_ids_show_is_a_violation",
          "tests/test_evaluation_selection.py::"
-         "test_mixed_points_only_where_they_can_tell_more"), fast=True),
+         "test_mixed_points_only_where_they_can_tell_more")),
     Mutation(
         "divisor-search-skips-relations",
         "shape reduction's divisor search checks a product relation only when a class of its "
@@ -1191,6 +1191,25 @@ MUTATIONS: tuple[Mutation, ...] = (
                "(Ref(0), 0, start, end), [flat], (end - start,))"),),
         ("tests/test_capture_inplace.py::"
          "test_memory_written_in_place_is_captured_as_torch_computes_it",)),
+    Mutation(
+        "capture-zero3-partition-unchecked",
+        "a ZeRO-3 partition's block taken from DeepSpeed's range without its values",
+        "ZeRO-3 partitions as inputs (tvsmt/capture/lineages.py input_lineage)",
+        (Patch("tvsmt/capture/lineages.py",
+               "if not all(torch.equal(_view(s, block), r) for s, r in zip(single.draws, "
+               "mine.draws)):\n            raise InputError(f\"rank {rank}'s ZeRO-3",
+               "if False:\n            raise InputError(f\"rank {rank}'s ZeRO-3"),),
+        ("tests/test_capture_deepspeed.py::"
+         "test_a_zero_3_block_whose_values_differ_from_the_single_block_is_refused",)),
+    Mutation(
+        "capture-zero3-claims-from-the-start",
+        "every rank's ZeRO-3 gradient piece claimed as the parameter's first elements",
+        "ZeRO-3 gradient partitions as claims (tvsmt/capture/zero.py _stage3_pieces)",
+        (Patch("tvsmt/capture/zero.py",
+               "start = min(dist.get_rank(group=param.ds_process_group) * size, numel)",
+               "start = 0"),),
+        ("tests/test_capture_deepspeed.py::"
+         "test_zero_3_inputs_and_claims_are_each_rank_s_partition",)),
 )
 
 

@@ -155,6 +155,13 @@ def input_lineage(single: InputTensor, rank: int, mine: InputTensor, sharding: d
         check_values(single.draws, mine.draws, layout, rank, name, path, _degenerate)
         return Provenance(single.id, rank, layout.slice,
                           f"from DTensor placement {layout.described}")
+    if isinstance(mine.declared, dict) and "zero3" in mine.declared:
+        block = mine.declared["zero3"]
+        if not all(torch.equal(_view(s, block), r) for s, r in zip(single.draws, mine.draws)):
+            raise InputError(f"rank {rank}'s ZeRO-3 partition is not the block {list(block)} "
+                             f"of the single tensor on the random draws", file=path,
+                             tensor=name)
+        return Provenance(single.id, rank, block, "DeepSpeed ZeRO-3 partition")
     dims, place = None, None
     how = f"inferred from values ({len(mine.draws)} random draws)"
     if isinstance(mine.declared, dict) and "megatron_partition_dim" in mine.declared:
@@ -219,7 +226,9 @@ def input_and_claim_lineages(single: Program, ranks: dict[int, Program], shardin
     claims: dict[str, list[Part]] = {}
     for r, prog in sorted(ranks.items()):
         for inp in prog.inputs:
-            s = s_inputs.get(inp.id)
+            if isinstance(inp.declared, dict) and inp.declared.get("zero3_released"):
+                continue  # a parameter ZeRO-3 released: its partition's blocks are inputs
+            s = s_inputs.get(inp.single_id or inp.id)
             if s is None:
                 raise InputError(f"rank {r} has input {inp.name} ({inp.kind}) that the single "
                                  f"model does not have", file=path, tensor=inp.name)

@@ -58,6 +58,9 @@ class InputTensor:
     shape: tuple[int, ...]
     draws: list[Any] = field(default_factory=list)  # concrete values, one per random draw
     declared: Any = None  # sharding declared by the code (attributes), see lineages.py
+    # the single input this one holds a block of, where the ids differ (the blocks of a ZeRO-3
+    # partition; the released parameter itself holds none, see zero.py)
+    single_id: str | None = None
 
 
 @dataclass

@@ -231,9 +231,15 @@ class _Tracer:
                 self.aliases[n] = first[id(p)]
         self.batch_names, leaves, self.batch_spec = _batch_leaves(batch, script.path)
         self.fsdp = fsdp.managed(model, self.params, script.path)  # FSDP2's parameters
+        self.zero3 = zero.stage3_partitions(model, self.params, script.path)  # ZeRO-3's
 
     def input_values(self, model, batch) -> dict[str, torch.Tensor]:
         values = {f"param.{n}": dtensor.local_value(p) for n, p in model.named_parameters()}
+        for n, part in zero.stage3_partitions(model, dict(model.named_parameters()),
+                                              self.script.path).items():
+            # ZeRO-3: the released parameter (no elements) and its partition's blocks
+            values[f"param.{n}"] = values[f"param.{n}"].new_empty(0)
+            values.update(zip(part.input_ids(n), (v for _, v in part.blocks)))
         for n, b in model.named_buffers():
             dtensor.refuse_dtensor(b, n, self.script.path)
         values.update({f"buffer.{n}": b.detach().clone() for n, b in model.named_buffers()})
@@ -257,7 +263,9 @@ class _Tracer:
         grad_slices: dict[str, Any] = {}
         piece_blocks: list[tuple[str, Any]] = []  # (parameter, block) of each ZeRO piece
 
-        def traced(params, buffers, leaves):
+        zero3_ids = [(n, i) for n, part in self.zero3.items() for i in part.input_ids(n)]
+
+        def traced(params, buffers, leaves, zero3_blocks):
             shards = {n: p for n, p in zip(pnames, params) if n in self.fsdp}
             params = [p if n in self.fsdp else
                       dtensor.leaf_parameter(p, layouts[n]) if n in layouts else
@@ -276,7 +284,8 @@ class _Tracer:
             batch = pytree.tree_unflatten(list(leaves), self.batch_spec)
             with parameters_kept([self.params[n] for n in plain],
                                  [p for n, p in zip(pnames, params) if n not in layouts]), \
-                    fsdp.traced_shards(self.fsdp, shards):
+                    fsdp.traced_shards(self.fsdp, shards), \
+                    zero.traced_partitions(model, self.zero3, _grouped(zero3_ids, zero3_blocks)):
                 versions = {n: at[n]._version for n in layouts}
                 with _reparametrize_module(model, mapping, tie_weights=True):
                     loss = step(model, batch)
@@ -297,14 +306,15 @@ class _Tracer:
                 # a DTensor's local tensor where the step wrote the DTensor (its version
                 # counter moved: DTensor writes its local tensor below autograd, which
                 # counts nothing there; FSDP2's is a view of its padded shard anyway)
-                after = [self.params[n] if n not in layouts else
+                after = [None if n in self.zero3 else  # its partition: engine.step() refused
+                         self.params[n] if n not in layouts else
                          at[n]._local_tensor if at[n]._version != versions[n] else None
                          for n in pnames]
             return dtensor.loss_result(loss, self.script.path), grads, pieces, after
 
         values = self.input_values(self.model, self.batch)
         ins = ([values[f"param.{n}"] for n in pnames], [values[f"buffer.{n}"] for n in bnames],
-               [values[n] for n in self.batch_names])
+               [values[n] for n in self.batch_names], [values[i] for _, i in zero3_ids])
         # torch logs a failing meta kernel with its traceback before raising: the error
         # below says it in one line
         quiet = logging.getLogger("torch._subclasses.fake_tensor")
@@ -330,7 +340,8 @@ class _Tracer:
         inputs = []
         for n in pnames:
             p = self.params[n]
-            declared = {"dtensor": layouts[n]} if n in layouts else _declared(p)
+            declared = {"dtensor": layouts[n]} if n in layouts else \
+                {"zero3_released": True} if n in self.zero3 else _declared(p)
             inputs.append(InputTensor(f"param.{n}", "param", n,
                                       tuple(values[f"param.{n}"].shape),
                                       [values[f"param.{n}"]], declared))
@@ -339,6 +350,10 @@ class _Tracer:
                                       [values[f"buffer.{n}"]]))
         for n in self.batch_names:
             inputs.append(InputTensor(n, "batch", n, tuple(values[n].shape), [values[n]]))
+        for (n, i), (block, _) in zip(zero3_ids, (b for part in self.zero3.values()
+                                                  for b in part.blocks)):
+            inputs.append(InputTensor(i, "param", n, tuple(values[i].shape), [values[i]],
+                                      {"zero3": block}, single_id=f"param.{n}"))
         program = _Converter(gm, self.script.path, self.where, self.rank or 0).convert(
             inputs, pnames, piece_blocks)
         program.rank = self.rank
@@ -346,7 +361,7 @@ class _Tracer:
         program.grad_slices = {n: dtensor.grad_slice(sp, n, self.script.path,
                                                      uneven=n in self.fsdp)
                                for n, sp in grad_slices.items() if sp is not None}
-        if zero.zero_stage(model) in (1, 2):
+        if zero.zero_stage(model) in (1, 2, 3):
             program.grads = {}  # ZeRO: only its partitions are the rank's gradients
         return _readable(program)
 
@@ -364,6 +379,14 @@ def _decompositions() -> dict:
     from torch._decomp import get_decompositions
 
     return get_decompositions([operator.attrgetter(n)(torch.ops.aten) for n in DECOMPOSED])
+
+
+def _grouped(pairs: list[tuple[str, str]], values: list) -> dict[str, list]:
+    """name -> its values, in order, from (name, id) pairs and their values."""
+    out: dict[str, list] = {}
+    for (name, _), v in zip(pairs, values):
+        out.setdefault(name, []).append(v)
+    return out
 
 
 def _declared(p) -> Any:

@@ -1,4 +1,5 @@
-"""DeepSpeed ZeRO stages 1 and 2: the reduced gradient is where the optimizer reads it.
+"""DeepSpeed ZeRO: the reduced gradient is where the optimizer reads it, and under ZeRO-3
+the parameters are where DeepSpeed keeps them.
 
 After `engine.backward(loss)` under ZeRO-1 or ZeRO-2, every parameter's `.grad` is None:
 DeepSpeed has reduced the gradients in buckets (flattened, divided by the data-parallel size,
@@ -10,13 +11,24 @@ is what the capture claims: each piece, a range of its parameter's elements in r
 order, as the rectangular blocks of the single-device gradient it covers (`flat_blocks`).
 Every element of every gradient must still be held by some rank (lineages.py).
 
-ZeRO-3, and partitions DeepSpeed pads or packs into one buffer (round-robin padding, the
-compact partition buffer), are refused in one line: their pieces do not follow parameters.
+Under ZeRO-3 each parameter is flattened and cut into one equal range of elements per rank,
+which the rank keeps (`param.ds_tensor`); the parameter itself has no elements between its
+uses, and DeepSpeed's hooks all-gather it before each module runs and reduce-scatter its
+gradient after. The capture traces those hooks as shipped: each rank's inputs are the blocks
+of its range (`stage3_partitions`; a range that cuts a row is several blocks), `ds_tensor` is
+made of the traced blocks while the step runs (`traced_partitions`), and the claims are the
+rank's pieces of `averaged_gradients` as under ZeRO-1/2. Refused in one line: parameters
+DeepSpeed pads (elements not divisible by the ranks: its reduce-scatter pads with
+uninitialised memory), secondary partitions (hpZ), and partitions ZeRO-1/2 pad or pack into
+one buffer (round-robin padding, the compact partition buffer): their pieces do not follow
+parameters.
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,6 +46,112 @@ def zero_stage(model: Any) -> int | None:
     return int(stage()) if callable(stage) else None
 
 
+@dataclass
+class Stage3Partition:
+    """What ZeRO-3 keeps of one parameter on this rank: elements [start, end) of the
+    flattened parameter, padded to `size` elements, which are the rectangular `blocks` of
+    the parameter (row-major order), each with its values on this draw."""
+
+    param: Any
+    start: int
+    end: int
+    size: int
+    blocks: list[tuple[Slice, torch.Tensor]]
+
+    def input_ids(self, name: str) -> list[str]:
+        """The traced inputs that stand for the blocks (`param.<name>` is the released
+        parameter itself, of no elements, as DeepSpeed leaves it between its uses)."""
+        return [f"param.{name}@zero3.{k}" for k in range(len(self.blocks))]
+
+
+def stage3_partitions(model: Any, params: dict[str, torch.Tensor], path: str
+                      ) -> dict[str, Stage3Partition]:
+    """Parameter name -> this rank's ZeRO-3 partition of it, for a DeepSpeed engine under
+    ZeRO-3 (empty for any other model)."""
+    if zero_stage(model) != 3:
+        return {}
+    import torch.distributed as dist
+
+    out = {}
+    for name, p in params.items():
+        held = getattr(p, "ds_tensor", None)
+        if held is None:
+            raise InputError("DeepSpeed ZeRO-3 left a parameter unpartitioned", file=path,
+                             tensor=name)
+        if getattr(p, "ds_secondary_tensor", None) is not None:
+            raise InputError("DeepSpeed ZeRO-3's secondary partitions (hpZ) are not "
+                             "supported", file=path, tensor=name)
+        if getattr(getattr(p, "ds_status", None), "name", "NOT_AVAILABLE") != "NOT_AVAILABLE":
+            raise InputError(f"DeepSpeed ZeRO-3 holds {name} gathered when train_step starts "
+                             f"(did build_rank run the model?): its partition is not all the "
+                             f"rank keeps", file=path, tensor=name)
+        shape, numel, size = tuple(p.ds_shape), int(p.ds_numel), int(held.ds_numel)
+        world = dist.get_world_size(group=p.ds_process_group)
+        if numel % world:
+            raise InputError(f"DeepSpeed ZeRO-3 pads the partitions of {name} ({numel} "
+                             f"elements over {world} ranks) and reduce-scatters its gradient "
+                             f"with uninitialised padding (torch.empty), which the capture "
+                             f"does not model: not supported", file=path, tensor=name)
+        start = min(dist.get_rank(group=p.ds_process_group) * size, numel)
+        end = min(start + size, numel)
+        flat = held.detach()[:end - start]
+        blocks = [(block, flat[at - start:at - start + math.prod(b - a for a, b in block)]
+                   .reshape([b - a for a, b in block]).clone())
+                  for block, at in flat_blocks(shape, start, end)]
+        out[name] = Stage3Partition(p, start, end, size, blocks)
+    return out
+
+
+@contextmanager
+def traced_partitions(model: Any, parts: dict[str, Stage3Partition],
+                      traced: dict[str, list[torch.Tensor]]):
+    """While the step is traced: ZeRO-3's partition of each parameter (`ds_tensor`) is made
+    of this rank's traced blocks (`traced`: name -> one tensor per block) and the optimizer's
+    gradient buffers are traced zeros and empties, as DeepSpeed made them; DeepSpeed's
+    cross-rank checks of its own bookkeeping (ids and sizes it broadcasts as tensors built
+    from Python lists) are skipped, the pairing of the collectives across ranks checks what
+    they check. Everything is restored afterwards."""
+    if not parts:
+        yield
+        return
+    import deepspeed.runtime.zero.partition_parameters as partitioning
+    import deepspeed.runtime.zero.partitioned_param_coordinator as coordinator
+    import deepspeed.runtime.zero.stage3 as stage3
+
+    checks = [(m, "assert_ints_same_as_other_ranks") for m in (partitioning, coordinator, stage3)
+              if hasattr(m, "assert_ints_same_as_other_ranks")]
+    saved_checks = [(m, a, getattr(m, a)) for m, a in checks]
+    opt = model.optimizer
+    grads_attr = "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"
+    grad_buffers = getattr(opt, grads_attr)
+    buckets = getattr(opt, "ipg_buckets", {})
+    saved = [(part.param, part.param.ds_tensor) for part in parts.values()]
+    saved_buckets = {k: b.buffer for k, b in buckets.items()}
+    try:
+        for m, a in checks:
+            setattr(m, a, lambda ints: None)
+        for name, part in parts.items():
+            old = part.param.ds_tensor
+            with torch.no_grad():  # (no padding: refused in stage3_partitions)
+                flat = torch.cat([t.reshape(-1) for t in traced[name]])
+            flat.__dict__.update(vars(old))  # DeepSpeed's marks (ds_numel, status)
+            part.param.ds_tensor = flat
+        setattr(opt, grads_attr, {k: torch.zeros(v.shape, dtype=v.dtype)
+                                  for k, v in grad_buffers.items()})
+        for b in buckets.values():
+            if getattr(b, "buffer", None) is not None:  # DeepSpeed's is a torch.empty too
+                b.buffer = torch.empty(b.buffer.shape, dtype=b.buffer.dtype)
+        yield
+    finally:
+        for m, a, f in saved_checks:
+            setattr(m, a, f)
+        for param, held in saved:
+            param.ds_tensor = held
+        setattr(opt, grads_attr, grad_buffers)
+        for k, b in buckets.items():
+            b.buffer = saved_buckets[k]
+
+
 def gradient_pieces(model: Any, names: dict[int, str], path: str
                     ) -> dict[str, list[tuple[torch.Tensor, Slice]]] | None:
     """For a DeepSpeed engine under ZeRO-1 or ZeRO-2 after its backward: parameter name ->
@@ -47,10 +165,12 @@ def gradient_pieces(model: Any, names: dict[int, str], path: str
                          "engine.backward(loss)", file=path)
     if stage is None or stage == 0:
         return None
-    if stage not in (1, 2):
-        raise InputError(f"DeepSpeed ZeRO stage {stage} is not supported (stages 0, 1 and 2 "
+    if stage not in (1, 2, 3):
+        raise InputError(f"DeepSpeed ZeRO stage {stage} is not supported (stages 0 to 3 "
                          "are)", file=path)
     opt = model.optimizer
+    if stage == 3:
+        return _stage3_pieces(opt, names, path)
     held = getattr(opt, "averaged_gradients", None)
     groups = getattr(opt, "params_in_partition", None)
     offsets = getattr(opt, "first_offset", None)
@@ -89,6 +209,36 @@ def gradient_pieces(model: Any, names: dict[int, str], path: str
                 numel = math.prod(size)
                 out.setdefault(name, []).append(
                     (flat[at - start:at - start + numel].view(size), block))
+    return out
+
+
+def _stage3_pieces(opt: Any, names: dict[int, str], path: str
+                   ) -> dict[str, list[tuple[torch.Tensor, Slice]]]:
+    """ZeRO-3: one piece per parameter of each sub-group, elements [rank * size, ...) of it."""
+    import torch.distributed as dist
+
+    held = getattr(opt, "averaged_gradients", {})
+    out: dict[str, list[tuple[torch.Tensor, Slice]]] = {}
+    for group, params in enumerate(opt.fp16_groups):
+        pieces = held.get(group)
+        if pieces is None or len(pieces) != len(params):
+            raise InputError(f"DeepSpeed ZeRO-3 holds no reduced gradient of parameter "
+                             f"sub-group {group} after train_step (is engine.backward called, "
+                             f"at a gradient accumulation boundary?)", file=path)
+        for param, piece in zip(params, pieces):
+            name = names.get(id(param))
+            if name is None:
+                raise InputError("DeepSpeed ZeRO partitions a tensor that is not a parameter "
+                                 "of the model", file=path)
+            size, numel = piece.numel(), int(param.ds_numel)
+            start = min(dist.get_rank(group=param.ds_process_group) * size, numel)
+            end = min(start + size, numel)
+            flat = piece.reshape(-1)
+            for block, at in flat_blocks(tuple(param.ds_shape), start, end):
+                shape = [e - s for s, e in block]
+                n = math.prod(shape)
+                out.setdefault(name, []).append((flat[at - start:at - start + n].view(shape),
+                                                 block))
     return out
 
 
