@@ -36,6 +36,7 @@ Measured (2026-12-06): see docs/performance.md, "a grown 512-rank real plan".
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import re
@@ -64,14 +65,21 @@ class Layout:
         return rank + k * self.per if rank >= 0 else rank - k * self.per
 
     def name_replica(self, name: str) -> int:
-        m = _NAME.search(name)
-        if m is None:
-            sys.exit(f"grow_real_plan: name {name!r} does not end in @r<rank>m<mb>")
-        return self.replica(int(m.group(1)))
+        return self.replica(_parsed(name)[1])
 
     def name_to(self, name: str, k: int) -> str:
-        m = _NAME.search(name)
-        return f"{name[:m.start()]}@r{self.rank_to(int(m.group(1)), k)}m{m.group(2)}"
+        head, rank, mb = _parsed(name)
+        return f"{head}@r{self.rank_to(rank, k)}m{mb}"
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed(name: str) -> tuple[str, int, str]:
+    """(what precedes @r, the rank, the micro-batch's text): once per name, as each name of
+    replica 0 is moved to every new replica."""
+    m = _NAME.search(name)
+    if m is None:
+        sys.exit(f"grow_real_plan: name {name!r} does not end in @r<rank>m<mb>")
+    return name[:m.start()], int(m.group(1)), m.group(2)
 
 
 def _moved_attrs(attrs: dict, lay: Layout, k: int, mb: int, ranks_move: bool) -> dict:

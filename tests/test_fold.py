@@ -118,6 +118,8 @@ def _dropped_placement(parallel: dict, bug: str) -> tuple[dict, dict]:
 def _place(parallel: dict, bug: str) -> tuple[dict, dict]:
     found = []
     for seed in range(60):
+        if found and seed >= 8:  # each try copies the plan: a dropped unit found early will
+            break                # do (a reducer's micro-batch is 0: never both dropped)
         try:
             broken, record = apply(parallel, bug, seed=seed)
         except NotApplicable:

@@ -196,7 +196,7 @@ def _damages(lines: list[str]) -> dict[str, list[str]]:
         "single plan with lineages": [lines[0].replace('"parallel"', '"single"')] + lines[1:],
         "unknown record": lines[:node] + ['{"r":"comment"}\n'] + lines[node:],
     }
-    damaged = {name: _with_trailer(x) for name, x in out.items()}
+    damaged = {}  # the sections' damages first: the merge's own check meets them
     if "section" in kinds:
         sec = [i for i, kind in enumerate(kinds) if kind == "section"]
         swapped = (lines[:sec[1]] + [lines[sec[2]]] + lines[sec[1] + 1:sec[2]]
@@ -208,6 +208,7 @@ def _damages(lines: list[str]) -> dict[str, list[str]]:
         trailer = json.loads(gap[-1])
         trailer["sections"] = recs[0]["sections"]
         damaged["section missing"] = gap[:-1] + [json.dumps(trailer) + "\n"]
+    damaged.update((name, _with_trailer(x)) for name, x in out.items())
     return damaged
 
 
@@ -321,6 +322,8 @@ def test_a_damage_in_either_half_is_never_scanned(files, monkeypatch, source):
     """Whichever half holds the damage, and wherever the cut, the merged reading refuses what
     the record-by-record checks refuse (the checks that span the cut among them: sections,
     the order of lineages, names declared in the other half, the checksum combined)."""
+    import tempfile
+
     lines = _lines(files[source])
     damages = _damages(lines)
     for name, bad in damages.items():
@@ -329,9 +332,18 @@ def test_a_damage_in_either_half_is_never_scanned(files, monkeypatch, source):
         if name.startswith("section"):  # a cut at each of the first markers (the damage's)
             cuts |= {k for k, x in enumerate(bad[:-1]) if x.startswith('{"r":"section"')
                      and k < len(bad) // 3}
-        for mid in sorted(int(starts[k]) for k in cuts):
-            _split_at(monkeypatch, mid)
-            _refused(bad)
+        with tempfile.TemporaryDirectory() as d:
+            path = f"{d}/bad.jsonl"
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("".join(bad))
+            with pytest.raises(PlanError) as checked:  # the checks do not depend on the cut
+                check_stream(path)
+            for mid in sorted(int(starts[k]) for k in cuts):
+                _split_at(monkeypatch, mid)
+                with pytest.raises((NotScanned, PlanError)) as scanned:
+                    scan_plan(path)
+                if scanned.type is PlanError:  # what the reading itself meets: same words
+                    assert str(scanned.value) == str(checked.value), (name, mid)
 
 
 def test_the_split_is_taken_only_for_a_large_plain_file_and_an_idle_core(files, monkeypatch):
