@@ -208,11 +208,17 @@ def trace_program(script: CaptureScript, rank: int | None, draws: int = 2,
     with rank_world(0 if rank is None else rank, world, script.path):
         model, batch = build(script, rank, 0, fake)
         step = script.single_step if rank is None else script.train_step
-        traced = _Tracer(script, rank, model, batch, step)
-        program = traced.run()
+        try:
+            traced = _Tracer(script, rank, model, batch, step)
+            program = traced.run()
+        finally:
+            zero.release(model)
         for k in range(1, 1 if fake else draws):
             m, b = build(script, rank, k)
-            values = traced.input_values(m, b)
+            try:
+                values = traced.input_values(m, b)
+            finally:
+                zero.release(m)
             for inp in program.inputs:
                 inp.draws.append(values[inp.id])
     return program

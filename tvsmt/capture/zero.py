@@ -152,6 +152,19 @@ def traced_partitions(model: Any, parts: dict[str, Stage3Partition],
             b.buffer = saved_buckets[k]
 
 
+def release(model: Any) -> None:
+    """Drop what a DeepSpeed ZeRO-3 engine allocated at initialisation for its reduce bucket
+    (`reduce_bucket_size` elements: 2 GB of float32 by default, never touched on CPU) once
+    the capture is done with the engine. DeepSpeed keeps its engines reachable, and a
+    process holding a few such reservations could no longer fork (ENOMEM: four checks of
+    the example reserved 16 GB)."""
+    if zero_stage(model) != 3:
+        return
+    for bucket in getattr(model.optimizer, "ipg_buckets", {}).values():
+        if getattr(bucket, "buffer", None) is not None:
+            bucket.buffer = torch.empty(0, dtype=bucket.buffer.dtype)
+
+
 def gradient_pieces(model: Any, names: dict[int, str], path: str
                     ) -> dict[str, list[tuple[torch.Tensor, Slice]]] | None:
     """For a DeepSpeed engine under ZeRO-1 or ZeRO-2 after its backward: parameter name ->
