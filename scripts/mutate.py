@@ -1196,9 +1196,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a ZeRO-3 partition's block taken from DeepSpeed's range without its values",
         "ZeRO-3 partitions as inputs (tvsmt/capture/lineages.py input_lineage)",
         (Patch("tvsmt/capture/lineages.py",
-               "if not all(torch.equal(_view(s, block), r) for s, r in zip(single.draws, "
-               "mine.draws)):\n            raise InputError(f\"rank {rank}'s ZeRO-3",
-               "if False:\n            raise InputError(f\"rank {rank}'s ZeRO-3"),),
+               "if any(not torch.equal(_view(s, block), r) for s, r in zip(single.draws, "
+               "mine.draws)):\n",
+               "if False:\n"),),
         ("tests/test_capture_deepspeed.py::"
          "test_a_zero_3_block_whose_values_differ_from_the_single_block_is_refused",)),
     Mutation(
