@@ -49,13 +49,12 @@ def zero_stage(model: Any) -> int | None:
 @dataclass
 class Stage3Partition:
     """What ZeRO-3 keeps of one parameter on this rank: elements [start, end) of the
-    flattened parameter, padded to `size` elements, which are the rectangular `blocks` of
-    the parameter (row-major order), each with its values on this draw."""
+    flattened parameter, which are the rectangular `blocks` of the parameter (row-major
+    order), each with its values on this draw."""
 
     param: Any
     start: int
     end: int
-    size: int
     blocks: list[tuple[Slice, torch.Tensor]]
 
     def input_ids(self, name: str) -> list[str]:
@@ -94,11 +93,9 @@ def stage3_partitions(model: Any, params: dict[str, torch.Tensor], path: str
                              f"does not model: not supported", file=path, tensor=name)
         start = min(dist.get_rank(group=p.ds_process_group) * size, numel)
         end = min(start + size, numel)
-        flat = held.detach()[:end - start]
-        blocks = [(block, flat[at - start:at - start + math.prod(b - a for a, b in block)]
-                   .reshape([b - a for a, b in block]).clone())
-                  for block, at in flat_blocks(shape, start, end)]
-        out[name] = Stage3Partition(p, start, end, size, blocks)
+        blocks = [(block, values.clone()) for values, block
+                  in range_blocks(held.detach().reshape(-1), shape, start, end)]
+        out[name] = Stage3Partition(p, start, end, blocks)
     return out
 
 
@@ -216,12 +213,8 @@ def gradient_pieces(model: Any, names: dict[int, str], path: str
                 raise InputError(f"DeepSpeed ZeRO's gradient piece of {name} ends past the "
                                  f"parameter ({end} > {param.numel()} elements)", file=path,
                                  tensor=name)
-            flat = piece.reshape(-1)
-            for block, at in flat_blocks(tuple(param.shape), start, end):
-                size = [e - s for s, e in block]
-                numel = math.prod(size)
-                out.setdefault(name, []).append(
-                    (flat[at - start:at - start + numel].view(size), block))
+            out.setdefault(name, []).extend(
+                range_blocks(piece.reshape(-1), tuple(param.shape), start, end))
     return out
 
 
@@ -246,12 +239,20 @@ def _stage3_pieces(opt: Any, names: dict[int, str], path: str
             size, numel = piece.numel(), int(param.ds_numel)
             start = min(dist.get_rank(group=param.ds_process_group) * size, numel)
             end = min(start + size, numel)
-            flat = piece.reshape(-1)
-            for block, at in flat_blocks(tuple(param.ds_shape), start, end):
-                shape = [e - s for s, e in block]
-                n = math.prod(shape)
-                out.setdefault(name, []).append((flat[at - start:at - start + n].view(shape),
-                                                 block))
+            out.setdefault(name, []).extend(
+                range_blocks(piece.reshape(-1), tuple(param.ds_shape), start, end))
+    return out
+
+
+def range_blocks(flat: torch.Tensor, shape: tuple[int, ...], start: int, end: int
+                 ) -> list[tuple[torch.Tensor, Slice]]:
+    """A flat range [start, end) of a tensor of this shape, held as `flat` (its first
+    element the range's first), cut into the rectangular blocks it covers: [(a view of
+    `flat` in the block's shape, the block)], in order."""
+    out = []
+    for block, at in flat_blocks(shape, start, end):
+        size = [e - s for s, e in block]
+        out.append((flat[at - start:at - start + math.prod(size)].view(size), block))
     return out
 
 
