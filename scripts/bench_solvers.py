@@ -106,8 +106,9 @@ def softmax(rng, buggy, scale=1):
     pairs = []
     for i in range(c):
         den = local[i % r] if buggy else reduced
-        pairs.append((s.define(f"(uf_div {e[i]} {total})"), s.define(f"(uf_div {e[i]} {den})")))
-    return s.text([("uf_exp", 1), ("uf_div", 2)], pairs, x[:2])
+        pairs.append((s.define(f"(* {e[i]} (uf_recip {total}))"),
+                      s.define(f"(* {e[i]} (uf_recip {den}))")))
+    return s.text([("uf_exp", 1), ("uf_recip", 1)], pairs, x[:2])
 
 
 def gradacc(rng, buggy, scale=1):

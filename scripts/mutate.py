@@ -830,17 +830,27 @@ MUTATIONS: tuple[Mutation, ...] = (
         "omits the division its rule applies",
         "operator registry: declared abstractions",
         (Patch("tvsmt/ops/definitions/llama.py",
-               'abstracts=("uf_exp", "uf_div"), reads_mirrors=True))',
+               'abstracts=("uf_exp", "uf_recip"), reads_mirrors=True))',
                'abstracts=("uf_exp",), reads_mirrors=True))'),),
         ("tests/test_ops_torch.py::"
          "test_rules_apply_only_the_uninterpreted_functions_they_declare",)),
+    Mutation(
+        "division-drops-its-divisor",
+        "division by a tensor multiplies by the reciprocal of one, whatever the divisor",
+        "encoding: division as x * uf_recip(y)",
+        (Patch("tvsmt/ops/backend.py",
+               'return np.asarray(x, dtype=object) * self._map1("uf_recip", y)',
+               'return np.asarray(x, dtype=object) * self._map1("uf_recip", y * 0 + 1)'),),
+        ("tests/test_capture_token_loss.py::"
+         "test_division_by_a_tensor_is_linear_in_what_it_divides_and_nothing_more",),
+        fast=True),
     Mutation(
         "aten-softmax-abstracts-undeclared",
         "ATen's softmax entry declares the exponential only, while its rule divides by "
         "be.div",
         "operator registry: declared abstractions",
         (Patch("tvsmt/ops/definitions/aten_nn.py",
-               '     abstracts=("uf_exp", "uf_div"))\ndef _safe_softmax',
+               '     abstracts=("uf_exp", "uf_recip"))\ndef _safe_softmax',
                '     abstracts=("uf_exp",))\ndef _safe_softmax'),),
         ("tests/test_ops_aten.py::"
          "test_symbolic_terms_apply_only_the_uninterpreted_functions_declared",)),

@@ -397,7 +397,7 @@ UF = {
     "uf_cos": math.cos,
     "uf_sin": math.sin,
     "uf_pow": lambda a, p: NB.powc(np.float64(a), p),
-    "uf_div": lambda a, b: NB.div(a, b),
+    "uf_recip": lambda a: NB.div(np.float64(1.0), np.float64(a)),
 }
 
 

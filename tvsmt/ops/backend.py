@@ -65,7 +65,7 @@ UNINTERPRETED: dict[str, Any] = {
     "uf_sigmoid": _sigmoid,
     "uf_cos": math.cos,
     "uf_sin": math.sin,
-    "uf_div": lambda a, b: a / b if b != 0 else math.nan,
+    "uf_recip": lambda a: 1.0 / a if a != 0 else math.nan,
     "uf_pow": lambda a, b: a ** b if a > 0 else math.nan,
     "uf_log": lambda a: math.log(a) if a > 0 else math.nan,
     "uf_sqrt": lambda a: math.sqrt(a) if a >= 0 else math.nan,
@@ -370,9 +370,10 @@ class SymbolicBackend(Backend):
         return np.asarray(fn(x), dtype=object)
 
     def div(self, x, y):
-        f = self._uf("uf_div", 2)
-        fn = np.frompyfunc(lambda a, b: self.mgr.Function(f, [a, b]), 2, 1)
-        return np.asarray(fn(x, y), dtype=object)
+        """x times the uninterpreted reciprocal of y: linear in x as real division is (a sum
+        divided by a count is its pieces divided by it), and sound wherever y is not zero,
+        since 1/y is one interpretation of uf_recip."""
+        return np.asarray(x, dtype=object) * self._map1("uf_recip", y)
 
     def neg_inf(self):
         return self._neg_inf

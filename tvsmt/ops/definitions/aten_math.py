@@ -82,16 +82,16 @@ for _ov in ("Tensor", "Scalar"):
     aten(f"aten.mul.{_ov}", _mul, broadcast_of, doc="x * y (broadcast)")
     aten(f"aten.div.{_ov}", _div, broadcast_of,
          doc="x / y: by a constant exactly (times 1/c), by a tensor with be.div",
-         abstracts=("uf_div",))
+         abstracts=("uf_recip",))
 aten("aten.div.Tensor_mode", _div, broadcast_of,
      doc="x / y with rounding_mode, which must be None (floor/trunc are not modelled)",
-     abstracts=("uf_div",))
+     abstracts=("uf_recip",))
 for _ov in ("Tensor", "Scalar"):
     aten(f"aten.rsub.{_ov}", lambda be, ctx, x, y, alpha=1: arr(be, y) - times(be, x, _alpha(
         alpha)), broadcast_of, doc="y - alpha * x (broadcast)")
 aten("aten.neg.default", lambda be, ctx, x: be.scale(x, -1), broadcast_of, doc="-x")
 aten("aten.reciprocal.default", lambda be, ctx, x: be.div(be.full(x.shape, 1), x), broadcast_of,
-     doc="1 / x (be.div)", abstracts=("uf_div",))
+     doc="1 / x (be.div)", abstracts=("uf_recip",))
 
 
 def _pow_scalar_exponent(be, x, p: Fraction):
@@ -111,7 +111,7 @@ def _pow_scalar_exponent(be, x, p: Fraction):
 aten("aten.pow.Tensor_Scalar", lambda be, ctx, x, exponent: _pow_scalar_exponent(
     be, x, number(exponent)), broadcast_of,
      doc="x ** p for a constant p (ipow for integers >= 0; rsqrt, sqrt, 1/x for -1/2, 1/2, -1; "
-         "else uf_pow)", abstracts=("uf_pow", "uf_rsqrt", "uf_sqrt", "uf_div"))
+         "else uf_pow)", abstracts=("uf_pow", "uf_rsqrt", "uf_sqrt", "uf_recip"))
 aten("aten.pow.Scalar", lambda be, ctx, base, exponent: be.apply_uf2(
     "uf_pow", arr(be, base) + be.zeros(exponent.shape), exponent), broadcast_of,
      doc="c ** x for a constant base c (uf_pow)", abstracts=("uf_pow",))

@@ -68,7 +68,7 @@ def _bw_rule(c, outs, g, y, dim, *rest):
 
 aten("aten._softmax.default", _softmax, _softmax_rule,
      doc="exp(x) / sum(exp(x), dim) (torch's max subtraction cancels on reals)",
-     abstracts=("uf_exp", "uf_div"))
+     abstracts=("uf_exp", "uf_recip"))
 def _safe_softmax(be, ctx, x, dim, dtype=None):
     """softmax, but 0 on a slice that is -inf everywhere (a fully masked row)."""
     red = axes(dim, x.ndim)
@@ -86,7 +86,7 @@ def _safe_softmax(be, ctx, x, dim, dtype=None):
 
 aten("aten._safe_softmax.default", _safe_softmax, _softmax_rule,
      doc="softmax over dim, 0 on slices that are -inf everywhere (attention's fully masked "
-         "rows; exact ite on x == -inf)", abstracts=("uf_exp", "uf_div"))
+         "rows; exact ite on x == -inf)", abstracts=("uf_exp", "uf_recip"))
 aten("aten._softmax_backward_data.default", _softmax_bw, _bw_rule,
      doc="[g, y = softmax OUTPUT] -> y * (g - sum(g * y, dim)), exact polynomial")
 aten("aten._log_softmax.default", _log_softmax, _softmax_rule,
@@ -535,10 +535,10 @@ aten("aten.nll_loss_forward.default", _nll_forward, _nll_forward_rule, n_outputs
          "never reduced), reduced by none/mean/sum; mean divides by total_weight = sum of the "
          "weights (be.div), exactly as torch normalises; under shape reduction total_weight "
          "is scaled by original / reduced samples (counts at their original value)",
-     abstracts=("uf_div",))
+     abstracts=("uf_recip",))
 aten("aten.nll_loss_backward.default", _nll_backward, _nll_backward_rule,
      doc="[g, x, targets, w?, total_weight] -> g_x with g_x[n, t_n] = -w_n g (/ total_weight "
-         "for mean), 0 elsewhere and for ignored targets", abstracts=("uf_div",))
+         "for mean), 0 elsewhere and for ignored targets", abstracts=("uf_recip",))
 
 
 def _scatter(be, ctx, x, dim, index, src):
@@ -674,9 +674,9 @@ aten("aten._scaled_dot_product_flash_attention_for_cpu.default", _sdpa_fw, _sdpa
      doc="[q, k, v, mask?] -> [softmax(scale * q k^T + mask) v, logsumexp of the scores]; "
          "scale defaults to 1/sqrt(E) (its float value as an exact rational); is_causal masks "
          "j > i with -inf; a bool mask keeps where true, a float mask is added; dropout_p "
-         "must be 0", abstracts=("uf_exp", "uf_div", "uf_log"))
+         "must be 0", abstracts=("uf_exp", "uf_recip", "uf_log"))
 aten("aten._scaled_dot_product_flash_attention_for_cpu_backward.default", _sdpa_bw,
      _sdpa_bw_rule, n_outputs=3, refs=True,
      doc="[g, q, k, v, out, logsumexp, mask?] -> [g_q, g_k, g_v], probabilities recomputed "
          "from q, k (out and logsumexp unused): g_v = p^T g, g_s = p * (g v^T - rowsum), "
-         "g_q = scale g_s k, g_k = scale g_s^T q", abstracts=("uf_exp", "uf_div"))
+         "g_q = scale g_s k, g_k = scale g_s^T q", abstracts=("uf_exp", "uf_recip"))

@@ -110,7 +110,7 @@ register_binary("div", Binary(
     tensor_bw=lambda be, g, x, y, a: (be.div(g, y), be.scale(be.div(g * x, y * y), -1)),
     const_bw=lambda be, g, x, c, a: times(be, g, _reciprocal(c))),
     doc="x / y (be.div) or x / c (exact 1/c); rounding_mode must be null",
-    abstracts=("uf_div",))
+    abstracts=("uf_recip",))
 
 
 def power(be, x, p: Fraction):

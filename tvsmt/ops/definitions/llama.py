@@ -213,7 +213,7 @@ def softmax_shape(c, ins, outs, attrs):
 register(OpSpec("softmax", softmax_fw, softmax_shape, softmax_bw,
                 doc="exp(x) / sum(exp(x), dim) (no max subtraction, division by be.div); bw "
                     "[g, x] -> [s * (g - sum(g * s, dim))], s recomputed from x",
-                abstracts=("uf_exp", "uf_div"), reads_mirrors=True))
+                abstracts=("uf_exp", "uf_recip"), reads_mirrors=True))
 
 
 def _silu_grad(be, x, attrs):

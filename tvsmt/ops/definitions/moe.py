@@ -10,7 +10,7 @@ around it is exact:
   (an exact indicator per expert, `ite` on an equality, so also right for an index that is
   out of range or repeated: it selects nothing, or twice);
 * the sigmoid normalisation `w / sum(w)` and `route_scale` are exact (division by a tensor is
-  `uf_div`);
+  `w * uf_recip(sum(w))`);
 * the backward is the exact VJP with the indices held constant (they are piecewise constant);
 * the expert GEMM sums `[idx == e] * w * F_e(h)` over its local experts exactly.
 
@@ -157,7 +157,7 @@ def gate_shape(c, ins, outs, attrs):
 
 register(OpSpec(
     "gate_fw", gate_fw, gate_shape, gate_bw, n_outputs=lambda attrs, n_in: 2,
-    abstracts=("uf_sigmoid", "uf_exp", "uf_div") + TOPK_UFS, reads_mirrors=True,
+    abstracts=("uf_sigmoid", "uf_exp", "uf_recip") + TOPK_UFS, reads_mirrors=True,
     doc="MoE router, fw [x (T,H), Wg (E,H)] -> [weights (T,k), indices (T,k)]: s = "
         "sigmoid(x @ Wg^T) (or softmax over E); indices = uf_topk<E>(j, k, n_groups, "
         "topk_groups, s[t, :]) for slot j, an uninterpreted function of the WHOLE score row "
