@@ -1250,6 +1250,10 @@ def child_env(copy: Path) -> dict[str, str]:
     env["PYTHONPATH"] = str(copy) + (os.pathsep + env["PYTHONPATH"]
                                      if env.get("PYTHONPATH") else "")
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # a restored file is never read from a stale .pyc
+    # No pytest plugins from entry points: the named tests need neither xdist nor
+    # hypothesis's plugin (hypothesis itself still imports where a test uses it), whose
+    # import was about 1 s of each mutation's 1.5-3 s
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     # Not pytest's CI mode: there a failing comparison of two long lists is explained by a
     # full difflib diff, quadratic in their length (a killed mutation's test ran for minutes
     # in CI, 2 s elsewhere). Only whether the tests fail matters here; a fixture plan that is
