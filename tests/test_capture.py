@@ -272,3 +272,17 @@ def test_values_that_are_not_finite_give_no_hypothesis():
         assert _nice(bad) is None
     key, pivot = _normalised(torch.tensor([1.0, -4.0, 2.0]))
     assert pivot == -4.0 and key
+
+
+def test_the_launcher_environment_of_a_rank_is_gone_afterwards(monkeypatch):
+    """DeepSpeed reads RANK, WORLD_SIZE, MASTER_ADDR... as a launcher sets them; the capture
+    sets them per rank and leaves the environment as it found it."""
+    from tvsmt.capture.world import launcher_environment
+
+    monkeypatch.setenv("RANK", "7")
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    before = dict(os.environ)
+    with launcher_environment(1, 4):
+        assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["MASTER_PORT"]) == \
+            ("1", "4", "29500")
+    assert dict(os.environ) == before

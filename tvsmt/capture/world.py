@@ -53,24 +53,16 @@ LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_
                 "MASTER_PORT")
 
 
-@contextmanager
 def launcher_environment(rank: int, world_size: int):
     """The environment variables a launcher sets for one rank of a one-node job, as code
-    such as DeepSpeed's reads them (without them it looks for MPI), restored afterwards.
-    Nothing connects to the address: the world is already made (the fake backend)."""
+    such as DeepSpeed's reads them (without them it looks for MPI); the environment is as it
+    was afterwards. Nothing connects to the address: the world is already made (the fake
+    backend)."""
     import os
+    from unittest import mock
 
-    saved = {k: os.environ.get(k) for k in LAUNCHER_ENV}
-    os.environ.update(zip(LAUNCHER_ENV, map(str, (rank, rank, world_size, world_size,
-                                                   "127.0.0.1", 29500))))
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return mock.patch.dict(os.environ, zip(LAUNCHER_ENV, map(str, (
+        rank, rank, world_size, world_size, "127.0.0.1", 29500))))
 
 
 @contextmanager
