@@ -21,6 +21,17 @@ Planted bugs (environment variable TVSMT_BUG):
 DS_NONCONTIGUOUS=1 turns DeepSpeed's contiguous gradient buckets off (another code path of
 its reduction, also equivalent).
 
+DS_STEP=1 (ZeRO stage 0 only) takes the whole step: `engine.step()` clips the averaged
+gradients to a global norm of MAX_NORM (`gradient_clipping`) and SGD updates the parameters; the
+claims are the updated parameters, against `clip_grad_norm_` and the same update on the
+single device. Its planted bugs:
+  no-clip             `gradient_clipping: 0` in DeepSpeed's config: the step does not clip
+  clip-before-reduce  each rank clips its own gradients before they are averaged (the
+                      all-reduce deferred by `engine.no_sync()`)
+
+    DS_STAGE=0 DS_STEP=1 tvsmt check examples/deepspeed_zero.py                 # equivalent
+    DS_STAGE=0 DS_STEP=1 TVSMT_BUG=no-clip tvsmt check examples/deepspeed_zero.py   # violation
+
 Needs `pip install deepspeed==0.19.8` (no GPU: DeepSpeed picks its CPU accelerator).
 """
 
@@ -33,6 +44,8 @@ WORLD_SIZE = 2
 HIDDEN, FFN, BATCH = 8, 16, 4  # BATCH per rank; the single device takes both halves
 STAGE = int(os.environ.get("DS_STAGE", "2"))
 BUG = os.environ.get("TVSMT_BUG", "")
+STEP = bool(os.environ.get("DS_STEP"))
+MAX_NORM, LR = 0.0625, 0.1  # below this MLP's gradient norms (0.1-0.2): the clip acts
 
 
 class MLP(torch.nn.Module):
@@ -79,7 +92,9 @@ def build_rank(rank):
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
     }
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if STEP:  # DeepSpeed's default is 1.0; 0 turns clipping off
+        config["gradient_clipping"] = 0.0 if BUG == "no-clip" else MAX_NORM
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     return engine, x[rank * BATCH:(rank + 1) * BATCH]
 
@@ -87,6 +102,11 @@ def build_rank(rank):
 def single_step(model, x):
     loss = loss_of(model(x))
     loss.backward()
+    if STEP:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= LR * p.grad
     return loss
 
 
@@ -129,8 +149,15 @@ def train_step(engine, x):
             engine.backward(loss)
         finally:
             deepspeed.comm.all_reduce = real
+    elif BUG == "clip-before-reduce":
+        with engine.no_sync():
+            engine.backward(loss)
+        torch.nn.utils.clip_grad_norm_(engine.module.parameters(), MAX_NORM)
+        engine.allreduce_gradients()
     else:
         engine.backward(loss)
+    if STEP:
+        engine.step()
     reported = loss.detach().clone()
     dist.all_reduce(reported, op=dist.ReduceOp.AVG)
     return reported

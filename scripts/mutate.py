@@ -845,6 +845,23 @@ MUTATIONS: tuple[Mutation, ...] = (
          "test_division_by_a_tensor_is_linear_in_what_it_divides_and_nothing_more",),
         fast=True),
     Mutation(
+        "max-operands-in-call-order",
+        "max(a, b) is built with its operands in the order given: max(x, c) and max(c, x) "
+        "are different terms",
+        "encoding: max's operands in a canonical order",
+        (Patch("tvsmt/ops/backend.py",
+               "        if swap:\n            a, b = b, a\n", ""),),
+        ("tests/test_ops_aten.py::test_max_of_two_terms_is_one_term_whichever_comes_first",),
+        fast=True),
+    Mutation(
+        "max-order-by-creation",
+        "max's operands ordered by pysmt's node ids, that is by the order the terms were made",
+        "encoding: max's operands in a canonical order",
+        (Patch("tvsmt/ops/backend.py",
+               "swap = self._order_key(b) < self._order_key(a)",
+               "swap = b.node_id() < a.node_id()"),),
+        ("tests/test_ops_aten.py::test_max_of_two_terms_is_one_term_whichever_comes_first",)),
+    Mutation(
         "aten-softmax-abstracts-undeclared",
         "ATen's softmax entry declares the exponential only, while its rule divides by "
         "be.div",

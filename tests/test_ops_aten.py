@@ -727,6 +727,53 @@ def test_max_is_exact_so_a_global_max_of_shard_maxima_is_provable():
         assert s.solve()
 
 
+def _recip(be, t):
+    return be.apply_uf("uf_recip", np.array([t], dtype=object))[0]
+
+
+def test_max_of_two_terms_is_one_term_whichever_comes_first():
+    """max is symmetric but its ite is not: torch's `clamp(c, max=1)` and DeepSpeed's
+    `torch.min(ones, c)` (both clip a gradient norm) must give the same term, or the solver
+    case-splits everything below it. The order may not follow creation order either (the
+    node memo changes that): two environments that made the operands in opposite orders
+    print the same max."""
+    from pysmt.shortcuts import Equals, Not, Solver
+
+    ops = all_ops()
+
+    def operands(be, first_b):
+        x, y = (be.mgr.Symbol(n, be.real) for n in ("x", "y"))
+        make_a = lambda: be.mgr.Times(be.mgr.Real(2), x)  # noqa: E731
+        make_b = lambda: be.mgr.Plus(y, _recip(be, x))  # noqa: E731
+        b = make_b() if first_b else None
+        a = make_a()
+        return a, (b if first_b else make_b())
+
+    be = SymbolicBackend.fresh()
+    with be.active():
+        c = np.array([be.mgr.Times(_recip(be, be.mgr.Symbol("n", be.real)),
+                                   be.mgr.Real(0.0625))], dtype=object)
+        ones = np.array([be.const(1.0)], dtype=object)
+        clamped = ops["aten.clamp.default"].forward(be, [c], _call({"tensor": 0}, None, 1.0),
+                                                    NodeCtx())[0]
+        least = ops["aten.minimum.default"].forward(be, [ones, c], _call(
+            {"tensor": 0}, {"tensor": 1}), NodeCtx())[0]
+        assert clamped[0] is least[0], (clamped[0].serialize(), least[0].serialize())
+        a, b = operands(be, first_b=False)
+        assert be.maximum(np.array([a]), np.array([b]))[0] is \
+            be.maximum(np.array([b]), np.array([a]))[0]
+        with Solver(name="z3") as s:  # and it is still the max
+            m = be.maximum(np.array([a]), np.array([b]))[0]
+            s.add_assertion(Not(be.mgr.And(be.mgr.LE(a, m), be.mgr.LE(b, m),
+                                           be.mgr.Or(Equals(m, a), Equals(m, b)))))
+            assert not s.solve()
+        printed = be.maximum(np.array([a]), np.array([b]))[0].serialize()
+    other = SymbolicBackend.fresh()
+    with other.active():
+        a2, b2 = operands(other, first_b=True)
+        assert other.maximum(np.array([a2]), np.array([b2]))[0].serialize() == printed
+
+
 def test_refused_forms_raise_value_errors():
     ops = all_ops()
     x = np.ones((2, 3))

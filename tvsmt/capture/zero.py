@@ -169,10 +169,10 @@ def gradient_pieces(model: Any, names: dict[int, str], path: str
     parameters of this rank's partitions; None for any other model (their `.grad` is read).
     `names`: id of each parameter object -> its name (the tracer keeps parameters' identity)."""
     stage = zero_stage(model)
-    if stage is not None and getattr(model, "global_steps", 0):
-        raise InputError("DeepSpeed's engine.step() is not captured (its update of the "
-                         "parameters is not verified): end train_step after "
-                         "engine.backward(loss)", file=path)
+    if stage and getattr(model, "global_steps", 0):
+        raise InputError(f"DeepSpeed's engine.step() under ZeRO stage {stage} is not "
+                         "captured (its update of the parameters is not verified; stage 0's "
+                         "is): end train_step after engine.backward(loss)", file=path)
     if stage is None or stage == 0:
         return None
     if stage not in (1, 2, 3):

@@ -315,6 +315,7 @@ class SymbolicBackend(Backend):
         # output of a multi-output node (an expert GEMM's backward has five) re-executes the
         # same nodes on the same terms; the memo lives as long as the terms' environment
         self.node_memo: dict = {}
+        self._order_keys: dict = {}  # term -> _order_key(term), creation-order free
 
     def active(self):
         """Make this backend's environment pysmt's current one (a context manager)."""
@@ -444,9 +445,58 @@ class SymbolicBackend(Backend):
         return np.asarray(fn(cond, a, b), dtype=object)
 
     def maximum(self, x, y):
-        fn = np.frompyfunc(lambda a, b: self.mgr.Ite(
-            self.mgr.LE(self._term(b), self._term(a)), self._term(a), self._term(b)), 2, 1)
-        return np.asarray(fn(x, y), dtype=object)
+        return np.asarray(np.frompyfunc(self._max_term, 2, 1)(x, y), dtype=object)
+
+    def _max_term(self, a, b):
+        """max(a, b) as `ite(b <= a, a, b)`, its operands in a canonical order. max is
+        symmetric, but the ite is not: one side's `max(x, c)` and the other's `max(c, x)`
+        (torch's clamp against DeepSpeed's clip of a norm) would be different terms, and
+        the solver must case-split the whole polynomial below them to equate them."""
+        a, b = self._term(a), self._term(b)
+        if a is b:
+            return a
+        if b.is_constant() != a.is_constant():
+            swap = a.is_constant()  # a constant goes second: relu and clamp as written
+        else:
+            swap = self._order_key(b) < self._order_key(a)
+        if swap:
+            a, b = b, a
+        return self.mgr.Ite(self.mgr.LE(b, a), a, b)
+
+    def _order_key(self, term) -> tuple[bytes, bytes]:
+        """A total order on terms that does not depend on the order they were created in
+        (pysmt's node ids do, and obligations must not: the node memo changes it): digests of
+        the term's DAG, first without its symbols' names (stages equal up to their tensors'
+        names keep one order, so their obligations stay byte-identical), then with them."""
+        import hashlib
+
+        keys = self._order_keys
+        stack = [term]
+        while stack:  # post-order over the DAG, each node once
+            node = stack[-1]
+            if node in keys:
+                stack.pop()
+                continue
+            todo = [c for c in node.args() if c not in keys]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            if node.is_symbol():
+                label, named = f"S{node.symbol_type()}", node.symbol_name()
+            elif node.is_constant():
+                label, named = f"C{node.constant_value()!r}", ""
+            elif node.is_function_application():
+                label, named = f"F{node.function_name().symbol_name()}", ""
+            else:
+                label, named = f"N{node.node_type()}", ""
+            shape, full = hashlib.blake2b(label.encode(), digest_size=8), \
+                hashlib.blake2b(f"{label}:{named}".encode(), digest_size=8)
+            for c in node.args():
+                shape.update(keys[c][0])
+                full.update(keys[c][1])
+            keys[node] = (shape.digest(), full.digest())
+        return keys[term]
 
     def constant_ints(self, x):
         flat = np.asarray(x, dtype=object).ravel()
