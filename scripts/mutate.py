@@ -845,6 +845,16 @@ MUTATIONS: tuple[Mutation, ...] = (
          "test_division_by_a_tensor_is_linear_in_what_it_divides_and_nothing_more",),
         fast=True),
     Mutation(
+        "update-witnessed-by-values",
+        "the concrete run compares an updated parameter by its values, not by the step it "
+        "took: a wrong step of a small learning rate goes unwitnessed",
+        "capture: concrete witnesses of failing claims",
+        (Patch("tvsmt/capture/build.py",
+               'base = s_values.get((before or {}).get(lin.single, ""))',
+               "base = None"),),
+        ("tests/test_capture_optimizer.py::"
+         "test_a_wrong_step_of_a_small_learning_rate_is_witnessed_by_the_step_it_took",)),
+    Mutation(
         "max-operands-in-call-order",
         "max(a, b) is built with its operands in the order given: max(x, c) and max(c, x) "
         "are different terms",

@@ -136,3 +136,26 @@ def test_the_captured_step_leaves_the_parameters_torch_leaves(tmp_path, monkeypa
         assert not torch.equal(p.detach(), before[name]), name
         assert torch.allclose(values[program.updated[name]], p.detach(), rtol=1e-5,
                               atol=1e-7), name
+
+
+def test_a_wrong_step_of_a_small_learning_rate_is_witnessed_by_the_step_it_took():
+    """The concrete run compares an updated parameter by the step it took from its value
+    before (`build.concrete_mismatches`' `before`): half the step at a learning rate of 1e-4
+    hides within the parameters' own tolerance, not within the step's; float32's rounding
+    of a right step is no witness."""
+    from tvsmt.capture.build import concrete_mismatches
+    from tvsmt.capture.lineages import CapLineage, Part
+
+    torch.manual_seed(0)
+    p = 1 + torch.rand(4, 6, dtype=torch.float64)  # parameters of about 1, a step of 1e-4
+    g, lr = torch.randn(4, 6, dtype=torch.float64), 1e-4
+    claim = [CapLineage("updated.w", [Part(((0, 4), (0, 6)), ("r0:updated.w",))], False, 0,
+                        "claim")]
+    single = {"updated.w": p - lr * g, "param.w": p}
+    before = {"updated.w": "param.w"}
+    half = {"r0:updated.w": (p - lr * 0.5 * g).float()}
+    assert concrete_mismatches(claim, single, half) == {}  # by the values alone: hidden
+    witness = concrete_mismatches(claim, single, half, before)
+    assert "the step from the parameter's value before it" in witness["updated.w"], witness
+    right = {"r0:updated.w": p.float() - (lr * g).float()}  # float32 all the way
+    assert concrete_mismatches(claim, single, right, before) == {}
