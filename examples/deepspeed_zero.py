@@ -21,9 +21,10 @@ Planted bugs (environment variable TVSMT_BUG):
 DS_NONCONTIGUOUS=1 turns DeepSpeed's contiguous gradient buckets off (another code path of
 its reduction, also equivalent).
 
-DS_STEP=1 (ZeRO stage 0 only) takes the whole step: `engine.step()` clips the averaged
-gradients to a global norm of MAX_NORM (`gradient_clipping`) and SGD updates the parameters; the
-claims are the updated parameters, against `clip_grad_norm_` and the same update on the
+DS_STEP=1 (ZeRO stage 0; under ZeRO-1/2/3 the step is refused in one line) takes the
+whole step: `engine.step()` clips the averaged gradients to a global norm of MAX_NORM
+(`gradient_clipping`) and SGD updates the parameters; the claims are the updated
+parameters, against `clip_grad_norm_` and the same update on the
 single device. Its planted bugs:
   no-clip             `gradient_clipping: 0` in DeepSpeed's config: the step does not clip
   clip-before-reduce  each rank clips its own gradients before they are averaged (the

@@ -217,6 +217,23 @@ def test_deepspeed_s_engine_step_under_zero_partitions_is_refused_in_one_line():
     assert zero.gradient_pieces(Engine(), {}, "train.py") is None
 
 
+def test_deepspeed_s_engine_step_under_zero_2_is_refused_at_its_line(monkeypatch):
+    """ZeRO-2's step branches on the gradients' values (overflow check, clipping): the
+    trace stops there, and the error says so at the user's `engine.step()`, not as torch's
+    GuardOnDataDependentSymNode."""
+    _deepspeed()
+    from tvsmt.capture import capture
+
+    monkeypatch.setenv("DS_STAGE", "2")
+    monkeypatch.setenv("DS_STEP", "1")
+    with pytest.raises(InputError) as info:
+        capture(ZERO)
+    message = str(info.value)
+    assert "engine.step() under ZeRO stage 2 is not captured" in message, message
+    assert f"deepspeed_zero.py:{line_of(ZERO, '        engine.step()')}" in message, message
+    assert "GuardOnDataDependent" not in message and "\n" not in message, message
+
+
 def test_deepspeed_engine_step_at_stage_0_clips_and_updates_as_the_single_step(monkeypatch):
     """`engine.step()`: DeepSpeed's clipping to a global norm (the norm averaged over the
     ranks, the coefficient `min(1, c)`) and SGD's update, against torch's `clip_grad_norm_`

@@ -51,14 +51,18 @@ def _module_from_file(path: str) -> types.ModuleType:
     return module
 
 
-def user_code_failed(e: BaseException, doing: str, path: str, where: str = "") -> InputError:
+def user_code_failed(e: BaseException, doing: str, path: str, where: str = "",
+                     why: str | None = None) -> InputError:
     """The one-line input error for an exception the user's own code raised while tvsmt ran
     it (importing the script, building a model, tracing the step): the user's source line
     and the exception, never "a bug in tvsmt". `where`: the rank it ran for, named first as
-    the capture's other errors do ("rank 1 at train.py:13: ...")."""
+    the capture's other errors do ("rank 1 at train.py:13: ..."); `why`: what the failure
+    means, said instead of the exception's own text."""
     if isinstance(e, InputError):
         return e
-    if isinstance(e, SystemExit):
+    if why is not None:
+        what = why
+    elif isinstance(e, SystemExit):
         what = f"the script called sys.exit({e.code!r})"
     else:
         text = str(e).splitlines()[0] if str(e) else ""

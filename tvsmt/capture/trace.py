@@ -340,7 +340,7 @@ class _Tracer:
             raise
         except (Exception, SystemExit) as e:  # the user's code failed under tracing
             raise user_code_failed(e, "tracing the training step", self.script.path,
-                                   self.where) from None
+                                   self.where, why=zero.step_not_traced(self.model, e)) from None
         finally:
             quiet.setLevel(level)
         inputs = []

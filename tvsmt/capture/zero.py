@@ -27,6 +27,7 @@ parameters.
 from __future__ import annotations
 
 import math
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -160,6 +161,24 @@ def release(model: Any) -> None:
     for bucket in getattr(model.optimizer, "ipg_buckets", {}).values():
         if getattr(bucket, "buffer", None) is not None:
             bucket.buffer = torch.empty(0, dtype=bucket.buffer.dtype)
+
+
+def step_not_traced(model: Any, e: BaseException) -> str | None:
+    """Why a DeepSpeed step failed under tracing, when it is the step: under ZeRO-1/2/3
+    `engine.step()` branches on the gradients' values (its overflow check, its clipping
+    coefficient), which one trace cannot take for every input. None for any other failure."""
+    import traceback
+
+    stage = zero_stage(model)
+    if not stage or "DataDependent" not in type(e).__name__:
+        return None
+    frames = traceback.extract_tb(e.__traceback__)
+    if not any(f.name == "step" and f"{os.sep}deepspeed{os.sep}" in f.filename for f in frames):
+        return None
+    return (f"DeepSpeed's engine.step() under ZeRO stage {stage} is not captured: it branches "
+            f"on the gradients' values (overflow check, clipping), which a trace cannot "
+            f"follow for every input; end train_step after engine.backward(loss) (stage 0's "
+            f"step is captured)")
 
 
 def gradient_pieces(model: Any, names: dict[int, str], path: str
