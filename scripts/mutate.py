@@ -855,6 +855,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_capture_optimizer.py::"
          "test_a_wrong_step_of_a_small_learning_rate_is_witnessed_by_the_step_it_took",)),
     Mutation(
+        "update-witness-absolute-tolerance",
+        "an updated parameter's step is compared at the values' absolute tolerance (1e-5), "
+        "not at the step's own scale: a wrong step of a learning rate of 3e-6 goes unwitnessed",
+        "capture: concrete witnesses of failing claims",
+        (Patch("tvsmt/capture/build.py",
+               "atol = 1e-4 * float(want.abs().max()) + slack",
+               "atol = 1e-5 * (1 + float(want.abs().max())) + slack"),),
+        ("tests/test_capture_optimizer.py::"
+         "test_a_wrong_step_of_a_small_learning_rate_is_witnessed_by_the_step_it_took",)),
+    Mutation(
         "max-operands-in-call-order",
         "max(a, b) is built with its operands in the order given: max(x, c) and max(c, x) "
         "are different terms",

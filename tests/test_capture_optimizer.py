@@ -138,17 +138,19 @@ def test_the_captured_step_leaves_the_parameters_torch_leaves(tmp_path, monkeypa
                               atol=1e-7), name
 
 
-def test_a_wrong_step_of_a_small_learning_rate_is_witnessed_by_the_step_it_took():
+@pytest.mark.parametrize("lr", [1e-4, 3e-6])
+def test_a_wrong_step_of_a_small_learning_rate_is_witnessed_by_the_step_it_took(lr):
     """The concrete run compares an updated parameter by the step it took from its value
-    before (`build.concrete_mismatches`' `before`): half the step at a learning rate of 1e-4
-    hides within the parameters' own tolerance, not within the step's; float32's rounding
-    of a right step is no witness."""
+    before (`build.concrete_mismatches`' `before`), at the step's own scale: half the step at
+    a learning rate of 1e-4 hides within the parameters' own tolerance, and at 3e-6 within
+    any tolerance of absolute 1e-5, not within the step's; float32's rounding of a right step
+    is no witness."""
     from tvsmt.capture.build import concrete_mismatches
     from tvsmt.capture.lineages import CapLineage, Part
 
     torch.manual_seed(0)
-    p = 1 + torch.rand(4, 6, dtype=torch.float64)  # parameters of about 1, a step of 1e-4
-    g, lr = torch.randn(4, 6, dtype=torch.float64), 1e-4
+    p = 1 + torch.rand(4, 6, dtype=torch.float64)  # parameters of about 1
+    g = torch.randn(4, 6, dtype=torch.float64)
     claim = [CapLineage("updated.w", [Part(((0, 4), (0, 6)), ("r0:updated.w",))], False, 0,
                         "claim")]
     single = {"updated.w": p - lr * g, "param.w": p}
