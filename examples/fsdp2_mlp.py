@@ -13,7 +13,10 @@ DTensor placements FSDP2 gives the parameters are the input lineages, and each r
     TVSMT_BUG=sum-not-average tvsmt check examples/fsdp2_mlp.py       # a violation
 
 FSDP_OPTIMIZER=sgd or adamw ends the step with torch's SGD or AdamW on the sharded
-parameters: each rank's updated rows are claims too. FSDP_RESHARD=0 keeps the gathered parameters from the forward to the backward
+parameters: each rank's updated rows are claims too. FSDP_CLIP=1 (with FSDP_OPTIMIZER)
+clips the gradients to a global norm first, `torch.nn.utils.clip_grad_norm_` as torchtitan
+does (the norm over DTensor shards: each rank's squares all-reduced): equivalent.
+FSDP_RESHARD=0 keeps the gathered parameters from the forward to the backward
 (`reshard_after_forward=False`: no second all-gather). FSDP_SHAPE=uneven runs four ranks on
 widths that do not divide by four (FSDP2 pads each rank's rows to the first rank's count;
 the last rank holds no row of fc3): also equivalent. FSDP_SHAPE=hsdp: hybrid sharding on
@@ -27,6 +30,8 @@ Planted bugs (environment variable TVSMT_BUG):
   no-gradient-sync    set_requires_gradient_sync(False) left on: no rank holds its rows of
                       the averaged gradients
   lr-on-one-rank      (with FSDP_OPTIMIZER) rank 1 steps with twice the learning rate
+  clip-local-norm     (with FSDP_CLIP) each rank clips by the norm of its own rows of the
+                      gradients (their local tensors) instead of the global norm
   loss-scaled-twice   the loss divided by the number of ranks on top of FSDP2's averaging
   same-batch-half     every rank is fed the first half of the batch (a data loader bug)
 """
@@ -47,6 +52,8 @@ HIDDEN, FFN, BATCH = (5, 10, 2) if UNEVEN else (8, 16, 4)
 BUG = os.environ.get("TVSMT_BUG", "")
 RESHARD = os.environ.get("FSDP_RESHARD", "1") != "0"
 OPTIMIZER = os.environ.get("FSDP_OPTIMIZER", "")  # "sgd" or "adamw": the step ends with it
+CLIP = bool(os.environ.get("FSDP_CLIP"))
+MAX_NORM = 0.0625  # below this MLP's gradient norms: the clip acts on the concrete run
 
 
 class MLP(torch.nn.Module):
@@ -87,7 +94,12 @@ def build_rank(rank):
     return model, x[part * BATCH:(part + 1) * BATCH]
 
 
-def optimizer_step(model, lr=0.1):
+def optimizer_step(model, lr=0.1, local_norm=False):
+    if CLIP and local_norm:
+        torch.nn.utils.clip_grad_norm_([p.grad.to_local() for p in model.parameters()],
+                                       MAX_NORM)
+    elif CLIP:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
     if OPTIMIZER:
         kind = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}[OPTIMIZER]
         kind(model.parameters(), lr=lr).step()
@@ -105,7 +117,8 @@ def train_step(model, x):
     if BUG == "loss-scaled-twice":
         loss = loss / dist.get_world_size()
     loss.backward()
-    optimizer_step(model, lr=0.2 if BUG == "lr-on-one-rank" and dist.get_rank() == 1 else 0.1)
+    optimizer_step(model, lr=0.2 if BUG == "lr-on-one-rank" and dist.get_rank() == 1 else 0.1,
+                   local_norm=BUG == "clip-local-norm")
     reported = loss.detach().clone()
     dist.all_reduce(reported, op=dist.ReduceOp.AVG)
     return reported

@@ -865,6 +865,26 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_capture_optimizer.py::"
          "test_a_wrong_step_of_a_small_learning_rate_is_witnessed_by_the_step_it_took",)),
     Mutation(
+        "sqrt-square-of-anything",
+        "the square of uf_sqrt(t) is rewritten to t whatever t, also where t may be negative "
+        "(the real sqrt is NaN there)",
+        "encoding: the square of a root of a sum of squares",
+        (Patch("tvsmt/ops/backend.py",
+               "                    and self._nonnegative(t.arg(0)):",
+               "                    and (self._nonnegative(t.arg(0)) or True):"),),
+        ("tests/test_ops_aten.py::"
+         "test_the_square_of_the_root_of_a_sum_of_squares_is_the_sum_and_nothing_else",),
+        fast=True),
+    Mutation(
+        "unpaired-factors-nonnegative",
+        "a product counts as nonnegative when its factors pair up, ignoring an odd factor",
+        "encoding: the square of a root of a sum of squares",
+        (Patch("tvsmt/ops/backend.py",
+               "known[node] = all(known[c] for c, o in odd.items() if o)",
+               "known[node] = all(known[c] or not c.is_constant() for c, o in odd.items() if o)"),),
+        ("tests/test_ops_aten.py::"
+         "test_the_square_of_the_root_of_a_sum_of_squares_is_the_sum_and_nothing_else",)),
+    Mutation(
         "max-operands-in-call-order",
         "max(a, b) is built with its operands in the order given: max(x, c) and max(c, x) "
         "are different terms",

@@ -28,7 +28,7 @@ FSDP2 = os.path.join(ROOT, "examples", "fsdp2_mlp.py")
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch):
-    for name in ("TVSMT_BUG", "FSDP_RESHARD", "FSDP_SHAPE", "FSDP_OPTIMIZER"):
+    for name in ("TVSMT_BUG", "FSDP_RESHARD", "FSDP_SHAPE", "FSDP_OPTIMIZER", "FSDP_CLIP"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -53,6 +53,30 @@ def test_fsdp2_data_parallelism_is_equivalent(monkeypatch, reshard, shape, optim
     proven = {s[2] for s in report.to_dict()["stages"] if s[3] == "proven"}
     assert {f"grad.{n}" for n in PARAMS} <= proven, sorted(proven)
     assert ({f"updated.{n}" for n in PARAMS} <= proven) == bool(optimizer), sorted(proven)
+
+
+def test_fsdp2_clipping_by_the_global_norm_is_proven_and_a_local_norm_is_a_violation(
+        monkeypatch):
+    """torchtitan's step: `clip_grad_norm_` over FSDP2's DTensor gradients (each rank's
+    squares summed, all-reduced, the root taken: traced as torch's per-tensor loop, not its
+    foreach kernels over the local tensors, `trace.foreach_as_loops`), then SGD. The norm of
+    the per-parameter norms is proven equal to the single one because the square of a root
+    of a sum of squares is that sum (`SymbolicBackend.ipow`) and squares are never cut by a
+    hypothesis. Each rank clipping by its own rows' norm is a violation."""
+    monkeypatch.setenv("FSDP_OPTIMIZER", "sgd")
+    monkeypatch.setenv("FSDP_CLIP", "1")
+    report = check(FSDP2, Options(jobs=1, timeout=5))
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+    proven = {s[2] for s in report.to_dict()["stages"] if s[3] == "proven"}
+    assert {f"{kind}.{n}" for n in PARAMS for kind in ("grad", "updated")} <= proven, \
+        sorted(proven)
+    monkeypatch.setenv("TVSMT_BUG", "clip-local-norm")
+    # concrete points refute the wrong stages: the solver's budget is short (five rounds
+    # drop hypotheses the concrete run could not tell apart)
+    report = check(FSDP2, Options(jobs=1, timeout=0.25))
+    assert report.verdict == "violation", [f.message for f in report.failures]
+    failed = {s[2] for s in report.to_dict()["stages"] if s[3] != "proven"}
+    assert failed and all(t.split(".")[0] in ("grad", "updated") for t in failed), failed
 
 
 def test_an_fsdp2_rank_stepping_with_another_learning_rate_is_a_violation_on_the_updates(

@@ -774,6 +774,36 @@ def test_max_of_two_terms_is_one_term_whichever_comes_first():
         assert other.maximum(np.array([a2]), np.array([b2]))[0].serialize() == printed
 
 
+def test_the_square_of_the_root_of_a_sum_of_squares_is_the_sum_and_nothing_else():
+    """Clipping's norm of norms: sqrt(n0 ** 2 + n1 ** 2) with n_r = sqrt(sum of rank r's
+    squares) is proven equal to the root of all the squares (the square of `uf_sqrt(t)` is
+    t where t is a sum of squares); the square of the root of anything that might be
+    negative keeps the abstraction, so `sqrt(y) ** 2 = y` is not proven."""
+    from pysmt.shortcuts import Equals, Not, Solver
+
+    be = SymbolicBackend.fresh()
+    with be.active():
+        x = np.array([be.mgr.Symbol(f"x{i}", be.real) for i in range(4)], dtype=object)
+
+        def norm(v):
+            return be.sqrt(np.array([np.sum(be.ipow(v, 2))], dtype=object))[0]
+
+        whole = norm(x)
+        of_shards = norm(np.array([norm(x[:2]), norm(x[2:])], dtype=object))
+        y = be.mgr.Symbol("y", be.real)
+        not_squares = [y, be.mgr.Times(x[0], x[1]), be.mgr.Times(be.const(-1), x[0], x[0]),
+                       be.mgr.Plus(be.mgr.Times(x[0], x[0]), y)]
+        with Solver(name="z3") as s:
+            s.add_assertion(Not(Equals(whole, of_shards)))
+            assert not s.solve()
+            for t in not_squares:
+                square = be.ipow(be.sqrt(np.array([t], dtype=object)), 2)[0]
+                assert "uf_sqrt" in square.serialize(), (t, square)
+                s.reset_assertions()
+                s.add_assertion(Not(Equals(square, t)))
+                assert s.solve(), t
+
+
 def test_refused_forms_raise_value_errors():
     ops = all_ops()
     x = np.ones((2, 3))

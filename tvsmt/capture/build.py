@@ -138,8 +138,11 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True,
                                                     if t is not None):
                 varying.update(t for t in pn.node.outputs if t is not None)
         constant = {t for t in produced if t not in varying}
+        # a square is never cut: the stage that takes its root must see that it is a
+        # square (>= 0) to know sqrt(t) ** 2 = t (SymbolicBackend.ipow, clipping's norms)
+        squares = {t for pn in p_nodes if _squares(pn.node) for t in pn.node.outputs if t}
         hyps = hypotheses(single, s_values, produced, p_values, p_shapes,
-                          claim_ids | constant, s_order, s_ops, p_ops)
+                          claim_ids | constant | squares, s_order, s_ops, p_ops)
         n_hyp = len(hyps)
         before = {t: f"param.{n}" for n, t in single.updated.items()}
         witnessed = concrete_mismatches(lineages, s_values, p_values, before)
@@ -213,6 +216,12 @@ def world_layout(world: int, groups: list[tuple[int, ...]]) -> tuple[Mesh, str]:
         return m, f"dp {m.dp} x tp {m.tp}, from the groups the code creates"
     return Mesh(tp=world), ("captured ranks: the groups do not determine a dp x tp layout, "
                             "so none is assumed")
+
+
+def _squares(node) -> bool:
+    """Does the node square its input (`x ** 2`, as a norm computes)?"""
+    args = node.call[1] if node.call is not None else ()
+    return node.op == "aten.pow.Tensor_Scalar" and len(args) > 1 and args[1] == 2
 
 
 def concrete_mismatches(lineages: list[CapLineage], s_values: dict, p_values: dict,

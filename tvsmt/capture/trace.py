@@ -104,6 +104,27 @@ def build(script: CaptureScript, rank: int | None, draw: int, fake: bool = False
 
 
 @contextmanager
+def foreach_as_loops():
+    """torch's per-tensor loops where it would take a foreach kernel over DTensors.
+
+    DTensor registers itself as a type foreach kernels support, so `clip_grad_norm_` over
+    FSDP2's or `parallelize_module`'s gradients runs `_foreach_norm` and `_foreach_mul_` on
+    the local tensors: lists of norms that no operator rule models. Without DTensor in
+    that list torch takes its own loop (`linalg_vector_norm` and `mul_` per gradient), the
+    same arithmetic, and the one the single program's plain tensors take under the trace
+    (fake tensors are not foreach types either)."""
+    import torch.utils._foreach_utils as foreach_utils
+
+    types = foreach_utils._foreach_supported_types
+    saved = list(types)
+    types[:] = [t for t in types if t.__name__ != "DTensor"]
+    try:
+        yield
+    finally:
+        types[:] = saved
+
+
+@contextmanager
 def traced_data_assignment():
     """`t.data = v` followed by the tracer: afterwards `t` reads as `v`'s traced value.
 
@@ -329,7 +350,8 @@ class _Tracer:
         try:
             import torch.fx.traceback as fx_traceback
 
-            with fx_traceback.preserve_node_meta(), traced_data_assignment():
+            with fx_traceback.preserve_node_meta(), traced_data_assignment(), \
+                    foreach_as_loops():
                 # preserve_node_meta keeps tvsmt.capture.microbatch marks
                 table = _decompositions()
                 if self.fsdp:

@@ -316,6 +316,7 @@ class SymbolicBackend(Backend):
         # same nodes on the same terms; the memo lives as long as the terms' environment
         self.node_memo: dict = {}
         self._order_keys: dict = {}  # term -> _order_key(term), creation-order free
+        self._signs: dict = {}  # term -> _nonnegative(term)
 
     def active(self):
         """Make this backend's environment pysmt's current one (a context manager)."""
@@ -443,6 +444,67 @@ class SymbolicBackend(Backend):
         fn = np.frompyfunc(lambda c, u, v: self.mgr.Ite(
             self._truth(c), self._term(u), self._term(v)), 3, 1)
         return np.asarray(fn(cond, a, b), dtype=object)
+
+    def ipow(self, x, n):
+        """x ** n; the square of `uf_sqrt(t)` is `t` itself where t is >= 0 by its form (a
+        sum of squares: the real sqrt(t) ** 2 is t exactly). A norm of norms, as clipping by
+        the global norm takes it over per-parameter norms (torch) or over shards' norms
+        (DTensor, FSDP2), is then the square root of one sum of squares, as the single
+        side's is. Any other t (possibly negative: torch gives NaN) keeps the square of the
+        abstraction."""
+        out = np.asarray(super().ipow(x, n), dtype=object)
+        if n != 2:
+            return out
+        for at, e in np.ndenumerate(np.asarray(x, dtype=object)):
+            t = self._term(e)
+            if t.is_function_application() and t.function_name().symbol_name() == "uf_sqrt" \
+                    and self._nonnegative(t.arg(0)):
+                out[at] = t.arg(0)
+        return out
+
+    def _nonnegative(self, term) -> bool:
+        """Is `term` >= 0 by its form alone: a nonnegative constant, a product whose factors
+        (nested products flattened: ipow builds `(1 * x) * x`) pair up or are nonnegative, a
+        sum or an ite of nonnegative terms."""
+        known = self._signs
+
+        def parts(node) -> list:
+            if node.is_times():
+                out, todo = [], list(node.args())
+                while todo:
+                    c = todo.pop()
+                    if c.is_times():
+                        todo.extend(c.args())
+                    else:
+                        out.append(c)
+                return out
+            if node.is_ite():
+                return list(node.args()[1:])
+            return list(node.args()) if node.is_plus() else []
+
+        stack = [term]
+        while stack:  # post-order over the DAG, each node once
+            node = stack[-1]
+            if node in known:
+                stack.pop()
+                continue
+            todo = [c for c in parts(node) if c not in known]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            if node.is_constant():
+                known[node] = node.constant_value() >= 0
+            elif node.is_times():
+                odd: dict = {}
+                for c in parts(node):
+                    odd[c] = not odd.get(c, False)
+                known[node] = all(known[c] for c, o in odd.items() if o)
+            elif node.is_plus() or node.is_ite():
+                known[node] = all(known[c] for c in parts(node))
+            else:
+                known[node] = False
+        return known[term]
 
     def maximum(self, x, y):
         return np.asarray(np.frompyfunc(self._max_term, 2, 1)(x, y), dtype=object)
