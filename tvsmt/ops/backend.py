@@ -281,6 +281,24 @@ def _direct_infix() -> None:
     FNode._tvsmt_direct_infix = True
 
 
+def _post_order(root, done: dict, children):
+    """The terms below `root` (itself included) that are not in `done`, each once, children
+    before parents: the caller records each in `done` before asking for the next. A loop
+    with a stack, as pysmt's walkers: terms are DAGs thousands of levels deep."""
+    stack = [root]
+    while stack:
+        node = stack[-1]
+        if node in done:
+            stack.pop()
+            continue
+        todo = [c for c in children(node) if c not in done]
+        if todo:
+            stack.extend(todo)
+            continue
+        stack.pop()
+        yield node
+
+
 class SymbolicBackend(Backend):
     """pysmt terms in numpy object arrays, in an explicit pysmt `Environment` of their own.
 
@@ -482,17 +500,7 @@ class SymbolicBackend(Backend):
                 return list(node.args()[1:])
             return list(node.args()) if node.is_plus() else []
 
-        stack = [term]
-        while stack:  # post-order over the DAG, each node once
-            node = stack[-1]
-            if node in known:
-                stack.pop()
-                continue
-            todo = [c for c in parts(node) if c not in known]
-            if todo:
-                stack.extend(todo)
-                continue
-            stack.pop()
+        for node in _post_order(term, known, parts):
             if node.is_constant():
                 known[node] = node.constant_value() >= 0
             elif node.is_times():
@@ -533,17 +541,7 @@ class SymbolicBackend(Backend):
         import hashlib
 
         keys = self._order_keys
-        stack = [term]
-        while stack:  # post-order over the DAG, each node once
-            node = stack[-1]
-            if node in keys:
-                stack.pop()
-                continue
-            todo = [c for c in node.args() if c not in keys]
-            if todo:
-                stack.extend(todo)
-                continue
-            stack.pop()
+        for node in _post_order(term, keys, lambda n: n.args()):
             if node.is_symbol():
                 label, named = f"S{node.symbol_type()}", node.symbol_name()
             elif node.is_constant():
