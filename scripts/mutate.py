@@ -902,6 +902,26 @@ MUTATIONS: tuple[Mutation, ...] = (
                "swap = b.node_id() < a.node_id()"),),
         ("tests/test_ops_aten.py::test_max_of_two_terms_is_one_term_whichever_comes_first",)),
     Mutation(
+        "python-floats-exact-in-float32",
+        "a Python float argument of a float32 op is written as the double it is, not as the "
+        "float32 the kernel computes with: 0.05 and a float32 tensor of 0.05 differ",
+        "capture: Python scalars at the op's precision",
+        (Patch("tvsmt/capture/trace.py",
+               "        float32 = computes_in_float32(node)\n",
+               "        float32 = False\n"),),
+        ("tests/test_capture_scalars.py::"
+         "test_a_python_float_and_a_float32_tensor_of_it_are_one_value",)),
+    Mutation(
+        "python-floats-rounded-in-float64",
+        "Python floats are rounded to float32 whatever the op's dtype, also in a float64 "
+        "program, where 0.05 and float32's 0.05 then pass as one value",
+        "capture: Python scalars at the op's precision",
+        (Patch("tvsmt/capture/trace.py",
+               "    return bool(dtypes) and torch.float64 not in dtypes",
+               "    return bool(dtypes)"),),
+        ("tests/test_capture_scalars.py::"
+         "test_scalars_that_differ_where_the_op_computes_stay_apart",)),
+    Mutation(
         "aten-softmax-abstracts-undeclared",
         "ATen's softmax entry declares the exponential only, while its rule divides by "
         "be.div",

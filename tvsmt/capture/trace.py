@@ -584,16 +584,40 @@ def _dtype_of(fx_node) -> str | None:
     return None
 
 
-def _to_json(v: Any) -> Any:
+def computes_in_float32(fx_node) -> bool:
+    """Whether PyTorch computes this op in float32: its floating tensors (inputs and outputs)
+    are float32 or narrower. Its kernels then take a Python float argument as the nearest
+    float32 (a wrapped scalar cast to the common dtype, `opmath_t` float for float32, half and
+    bfloat16), so `x * 0.05` multiplies by 0.0500000007..., exactly what a float32 tensor
+    holding 0.05 gives; with a float64 tensor among them the scalar stays a double."""
+    dtypes = set()
+    values = [fx_node.meta.get("val")] + [a.meta.get("val") for a in fx_node.all_input_nodes]
+    for leaf in pytree.tree_leaves(values):
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+            dtypes.add(leaf.dtype)
+    return bool(dtypes) and torch.float64 not in dtypes
+
+
+def _as_float32(v: float) -> float:
+    """The float32 nearest to `v`, as the double that holds it exactly (inf past the range,
+    as torch's cast gives)."""
+    return float(torch.tensor(v, dtype=torch.float32).item())
+
+
+def _to_json(v: Any, float32: bool = False) -> Any:
+    """A call's argument template as JSON; with `float32`, each Python float as the float32
+    the op computes with (see `computes_in_float32`)."""
     if isinstance(v, Ref):
         return {"tensor": v.k} if v.dtype is None else {"tensor": v.k, "dtype": v.dtype}
     if isinstance(v, (list, tuple)):
-        return [_to_json(x) for x in v]
+        return [_to_json(x, float32) for x in v]
     if isinstance(v, dict):
-        return {str(k): _to_json(x) for k, x in v.items()}
+        return {str(k): _to_json(x, float32) for k, x in v.items()}
     if v is None or isinstance(v, (bool, int, str)):
         return v
     if isinstance(v, float):
+        if float32 and math.isfinite(v):
+            v = _as_float32(v)
         return v if v == v and v not in (float("inf"), float("-inf")) else str(v)
     return str(v)
 
@@ -958,8 +982,9 @@ class _Converter:
         self.refuse_uninitialised_reads(node, name, inputs, outs)
         for w in written_fx:
             self.wrote(w, outs)
+        float32 = computes_in_float32(node)
         cap = CapNode(node.name, name, inputs, tensor_slots(outs),
-                      {"args": _to_json(args), "kwargs": _to_json(kwargs)},
+                      {"args": _to_json(args, float32), "kwargs": _to_json(kwargs, float32)},
                       source_of(node, self.path), call=(target, args, kwargs),
                       mb=microbatch_of(node))
         self.nodes.append(cap)
