@@ -922,6 +922,30 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_capture_scalars.py::"
          "test_scalars_that_differ_where_the_op_computes_stay_apart",)),
     Mutation(
+        "foreach-loop-in-place-result-dropped",
+        "an in-place foreach op whose per-tensor op is out of place (`_foreach_maximum_`) "
+        "computes the results and leaves the list as it was",
+        "capture: foreach kernels as per-tensor loops",
+        (Patch("tvsmt/capture/foreach.py",
+               "out = args[0][i].copy_(out)", "out = out"),),
+        ("tests/test_capture_foreach.py::"
+         "test_each_loop_leaves_what_torch_s_foreach_kernel_leaves",),
+        fast=True),
+    Mutation(
+        "foreach-scalars-by-position",
+        "addcdiv's per-element `scalars` are passed by position, where the per-tensor op "
+        "takes the value by keyword only",
+        "capture: foreach kernels as per-tensor loops",
+        (Patch("tvsmt/capture/foreach.py",
+               'keywords = {**KEYWORD_ONLY, "scalars": "value"} if base in ADDC else '
+               'KEYWORD_ONLY',
+               "keywords = KEYWORD_ONLY"),),
+        ("tests/test_capture_foreach.py::"
+         "test_each_loop_leaves_what_torch_s_foreach_kernel_leaves",
+         "tests/test_capture_optimizer.py::"
+         "test_torch_s_clipping_and_optimizers_with_gradients_zeroed"),
+        fast=True),
+    Mutation(
         "aten-softmax-abstracts-undeclared",
         "ATen's softmax entry declares the exponential only, while its rule divides by "
         "be.div",

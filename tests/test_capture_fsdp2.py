@@ -59,7 +59,7 @@ def test_fsdp2_clipping_by_the_global_norm_is_proven_and_a_local_norm_is_a_viola
         monkeypatch):
     """torchtitan's step: `clip_grad_norm_` over FSDP2's DTensor gradients (each rank's
     squares summed, all-reduced, the root taken: traced as torch's per-tensor loop, not its
-    foreach kernels over the local tensors, `trace.foreach_as_loops`), then SGD. The norm of
+    foreach kernels over the local tensors, `foreach.as_loops`), then SGD. The norm of
     the per-parameter norms is proven equal to the single one because the square of a root
     of a sum of squares is that sum (`SymbolicBackend.ipow`) and squares are never cut by a
     hypothesis. Each rank clipping by its own rows' norm is a violation."""

@@ -27,6 +27,7 @@ EXAMPLE = os.path.join(ROOT, "examples", "optimizer_step.py")
 
 DATA_PARALLEL = TWO_LAYER_SCRIPT + """
 OPTIMIZER = os.environ.get("OPTIMIZER", "sgd")
+FOREACH = True if os.environ.get("FOREACH") else None  # torch's default: loops on CPU
 
 
 def build_rank(rank):
@@ -35,11 +36,12 @@ def build_rank(rank):
 
 
 def _optimizer(model):
+    lr = 0.2 if BUG == "lr-on-rank-1" and dist.get_rank() == 1 else 0.1
     if OPTIMIZER == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=0.1)
+        return torch.optim.AdamW(model.parameters(), lr=lr, foreach=FOREACH)
     if OPTIMIZER == "momentum":
-        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    return torch.optim.SGD(model.parameters(), lr=0.1)
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, foreach=FOREACH)
+    return torch.optim.SGD(model.parameters(), lr=lr, foreach=FOREACH)
 
 
 def train_step(model, x):
@@ -49,7 +51,7 @@ def train_step(model, x):
     if dist.is_initialized():
         for p in model.parameters():
             dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5, foreach=FOREACH)
     if not (BUG == "no-step-on-rank-1" and dist.is_initialized() and dist.get_rank() == 1):
         optimizer.step()
     if dist.is_initialized():  # the ranks' gradients are gone (as DeepSpeed's engine
@@ -63,7 +65,7 @@ def train_step(model, x):
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch):
-    for name in ("TVSMT_BUG", "OPTIMIZER"):
+    for name in ("TVSMT_BUG", "OPTIMIZER", "FOREACH"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -98,17 +100,34 @@ def test_the_example_s_bugs_are_violations_at_their_lines(monkeypatch, bug, line
     assert any(s.endswith(at) for s in sources(report)), sources(report)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adamw"])
+@pytest.mark.parametrize("optimizer, foreach", [("sgd", ""), ("momentum", ""), ("adamw", ""),
+                                                ("sgd", "1"), ("adamw", "1")])
 def test_torch_s_clipping_and_optimizers_with_gradients_zeroed(tmp_path, monkeypatch,
-                                                              optimizer):
+                                                              optimizer, foreach):
     """clip_grad_norm_ and an optimizer, then zero_grad on the ranks: the updated parameters
-    are the claims, and each is proven."""
+    are the claims, and each is proven; also with foreach=True (torch's foreach kernels,
+    traced as their per-tensor loops: `tvsmt.capture.foreach`)."""
     monkeypatch.setenv("OPTIMIZER", optimizer)
+    monkeypatch.setenv("FOREACH", foreach)
     report = check(_script(tmp_path), Options(jobs=1, timeout=30))
     assert report.verdict == "equivalent", [f.message for f in report.failures]
     proven = {s[2] for s in report.to_dict()["stages"] if s[3] == "proven"}
     assert {f"updated.{n}" for n in ("fc1.weight", "fc1.bias", "fc2.weight",
                                      "fc2.bias")} <= proven, sorted(proven)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_a_wrong_learning_rate_in_a_foreach_step_is_a_violation(tmp_path, monkeypatch,
+                                                               optimizer):
+    """The per-tensor loops keep what each rank's foreach kernel does: rank 1 stepping at
+    twice the learning rate is a violation of the updated parameters."""
+    monkeypatch.setenv("OPTIMIZER", optimizer)
+    monkeypatch.setenv("FOREACH", "1")
+    monkeypatch.setenv("TVSMT_BUG", "lr-on-rank-1")
+    report = check(_script(tmp_path), Options(jobs=1, timeout=30))
+    assert report.verdict == "violation", [f.message for f in report.failures]
+    assert any(f.tensor.startswith("updated.") for f in report.failures), \
+        [f.tensor for f in report.failures]
 
 
 def test_a_step_on_one_side_only_is_a_violation(tmp_path, monkeypatch):
@@ -119,12 +138,14 @@ def test_a_step_on_one_side_only_is_a_violation(tmp_path, monkeypatch):
     assert report.verdict == "violation"
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+@pytest.mark.parametrize("optimizer, foreach", [("sgd", ""), ("adamw", ""), ("adamw", "1")])
 def test_the_captured_step_leaves_the_parameters_torch_leaves(tmp_path, monkeypatch,
-                                                             optimizer):
+                                                             optimizer, foreach):
     """The captured single program, run on the traced inputs, gives the parameters eager
-    torch's step gives (the decomposed norm, clamp and optimizer arithmetic included)."""
+    torch's step gives (the decomposed norm, clamp and optimizer arithmetic included; with
+    foreach=True, eager torch runs its foreach kernels, the capture their loops)."""
     monkeypatch.setenv("OPTIMIZER", optimizer)
+    monkeypatch.setenv("FOREACH", foreach)
     sc = load_script(_script(tmp_path))
     program = trace_program(sc, None)
     assert set(program.updated) == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}

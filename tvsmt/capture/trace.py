@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
-from tvsmt.capture import dtensor, fsdp, zero
+from tvsmt.capture import dtensor, foreach, fsdp, zero
 from tvsmt.capture.markers import microbatch_of
 from tvsmt.capture.program import CapNode, Collective, InputTensor, Program, Ref, tensor_slots
 from tvsmt.capture.script import CaptureScript, user_code_failed
@@ -101,27 +101,6 @@ def build(script: CaptureScript, rank: int | None, draw: int, fake: bool = False
         except (Exception, SystemExit) as e:  # the user's code failed, not tvsmt
             raise user_code_failed(e, what, script.path) from None
         return _split_built(built, what, script.path)
-
-
-@contextmanager
-def foreach_as_loops():
-    """torch's per-tensor loops where it would take a foreach kernel over DTensors.
-
-    DTensor registers itself as a type foreach kernels support, so `clip_grad_norm_` over
-    FSDP2's or `parallelize_module`'s gradients runs `_foreach_norm` and `_foreach_mul_` on
-    the local tensors: lists of norms that no operator rule models. Without DTensor in
-    that list torch takes its own loop (`linalg_vector_norm` and `mul_` per gradient), the
-    same arithmetic, and the one the single program's plain tensors take under the trace
-    (fake tensors are not foreach types either)."""
-    import torch.utils._foreach_utils as foreach_utils
-
-    types = foreach_utils._foreach_supported_types
-    saved = list(types)
-    types[:] = [t for t in types if t.__name__ != "DTensor"]
-    try:
-        yield
-    finally:
-        types[:] = saved
 
 
 @contextmanager
@@ -351,9 +330,9 @@ class _Tracer:
             import torch.fx.traceback as fx_traceback
 
             with fx_traceback.preserve_node_meta(), traced_data_assignment(), \
-                    foreach_as_loops():
+                    foreach.as_loops():
                 # preserve_node_meta keeps tvsmt.capture.microbatch marks
-                table = _decompositions()
+                table = {**_decompositions(), **foreach.loop_decompositions()}
                 if self.fsdp:
                     table = {**table, **fsdp.decompositions()}
                 gm = make_fx(traced, tracing_mode="fake", record_stack_traces=True,
