@@ -943,8 +943,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_capture_foreach.py::"
          "test_each_loop_leaves_what_torch_s_foreach_kernel_leaves",
          "tests/test_capture_optimizer.py::"
-         "test_torch_s_clipping_and_optimizers_with_gradients_zeroed"),
-        fast=True),
+         "test_torch_s_clipping_and_optimizers_with_gradients_zeroed")),
     Mutation(
         "aten-softmax-abstracts-undeclared",
         "ATen's softmax entry declares the exponential only, while its rule divides by "

@@ -3,6 +3,8 @@ report's failures name."""
 
 from __future__ import annotations
 
+import textwrap
+
 
 def line_of(path: str, text: str) -> int:
     """The 1-based number of the first line of `path` containing `text`."""
@@ -11,6 +13,18 @@ def line_of(path: str, text: str) -> int:
             if text in line:
                 return i
     raise AssertionError(f"{text!r} is not in {path}")
+
+
+def proven_tensors(report) -> set[str]:
+    """The single tensors of the stages a report proved."""
+    return {s[2] for s in report.to_dict()["stages"] if s[3] == "proven"}
+
+
+def write_script(tmp_path, text: str, name: str = "train.py") -> str:
+    """A capture script written from an indented test string; its path."""
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
 
 
 def sources(report) -> set[str]:

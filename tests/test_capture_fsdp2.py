@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from capture_helpers import line_of, sources
+from capture_helpers import line_of, proven_tensors, sources
 
 from tvsmt.capture import check
 from tvsmt.errors import InputError
@@ -50,7 +50,7 @@ def test_fsdp2_data_parallelism_is_equivalent(monkeypatch, reshard, shape, optim
     monkeypatch.setenv("FSDP_OPTIMIZER", optimizer)
     report = check(FSDP2, Options(jobs=1, timeout=5))
     assert report.verdict == "equivalent", [f.message for f in report.failures]
-    proven = {s[2] for s in report.to_dict()["stages"] if s[3] == "proven"}
+    proven = proven_tensors(report)
     assert {f"grad.{n}" for n in PARAMS} <= proven, sorted(proven)
     assert ({f"updated.{n}" for n in PARAMS} <= proven) == bool(optimizer), sorted(proven)
 
@@ -67,7 +67,7 @@ def test_fsdp2_clipping_by_the_global_norm_is_proven_and_a_local_norm_is_a_viola
     monkeypatch.setenv("FSDP_CLIP", "1")
     report = check(FSDP2, Options(jobs=1, timeout=5))
     assert report.verdict == "equivalent", [f.message for f in report.failures]
-    proven = {s[2] for s in report.to_dict()["stages"] if s[3] == "proven"}
+    proven = proven_tensors(report)
     assert {f"{kind}.{n}" for n in PARAMS for kind in ("grad", "updated")} <= proven, \
         sorted(proven)
     monkeypatch.setenv("TVSMT_BUG", "clip-local-norm")
@@ -180,7 +180,7 @@ def test_fsdp2_over_tensor_parallelism_on_a_2d_mesh(monkeypatch, bug):
     # rank 1 is dp 0, tp 1: the first half of tp's second half of fc1's rows
     assert blocks[("param.fc1.weight", 1)] == [[8, 12], [0, 8]]
     assert blocks[("param.fc2.weight", 1)] == [[0, 4], [8, 16]]
-    proven = {s[2] for s in report.to_dict()["stages"] if s[3] == "proven"}
+    proven = proven_tensors(report)
     assert {"grad.fc1.weight", "grad.fc1.bias", "grad.fc2.weight", "grad.fc2.bias"} <= proven
 
 

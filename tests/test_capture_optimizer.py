@@ -9,11 +9,10 @@ violation at the user's line."""
 from __future__ import annotations
 
 import os
-import textwrap
 
 import pytest
 import torch
-from capture_helpers import TWO_LAYER_SCRIPT, line_of, sources
+from capture_helpers import TWO_LAYER_SCRIPT, line_of, proven_tensors, sources, write_script
 
 from tvsmt.capture import capture_pair, check
 from tvsmt.capture.execute import run
@@ -70,9 +69,7 @@ def _clean(monkeypatch):
 
 
 def _script(tmp_path) -> str:
-    path = tmp_path / "train.py"
-    path.write_text(textwrap.dedent(DATA_PARALLEL))
-    return str(path)
+    return write_script(tmp_path, DATA_PARALLEL)
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
@@ -80,7 +77,7 @@ def test_the_example_s_whole_step_is_equivalent(monkeypatch, optimizer):
     monkeypatch.setenv("OPTIMIZER", optimizer)
     report = check(EXAMPLE, Options(jobs=1, timeout=30))
     assert report.verdict == "equivalent", [f.message for f in report.failures]
-    proven = {s[2] for s in report.to_dict()["stages"] if s[3] == "proven"}
+    proven = proven_tensors(report)
     for name in ("proj.weight", "fc1.weight", "fc2.weight"):
         assert f"updated.{name}" in proven and f"grad.{name}" in proven, sorted(proven)
 
@@ -111,7 +108,7 @@ def test_torch_s_clipping_and_optimizers_with_gradients_zeroed(tmp_path, monkeyp
     monkeypatch.setenv("FOREACH", foreach)
     report = check(_script(tmp_path), Options(jobs=1, timeout=30))
     assert report.verdict == "equivalent", [f.message for f in report.failures]
-    proven = {s[2] for s in report.to_dict()["stages"] if s[3] == "proven"}
+    proven = proven_tensors(report)
     assert {f"updated.{n}" for n in ("fc1.weight", "fc1.bias", "fc2.weight",
                                      "fc2.bias")} <= proven, sorted(proven)
 

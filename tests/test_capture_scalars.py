@@ -6,10 +6,9 @@ scalar of a float64 program, stay apart."""
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 import torch
+from capture_helpers import proven_tensors, write_script
 
 from tvsmt.capture import capture_pair, check
 from tvsmt.verify import Options
@@ -69,19 +68,13 @@ def _clean(monkeypatch):
 
 
 def _script(tmp_path) -> str:
-    path = tmp_path / "train.py"
-    path.write_text(textwrap.dedent(SCALED))
-    return str(path)
-
-
-def _proven(report) -> set[str]:
-    return {s[2] for s in report.to_dict()["stages"] if s[3] == "proven"}
+    return write_script(tmp_path, SCALED)
 
 
 def test_a_python_float_and_a_float32_tensor_of_it_are_one_value(tmp_path):
     report = check(_script(tmp_path), Options(jobs=1, timeout=30))
     assert report.verdict == "equivalent", [f.message for f in report.failures]
-    assert {"grad.fc.weight", "grad.fc.bias", "loss"} <= _proven(report)
+    assert {"grad.fc.weight", "grad.fc.bias", "loss"} <= proven_tensors(report)
 
 
 def test_the_plan_holds_the_float32_the_kernel_multiplies_by(tmp_path):

@@ -21,7 +21,7 @@ from pysmt.typing import REAL
 from tvsmt.capture import check
 from tvsmt.ops.backend import SymbolicBackend
 from tvsmt.verify import Options
-from capture_helpers import line_of, sources
+from capture_helpers import line_of, proven_tensors, sources
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                        "examples", "token_loss.py")
@@ -56,7 +56,7 @@ def test_a_loss_over_the_global_token_count_is_proven(monkeypatch):
     monkeypatch.delenv("TVSMT_BUG", raising=False)
     report = check(EXAMPLE, Options(jobs=1, timeout=10))
     assert report.verdict == "equivalent", [f.message for f in report.failures]
-    proven = {s[2] for s in report.to_dict()["stages"] if s[3] == "proven"}
+    proven = proven_tensors(report)
     assert {"loss", "grad.out.weight", "grad.emb.weight"} <= proven, proven
 
 
