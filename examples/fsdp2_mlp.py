@@ -21,7 +21,9 @@ FSDP_RESHARD=0 keeps the gathered parameters from the forward to the backward
 widths that do not divide by four (FSDP2 pads each rank's rows to the first rank's count;
 the last rank holds no row of fc3): also equivalent. FSDP_SHAPE=hsdp: hybrid sharding on
 four ranks, two replicas of two shards (a 2-D mesh: rows sharded within a replica,
-gradients reduce-scattered there and all-reduced across replicas): equivalent.
+gradients reduce-scattered there and all-reduced across replicas): equivalent. FSDP_MP=bf16:
+torchtitan's mixed precision (parameters all-gathered in bfloat16, gradients reduced in
+float32): equivalent over the reals, and its bugs are still violations.
 
 Planted bugs (environment variable TVSMT_BUG):
   sum-not-average     the gradients' divide factor set to 1: the ranks' gradients summed
@@ -41,7 +43,7 @@ import os
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 UNEVEN = os.environ.get("FSDP_SHAPE") == "uneven"
 HSDP = os.environ.get("FSDP_SHAPE") == "hsdp"  # 2 replicas x 2 shards (hybrid sharding)
@@ -53,6 +55,8 @@ BUG = os.environ.get("TVSMT_BUG", "")
 RESHARD = os.environ.get("FSDP_RESHARD", "1") != "0"
 OPTIMIZER = os.environ.get("FSDP_OPTIMIZER", "")  # "sgd" or "adamw": the step ends with it
 CLIP = bool(os.environ.get("FSDP_CLIP"))
+MP = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+    if os.environ.get("FSDP_MP") == "bf16" else MixedPrecisionPolicy()
 MAX_NORM = 0.0625  # below this MLP's gradient norms: the clip acts on the concrete run
 
 
@@ -83,8 +87,8 @@ def build_rank(rank):
     if HSDP:
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     for layer in (model.fc1, model.fc2, model.fc3):
-        fully_shard(layer, mesh=mesh, reshard_after_forward=RESHARD)
-    fully_shard(model, mesh=mesh, reshard_after_forward=RESHARD)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=RESHARD, mp_policy=MP)
+    fully_shard(model, mesh=mesh, reshard_after_forward=RESHARD, mp_policy=MP)
     if BUG == "sum-not-average":
         for module in (model.fc1, model.fc2, model.fc3, model):
             module.set_gradient_divide_factor(1.0)

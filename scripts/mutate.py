@@ -945,6 +945,17 @@ MUTATIONS: tuple[Mutation, ...] = (
          "tests/test_capture_optimizer.py::"
          "test_torch_s_clipping_and_optimizers_with_gradients_zeroed")),
     Mutation(
+        "concrete-run-in-the-code-s-dtype",
+        "the capture's concrete run computes in the dtypes the code asks for (bf16 under "
+        "autocast), so bf16's rounding reads as a contradiction of every proof",
+        "capture: the concrete run over the reals",
+        (Patch("tvsmt/capture/execute.py",
+               "    if isinstance(template, torch.dtype) and template.is_floating_point:\n"
+               "        return torch.float64\n", ""),
+         Patch("tvsmt/capture/execute.py", "            values[t] = v.double()",
+               "            values[t] = v")),
+        ("tests/test_capture_optimizer.py::test_a_bfloat16_forward_is_checked_over_the_reals",)),
+    Mutation(
         "aten-softmax-abstracts-undeclared",
         "ATen's softmax entry declares the exponential only, while its rule divides by "
         "be.div",

@@ -28,7 +28,8 @@ FSDP2 = os.path.join(ROOT, "examples", "fsdp2_mlp.py")
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch):
-    for name in ("TVSMT_BUG", "FSDP_RESHARD", "FSDP_SHAPE", "FSDP_OPTIMIZER", "FSDP_CLIP"):
+    for name in ("TVSMT_BUG", "FSDP_RESHARD", "FSDP_SHAPE", "FSDP_OPTIMIZER", "FSDP_CLIP",
+                 "FSDP_MP"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -92,6 +93,23 @@ def test_an_fsdp2_rank_stepping_with_another_learning_rate_is_a_violation_on_the
     failed = {s[2] for s in report.to_dict()["stages"] if s[3] != "proven"}
     assert failed == {f"updated.{n}" for n in PARAMS}
     assert report.hypotheses["dropped"] == 0
+
+
+@pytest.mark.parametrize("bug, verdict", [("", "equivalent"), ("clip-local-norm", "violation")])
+def test_fsdp2_with_bfloat16_parameters_is_checked_over_the_reals(monkeypatch, bug, verdict):
+    """torchtitan's mixed precision (`MixedPrecisionPolicy(param_dtype=bfloat16,
+    reduce_dtype=float32)`: parameters all-gathered in bf16, gradients reduced in float32),
+    with clipping and AdamW: over the reals a cast is the value itself, and the concrete
+    run that checks the proof runs in float64 (`capture/execute.py`), so it is equivalent;
+    each rank clipping by its own rows' norm is still a violation."""
+    monkeypatch.setenv("FSDP_MP", "bf16")
+    monkeypatch.setenv("FSDP_OPTIMIZER", "adamw")
+    monkeypatch.setenv("FSDP_CLIP", "1")
+    monkeypatch.setenv("TVSMT_BUG", bug)
+    report = check(FSDP2, Options(jobs=1, timeout=5 if not bug else 0.25))
+    assert report.verdict == verdict, [f.message for f in report.failures]
+    if not bug:
+        assert {f"updated.{n}" for n in PARAMS} <= proven_tensors(report)
 
 
 @pytest.mark.parametrize("shape", ["even", "uneven"])

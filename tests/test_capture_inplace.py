@@ -153,9 +153,11 @@ def test_memory_written_in_place_is_captured_as_torch_computes_it(tmp_path, case
     values = run([(0, n) for n in program.nodes], {i.id: i.draws[0] for i in program.inputs})
     model, x = build(sc, None, 0)  # draw 0 again: the inputs the trace recorded
     loss = sc.train_step(model, x)
-    assert torch.allclose(values[program.loss], loss.detach(), rtol=1e-6), case
+    # the capture runs in float64, eager torch here in float32
+    assert torch.allclose(values[program.loss], loss.detach().double(), rtol=1e-6), case
     for name, p in model.named_parameters():
-        assert torch.allclose(values[program.grads[name]], p.grad, rtol=1e-6), (case, name)
+        assert torch.allclose(values[program.grads[name]], p.grad.double(), rtol=1e-6,
+                              atol=1e-7), (case, name)
 
 
 @pytest.mark.parametrize("forward,refusal", [

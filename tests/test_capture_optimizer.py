@@ -27,6 +27,7 @@ EXAMPLE = os.path.join(ROOT, "examples", "optimizer_step.py")
 DATA_PARALLEL = TWO_LAYER_SCRIPT + """
 OPTIMIZER = os.environ.get("OPTIMIZER", "sgd")
 FOREACH = True if os.environ.get("FOREACH") else None  # torch's default: loops on CPU
+AUTOCAST = bool(os.environ.get("AUTOCAST"))  # the forward in bfloat16
 
 
 def build_rank(rank):
@@ -45,7 +46,8 @@ def _optimizer(model):
 
 def train_step(model, x):
     optimizer = _optimizer(model)
-    loss = model(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=AUTOCAST):
+        loss = model(x)
     loss.backward()
     if dist.is_initialized():
         for p in model.parameters():
@@ -64,7 +66,7 @@ def train_step(model, x):
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch):
-    for name in ("TVSMT_BUG", "OPTIMIZER", "FOREACH"):
+    for name in ("TVSMT_BUG", "OPTIMIZER", "FOREACH", "AUTOCAST"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -127,6 +129,23 @@ def test_a_wrong_learning_rate_in_a_foreach_step_is_a_violation(tmp_path, monkey
         [f.tensor for f in report.failures]
 
 
+@pytest.mark.parametrize("bug", ["", "lr-on-rank-1"])
+def test_a_bfloat16_forward_is_checked_over_the_reals(tmp_path, monkeypatch, bug):
+    """bf16 autocast on both sides: the proof is over the reals, and the concrete run that
+    checks it runs in float64 (`capture/execute.py`), so bf16's rounding (1e-5 to 1e-2
+    apart between the single and the ranks' runs) is no contradiction: equivalent, where it
+    was inconclusive. A wrong learning rate on rank 1 is still a violation."""
+    monkeypatch.setenv("AUTOCAST", "1")
+    monkeypatch.setenv("TVSMT_BUG", bug)
+    report = check(_script(tmp_path), Options(jobs=1, timeout=30))
+    if not bug:
+        assert report.verdict == "equivalent", [f.message for f in report.failures]
+        assert {f"updated.{n}" for n in ("fc1.weight", "fc2.weight")} <= proven_tensors(report)
+    else:
+        assert report.verdict == "violation", [f.message for f in report.failures]
+        assert any(f.tensor.startswith("updated.") for f in report.failures)
+
+
 def test_a_step_on_one_side_only_is_a_violation(tmp_path, monkeypatch):
     monkeypatch.setenv("TVSMT_BUG", "no-step-on-rank-1")
     with pytest.raises(StructuralViolation, match="only the single step updates parameter"):
@@ -152,7 +171,7 @@ def test_the_captured_step_leaves_the_parameters_torch_leaves(tmp_path, monkeypa
     sc.train_step(model, x)
     for name, p in model.named_parameters():
         assert not torch.equal(p.detach(), before[name]), name
-        assert torch.allclose(values[program.updated[name]], p.detach(), rtol=1e-5,
+        assert torch.allclose(values[program.updated[name]], p.detach().double(), rtol=1e-5,
                               atol=1e-7), name
 
 

@@ -2,11 +2,16 @@
 ranks: the values that lineage inference and the intermediate hypotheses are matched on.
 
 It runs the converted nodes themselves (the functional form of every in-place op, the comm
-nodes with their group inputs), so what is matched is what the plans say.
+nodes with their group inputs), so what is matched is what the plans say. It runs them in
+float64, whatever floating dtype the code computes in (a cast to bfloat16 or float32 is a
+cast to float64): the proofs are over the reals, and the run is their concrete check, so
+the rounding of a low precision (bf16 autocast: 1e-2 apart) must not read as a difference
+between the programs.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -18,6 +23,8 @@ from tvsmt.errors import InputError, InternalError
 def _fill(template: Any, tensors: list) -> Any:
     if isinstance(template, Ref):
         return tensors[template.k]
+    if isinstance(template, torch.dtype) and template.is_floating_point:
+        return torch.float64
     if isinstance(template, list):
         return [_fill(x, tensors) for x in template]
     if isinstance(template, tuple):
@@ -54,9 +61,23 @@ def _collective(node: CapNode, xs: list[torch.Tensor], rank: int) -> torch.Tenso
     raise InputError(f"no concrete semantics for collective {c.kind}")
 
 
+@contextmanager
+def _default_dtype(dtype: torch.dtype):
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
 def run(nodes: list[tuple[int, CapNode]], values: dict[str, torch.Tensor]) -> dict:
-    """Execute (rank, node) pairs in order; `values` holds the inputs and receives the rest."""
-    with torch.no_grad():
+    """Execute (rank, node) pairs in order; `values` holds the inputs and receives the rest
+    (floating ones in float64)."""
+    for t, v in list(values.items()):
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dtype != torch.float64:
+            values[t] = v.double()
+    with torch.no_grad(), _default_dtype(torch.float64):  # factories without a dtype
         for rank, n in nodes:
             xs = [None if t is None else values[t] for t in n.inputs]
             try:
