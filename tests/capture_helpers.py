@@ -57,3 +57,21 @@ class Model(torch.nn.Module):
 def build_single():
     return Model(), torch.randn(4, 4)
 """
+
+
+# Functions a data-parallel capture script appends (it imports torch.distributed as dist): the
+# gradients averaged over the ranks, and the loss each rank reports, averaged.
+DATA_PARALLEL_AVERAGES = """
+
+def average_gradients(model):
+    if dist.is_initialized():
+        for p in model.parameters():
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+
+
+def averaged_loss(loss):
+    loss = loss.detach().clone()
+    if dist.is_initialized():
+        dist.all_reduce(loss, op=dist.ReduceOp.AVG)
+    return loss
+"""

@@ -12,7 +12,8 @@ import os
 
 import pytest
 import torch
-from capture_helpers import TWO_LAYER_SCRIPT, line_of, proven_tensors, sources, write_script
+from capture_helpers import (DATA_PARALLEL_AVERAGES, TWO_LAYER_SCRIPT, line_of, proven_tensors,
+                            sources, write_script)
 
 from tvsmt.capture import capture_pair, check
 from tvsmt.capture.execute import run
@@ -49,19 +50,14 @@ def train_step(model, x):
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=AUTOCAST):
         loss = model(x)
     loss.backward()
-    if dist.is_initialized():
-        for p in model.parameters():
-            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+    average_gradients(model)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5, foreach=FOREACH)
     if not (BUG == "no-step-on-rank-1" and dist.is_initialized() and dist.get_rank() == 1):
         optimizer.step()
     if dist.is_initialized():  # the ranks' gradients are gone (as DeepSpeed's engine
         optimizer.zero_grad()  # leaves them), the single's kept: the parameters are claimed
-    loss = loss.detach().clone()
-    if dist.is_initialized():
-        dist.all_reduce(loss, op=dist.ReduceOp.AVG)
-    return loss
-"""
+    return averaged_loss(loss)
+""" + DATA_PARALLEL_AVERAGES
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from capture_helpers import proven_tensors, write_script
+from capture_helpers import DATA_PARALLEL_AVERAGES, proven_tensors, write_script
 
 from tvsmt.capture import capture_pair, check
 from tvsmt.verify import Options
@@ -51,14 +51,9 @@ def train_step(model, x):
     else:
         loss = loss * SCALE
     loss.backward()
-    if dist.is_initialized():
-        for p in model.parameters():
-            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
-    loss = loss.detach().clone()
-    if dist.is_initialized():
-        dist.all_reduce(loss, op=dist.ReduceOp.AVG)
-    return loss
-"""
+    average_gradients(model)
+    return averaged_loss(loss)
+""" + DATA_PARALLEL_AVERAGES
 
 
 @pytest.fixture(autouse=True)
