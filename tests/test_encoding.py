@@ -258,6 +258,39 @@ def test_a_refuting_point_made_exact_keeps_the_assumptions_and_the_difference():
     assert solve_batch([ob], "z3", timeout_s=20)[0].status == SAT
 
 
+def test_pinned_inputs_are_constants_the_solver_must_meet():
+    """A pinned script fixes each real input at its value (a `define-fun` in place of the
+    declaration): pinned where the compared sides agree it is unsat, where they differ sat
+    with the pinned values in the model; the unpinned obligation is sat either way."""
+    import hashlib
+    from fractions import Fraction
+
+    from pysmt.typing import REAL
+
+    from tvsmt.encoding.smtlib import pin_symbols
+    from tvsmt.solving.runner import solve_batch
+    from tvsmt.solving.types import SAT, UNSAT, Obligation
+
+    be = SymbolicBackend.fresh()
+    m = be.mgr
+    x, y = m.Symbol("x", REAL), m.Symbol("y", REAL)
+    printed = print_obligation([], [(m.Times(x, x), y)])  # "x * x != y" is the obligation
+    names = {orig: canon for canon, orig in printed.symbols.items()}
+
+    def answer(values: dict[str, Fraction]):
+        text = (pin_symbols(printed.text, printed, values, {}) if values else printed.text)
+        query = (names["x"], names["y"])
+        ob = Obligation(hashlib.sha256(text.encode()).hexdigest(), text, query)
+        return solve_batch([ob], "z3", timeout_s=20)[0]
+
+    assert answer({}).status == SAT
+    assert answer({"x": Fraction(3, 2), "y": Fraction(9, 4)}).status == UNSAT
+    res = answer({"x": Fraction(3, 2), "y": Fraction(2)})
+    assert res.status == SAT
+    assert (Fraction(res.values[names["x"]]), Fraction(res.values[names["y"]])) == (
+        Fraction(3, 2), Fraction(2))
+
+
 def _gathered_pair(const_on_rank1: float, also_z: bool = False):
     """single y = x + 1; on two ranks each adds 1 to its half of x, then both gather the
     halves into y@r (a whole copy of y). `const_on_rank1` is rank 1's constant (1.0 is
