@@ -21,7 +21,13 @@ Planted bugs (environment variable TVSMT_BUG):
 DS_NONCONTIGUOUS=1 turns DeepSpeed's contiguous gradient buckets off (another code path of
 its reduction, also equivalent).
 
-DS_STEP=1 (ZeRO stage 0; under ZeRO-1/2/3 the step is refused in one line) takes the
+DS_BF16=1 turns DeepSpeed's `bf16` mode on: the engine casts the module to bfloat16 when it
+is built, so each rank's parameters are the single model's cast to bfloat16 (the capture
+matches them as such: over the reals a cast is the value itself). Forward and backward are
+equivalent at every ZeRO stage and the planted bugs violations; its step (DeepSpeed's
+BF16_Optimizer, overflow checks) is refused in one line.
+
+DS_STEP=1 (ZeRO stage 0 in float32; under ZeRO-1/2/3 the step is refused in one line) takes the
 whole step: `engine.step()` clips the averaged gradients to a global norm of MAX_NORM
 (`gradient_clipping`) and SGD updates the parameters; the claims are the updated
 parameters, against `clip_grad_norm_` and the same update on the
@@ -95,6 +101,8 @@ def build_rank(rank):
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
     }
+    if os.environ.get("DS_BF16"):  # the module in bfloat16, fp32 master weights and grads
+        config["bf16"] = {"enabled": True}
     if STEP:  # DeepSpeed's default is 1.0; 0 turns clipping off
         config["gradient_clipping"] = 0.0 if BUG == "no-clip" else MAX_NORM
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)

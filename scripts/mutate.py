@@ -902,6 +902,27 @@ MUTATIONS: tuple[Mutation, ...] = (
                "swap = b.node_id() < a.node_id()"),),
         ("tests/test_ops_aten.py::test_max_of_two_terms_is_one_term_whichever_comes_first",)),
     Mutation(
+        "cast-held-whatever-its-values",
+        "a rank input of a narrower floating dtype than the single tensor is taken to hold "
+        "the block without comparing values: a rank with other weights passes as a copy",
+        "capture: inputs held cast to a narrower dtype",
+        (Patch("tvsmt/capture/lineages.py",
+               "    return torch.equal(block.to(mine.dtype), mine)\n",
+               "    return True\n"),),
+        ("tests/test_capture_casts.py::"
+         "test_a_rank_whose_parameter_is_not_the_cast_of_the_single_one_is_refused",),
+        fast=True),
+    Mutation(
+        "cast-inputs-rounded-in-the-concrete-run",
+        "the concrete run computes a rank's cast input from its rounded copy, not from the "
+        "block the proof is over: bf16 rounding reads as a contradiction of the proof",
+        "capture: inputs held cast to a narrower dtype",
+        (Patch("tvsmt/capture/build.py",
+               "        p_inputs.update(cast_inputs(single, ranks, lineages))\n",
+               "        pass\n"),),
+        ("tests/test_capture_casts.py::"
+         "test_parameters_cast_to_bfloat16_before_the_step_are_equivalent",)),
+    Mutation(
         "python-floats-exact-in-float32",
         "a Python float argument of a float32 op is written as the double it is, not as the "
         "float32 the kernel computes with: 0.05 and a float32 tensor of 0.05 differ",

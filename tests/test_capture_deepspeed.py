@@ -35,7 +35,7 @@ ZERO = os.path.join(ROOT, "examples", "deepspeed_zero.py")
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch):
-    for name in ("TVSMT_BUG", "DS_STAGE", "DS_NONCONTIGUOUS", "DS_STEP"):
+    for name in ("TVSMT_BUG", "DS_STAGE", "DS_NONCONTIGUOUS", "DS_STEP", "DS_BF16"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -55,6 +55,24 @@ def test_deepspeed_data_parallelism_is_equivalent_at_every_zero_stage(monkeypatc
         monkeypatch.setenv("DS_NONCONTIGUOUS", "1")
     report = check(ZERO, Options(jobs=1, timeout=5))
     assert report.verdict == "equivalent", [f.message for f in report.failures]
+
+
+def test_deepspeed_bf16_gradients_are_equivalent_and_its_step_is_refused_by_name(monkeypatch):
+    """`"bf16": {"enabled": true}`: the engine casts the module to bfloat16 when it is built;
+    each rank's parameter is matched as the single one's cast (tests/test_capture_casts.py).
+    Its step (BF16_Optimizer) branches on the gradients' values: refused in one line."""
+    _deepspeed()
+    from tvsmt.capture import capture
+
+    monkeypatch.setenv("DS_BF16", "1")
+    report = check(ZERO, Options(jobs=1, timeout=5))  # ZeRO-2
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+    hows = {i["how"] for i in report.inputs if i["tensor"].startswith("param.")}
+    assert hows and all(h.endswith("held as bfloat16") for h in hows), hows
+    monkeypatch.setenv("DS_STAGE", "0")
+    monkeypatch.setenv("DS_STEP", "1")
+    with pytest.raises(InputError, match=r"engine.step\(\) with bf16 enabled is not captured"):
+        capture(ZERO)
 
 
 @pytest.mark.parametrize("stage, bug", [("2", "loss-scaled-twice"), ("2", "sum-not-average"),

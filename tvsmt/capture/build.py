@@ -11,7 +11,13 @@ import torch
 
 from tvsmt.capture.assemble import PlacedNode, join, live_nodes, rid
 from tvsmt.capture.execute import run
-from tvsmt.capture.lineages import CapLineage, Provenance, hypotheses, input_and_claim_lineages
+from tvsmt.capture.lineages import (
+    CapLineage,
+    Provenance,
+    cast_inputs,
+    hypotheses,
+    input_and_claim_lineages,
+)
 from tvsmt.capture.program import CapNode, Program
 from tvsmt.capture.script import CaptureScript, load_script
 from tvsmt.capture.trace import trace_program
@@ -124,8 +130,9 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True,
     position = {t: i for i, t in enumerate(produced)}
     if with_hypotheses:
         s_values = run([(0, n) for n in s_nodes], {i.id: i.draws[0] for i in single.inputs})
-        p_values = run([(pn.rank, pn.node) for pn in p_nodes],
-                       {rid(r, i.id): i.draws[0] for r, p in ranks.items() for i in p.inputs})
+        p_inputs = {rid(r, i.id): i.draws[0] for r, p in ranks.items() for i in p.inputs}
+        p_inputs.update(cast_inputs(single, ranks, lineages))
+        p_values = run([(pn.rank, pn.node) for pn in p_nodes], p_inputs)
         p_shapes = {rid(r, t): s for r, p in ranks.items() for t, s in p.shapes.items()}
         s_order = [t for n in s_nodes for t in n.outputs if t is not None]
         s_ops = {t: n.op for n in s_nodes for t in n.outputs if t is not None}

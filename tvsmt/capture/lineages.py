@@ -97,6 +97,38 @@ def megatron_block(single_shape, part_shape, declared: dict) -> Slice | None:
     return tuple((k * m, (k + 1) * m) if i == d else (0, x) for i, x in enumerate(single_shape))
 
 
+def held(block: torch.Tensor, mine: torch.Tensor) -> bool:
+    """Does a rank's input hold this block of the single tensor: the same values (as
+    `torch.equal` compares them, across dtypes too), or the block cast to the rank's
+    narrower floating dtype (DeepSpeed's `bf16` and `fp16` modes cast the module when the
+    engine is built, before any step). Over the reals a cast is the value itself, as for a
+    cast inside the step; the concrete run is fed the block (`cast_inputs`)."""
+    if torch.equal(block, mine):
+        return True
+    if not (block.is_floating_point() and mine.is_floating_point()) or \
+            torch.finfo(mine.dtype).bits >= torch.finfo(block.dtype).bits:
+        return False
+    return torch.equal(block.to(mine.dtype), mine)
+
+
+def cast_inputs(single: Program, ranks: dict[int, Program], lineages: list) -> dict:
+    """{rank input id: its single block, at the single's precision} for the rank inputs
+    that hold their block cast to a narrower dtype (`held`): the concrete run computes
+    over those values, as the proof does."""
+    s_draw = {i.id: i.draws[0] for i in single.inputs}
+    r_draw = {rid(r, i.id): i.draws[0] for r, p in ranks.items() for i in p.inputs}
+    out = {}
+    for lin in lineages:
+        if lin.kind != "input":
+            continue
+        for part in lin.parts:
+            for t in part.sum_of:
+                mine = r_draw.get(t)
+                if mine is not None and mine.dtype != s_draw[lin.single].dtype:
+                    out[t] = _view(s_draw[lin.single], part.slice)
+    return out
+
+
 def _degenerate(t: torch.Tensor) -> bool:
     return t.numel() > 1 and bool((t == t.reshape(-1)[0]).all())
 
@@ -157,7 +189,7 @@ def input_lineage(single: InputTensor, rank: int, mine: InputTensor, sharding: d
                           f"from DTensor placement {layout.described}")
     if isinstance(mine.declared, dict) and "zero3" in mine.declared:
         block = mine.declared["zero3"]
-        if any(not torch.equal(_view(s, block), r) for s, r in zip(single.draws, mine.draws)):
+        if any(not held(_view(s, block), r) for s, r in zip(single.draws, mine.draws)):
             raise InputError(f"rank {rank}'s ZeRO-3 partition is not the block {list(block)} "
                              f"of the single tensor on the random draws", file=path,
                              tensor=name)
@@ -184,7 +216,7 @@ def input_lineage(single: InputTensor, rank: int, mine: InputTensor, sharding: d
                          "generator itself?); inference by value needs independent draws",
                          file=path, tensor=name)
     hits = [sl for sl in candidates
-            if all(torch.equal(_view(s, sl), r) for s, r in zip(single.draws, mine.draws))]
+            if all(held(_view(s, sl), r) for s, r in zip(single.draws, mine.draws))]
     if not hits:
         raise InputError(f"rank {rank}'s tensor equals no block of the single tensor on the "
                          f"random draws; declare it in PARAM_SHARDING", file=path, tensor=name)
@@ -192,6 +224,8 @@ def input_lineage(single: InputTensor, rank: int, mine: InputTensor, sharding: d
         raise InputError(f"rank {rank}'s tensor matches {len(hits)} blocks of the single "
                          f"tensor (ambiguous); declare it in PARAM_SHARDING", file=path,
                          tensor=name)
+    if mine.draws[0].dtype != single.draws[0].dtype:
+        how += f", held as {str(mine.draws[0].dtype).replace('torch.', '')}"
     return Provenance(single.id, rank, hits[0], how)
 
 
@@ -211,7 +245,7 @@ def _constant_input(single: InputTensor, rank: int, mine: InputTensor, place: Sl
         raise InputError(f"rank {rank}'s values are degenerate (constant), so its slice "
                          f"cannot be inferred; declare it in PARAM_SHARDING", file=path,
                          tensor=name)
-    if not all(torch.equal(_view(s, block), r) for s, r in zip(single.draws, mine.draws)):
+    if not all(held(_view(s, block), r) for s, r in zip(single.draws, mine.draws)):
         raise InputError(f"rank {rank}'s tensor equals no block of the single tensor on the "
                          f"random draws; declare it in PARAM_SHARDING", file=path, tensor=name)
     return Provenance(single.id, rank, block, how)

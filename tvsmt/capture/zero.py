@@ -164,21 +164,33 @@ def release(model: Any) -> None:
 
 
 def step_not_traced(model: Any, e: BaseException) -> str | None:
-    """Why a DeepSpeed step failed under tracing, when it is the step: under ZeRO-1/2/3
-    `engine.step()` branches on the gradients' values (its overflow check, its clipping
-    coefficient), which one trace cannot take for every input. None for any other failure."""
+    """Why a DeepSpeed step failed under tracing, when it is the step: under ZeRO-1/2/3, and
+    with DeepSpeed's `bf16` or `fp16` optimizer wrappers at any stage, `engine.step()`
+    branches on the gradients' values (its overflow check, its clipping coefficient), which
+    one trace cannot take for every input. None for any other failure."""
     import traceback
 
     stage = zero_stage(model)
-    if not stage or "DataDependent" not in type(e).__name__:
+    precision = _reduced_precision(model)
+    if stage is None or not (stage or precision) or "DataDependent" not in type(e).__name__:
         return None
     frames = traceback.extract_tb(e.__traceback__)
     if not any(f.name == "step" and f"{os.sep}deepspeed{os.sep}" in f.filename for f in frames):
         return None
-    return (f"DeepSpeed's engine.step() under ZeRO stage {stage} is not captured: it branches "
-            f"on the gradients' values (overflow check, clipping), which a trace cannot "
-            f"follow for every input; end train_step after engine.backward(loss) (stage 0's "
-            f"step is captured)")
+    what = f"under ZeRO stage {stage}" if stage else f"with {precision} enabled"
+    return (f"DeepSpeed's engine.step() {what} is not captured: it branches on the "
+            f"gradients' values (overflow check, clipping), which a trace cannot follow for "
+            f"every input; end train_step after engine.backward(loss) (stage 0's step in "
+            f"float32 is captured)")
+
+
+def _reduced_precision(model: Any) -> str | None:
+    """"bf16" or "fp16" when the engine's optimizer is DeepSpeed's mixed-precision wrapper."""
+    for name, enabled in (("bf16", "bfloat16_enabled"), ("fp16", "fp16_enabled")):
+        check = getattr(model, enabled, None)
+        if callable(check) and check():
+            return name
+    return None
 
 
 def gradient_pieces(model: Any, names: dict[int, str], path: str
