@@ -62,7 +62,7 @@ def train_step(model, x):
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch):
-    for name in ("TVSMT_BUG", "OPTIMIZER", "FOREACH", "AUTOCAST"):
+    for name in ("TVSMT_BUG", "OPTIMIZER", "FOREACH", "AUTOCAST", "WARM"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -140,6 +140,78 @@ def test_a_bfloat16_forward_is_checked_over_the_reals(tmp_path, monkeypatch, bug
     else:
         assert report.verdict == "violation", [f.message for f in report.failures]
         assert any(f.tensor.startswith("updated.") for f in report.failures)
+
+
+# The optimizer built with the model, once, as training code builds it (held by a module
+# that wraps the model), stepped in train_step; WARM steps it once when it is built.
+BUILT_OPTIMIZER = TWO_LAYER_SCRIPT + """
+WARM = bool(os.environ.get("WARM"))
+
+
+class Trainer(torch.nn.Module):
+    def __init__(self, model, lr):
+        super().__init__()
+        self.model = model
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+
+
+def _built(rank):
+    model, x = Model(), torch.randn(4, 4)
+    trainer = Trainer(model, 0.2 if BUG == "lr-on-rank-1" and rank == 1 else 0.1)
+    if WARM:
+        model(x).backward()
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad()
+    return trainer, x
+
+
+def build_single():
+    return _built(None)
+
+
+def build_rank(rank):
+    trainer, x = _built(rank)
+    return trainer, x[rank * 2:(rank + 1) * 2]
+
+
+def train_step(trainer, x):
+    loss = trainer.model(x)
+    loss.backward()
+    average_gradients(trainer)
+    trainer.optimizer.step()
+    trainer.optimizer.zero_grad()
+    return averaged_loss(loss)
+""" + DATA_PARALLEL_AVERAGES
+
+
+@pytest.mark.parametrize("bug, verdict", [("", "equivalent"), ("lr-on-rank-1", "violation")])
+def test_an_optimizer_built_with_the_model_is_stepped_in_the_trace(tmp_path, monkeypatch, bug,
+                                                                    verdict):
+    monkeypatch.setenv("TVSMT_BUG", bug)
+    report = check(write_script(tmp_path, BUILT_OPTIMIZER), Options(jobs=1, timeout=30))
+    assert report.verdict == verdict, [f.message for f in report.failures]
+    if not bug:
+        assert {"updated.model.fc1.weight", "updated.model.fc2.weight"} <= \
+            proven_tensors(report)
+
+
+def test_an_optimizer_state_from_a_step_taken_when_built_is_refused_in_one_line(
+        tmp_path, monkeypatch):
+    """Its momentum buffers are tensors of no traced input: the trace cannot take them as
+    values of every input, so the capture says what they are (it said FakeTensorMode's
+    "Please convert all Tensors to FakeTensors first" before)."""
+    from tvsmt.errors import InputError
+
+    monkeypatch.setenv("WARM", "1")
+    path = write_script(tmp_path, BUILT_OPTIMIZER)
+    with pytest.raises(InputError) as info:
+        check(path, Options(jobs=1, timeout=30))
+    message = str(info.value)
+    assert "an optimizer's state from a step already taken" in message, message
+    step = [i for i, line in enumerate(open(path).read().splitlines(), 1)
+            if line == "    trainer.optimizer.step()"]  # train_step's, not the build's
+    assert step and f"train.py:{step[0]}" in message, message
+    assert "FakeTensor" not in message and "\n" not in message, message
 
 
 def test_a_step_on_one_side_only_is_a_violation(tmp_path, monkeypatch):

@@ -181,6 +181,23 @@ def parameters_kept(originals: list[torch.Tensor], standins: list[torch.Tensor])
             _swap_tensors(orig, standin)
 
 
+def untraced_tensor(e: BaseException) -> str | None:
+    """What it means when the step computed with a tensor that is none of its traced inputs
+    (the model's parameters and buffers, the batch), made before the step: in training code,
+    an optimizer's state from a step taken when it was built (momentum buffers, Adam's
+    moments). The trace cannot take it as a value of every input, so it is refused, naming
+    the op (FakeTensorMode's assertion, of the pinned torch); None for any other failure."""
+    text = str(e)
+    if not isinstance(e, AssertionError) or "convert all Tensors to FakeTensors" not in text:
+        return None
+    op = re.search(r"Found in (aten\.[\w.]+)", text)
+    return (f"the step computes with a tensor made before it that is none of its inputs "
+            f"(parameters, buffers, the batch){f' in {op.group(1)}' if op else ''}: an "
+            f"optimizer's state from a step already taken (momentum buffers, Adam's moments) "
+            f"is not traced; build the optimizer without stepping it (its first step is "
+            f"traced) or create it in train_step")
+
+
 def anchor_stack_traces(path: str) -> None:
     """Make make_fx record stack traces of every function of the user's file, not only of
     `forward` methods (fx keeps frames named forward or registered as anchors: private API
@@ -341,7 +358,8 @@ class _Tracer:
             raise
         except (Exception, SystemExit) as e:  # the user's code failed under tracing
             raise user_code_failed(e, "tracing the training step", self.script.path,
-                                   self.where, why=zero.step_not_traced(self.model, e)) from None
+                                   self.where, why=zero.step_not_traced(self.model, e)
+                                   or untraced_tensor(e)) from None
         finally:
             quiet.setLevel(level)
         inputs = []
