@@ -918,7 +918,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "block the proof is over: bf16 rounding reads as a contradiction of the proof",
         "capture: inputs held cast to a narrower dtype",
         (Patch("tvsmt/capture/build.py",
-               "        p_inputs.update(cast_inputs(single, ranks, lineages))\n",
+               "        p_inputs.update(cast_inputs(single, lineages, p_inputs))\n",
                "        pass\n"),),
         ("tests/test_capture_casts.py::"
          "test_parameters_cast_to_bfloat16_before_the_step_are_equivalent",)),

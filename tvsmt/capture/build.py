@@ -131,7 +131,7 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True,
     if with_hypotheses:
         s_values = run([(0, n) for n in s_nodes], {i.id: i.draws[0] for i in single.inputs})
         p_inputs = {rid(r, i.id): i.draws[0] for r, p in ranks.items() for i in p.inputs}
-        p_inputs.update(cast_inputs(single, ranks, lineages))
+        p_inputs.update(cast_inputs(single, lineages, p_inputs))
         p_values = run([(pn.rank, pn.node) for pn in p_nodes], p_inputs)
         p_shapes = {rid(r, t): s for r, p in ranks.items() for t, s in p.shapes.items()}
         s_order = [t for n in s_nodes for t in n.outputs if t is not None]

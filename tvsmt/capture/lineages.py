@@ -111,19 +111,19 @@ def held(block: torch.Tensor, mine: torch.Tensor) -> bool:
     return torch.equal(block.to(mine.dtype), mine)
 
 
-def cast_inputs(single: Program, ranks: dict[int, Program], lineages: list) -> dict:
+def cast_inputs(single: Program, lineages: list, rank_values: dict) -> dict:
     """{rank input id: its single block, at the single's precision} for the rank inputs
-    that hold their block cast to a narrower dtype (`held`): the concrete run computes
-    over those values, as the proof does."""
+    (`rank_values`: id -> the concrete run's value) that hold their block cast to a
+    narrower dtype (`held`): the concrete run computes over those values, as the proof
+    does."""
     s_draw = {i.id: i.draws[0] for i in single.inputs}
-    r_draw = {rid(r, i.id): i.draws[0] for r, p in ranks.items() for i in p.inputs}
     out = {}
     for lin in lineages:
         if lin.kind != "input":
             continue
         for part in lin.parts:
             for t in part.sum_of:
-                mine = r_draw.get(t)
+                mine = rank_values.get(t)
                 if mine is not None and mine.dtype != s_draw[lin.single].dtype:
                     out[t] = _view(s_draw[lin.single], part.slice)
     return out

@@ -16,6 +16,7 @@ printer walks the term DAG itself, in a fixed order:
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -68,16 +69,19 @@ def pin_symbols(text: str, printed: Printed, inputs: dict[str, Fraction],
     obligation's budget, on DeepSpeed's pinned gradient stages that it answers in 0.1-0.3 s
     this way (`get-value` still reports x0). The same constraint, so the same models."""
     canonical = {orig: name for name, orig in printed.symbols.items()}
-    pins = []
-    for n, v in inputs.items():
-        name = canonical.get(n)
-        if name is None:
-            continue
-        declared = f"(declare-fun {name} () Real)\n"
-        if not isinstance(v, bool) and text.count(declared) == 1:
-            text = text.replace(declared, f"(define-fun {name} () Real {_const(v)})\n")
-        else:  # another sort: asserted, as any value the solver must meet
-            pins.append(f"(assert (= {name} {_const(v)}))")
+    values = {canonical[n]: _const(v) for n, v in inputs.items() if n in canonical}
+    defined = set()
+
+    def define(m: re.Match) -> str:
+        name = m.group(1)
+        if name not in values:
+            return m.group(0)
+        defined.add(name)
+        return f"(define-fun {name} () Real {values[name]})"
+
+    text = re.sub(r"^\(declare-fun (\S+) \(\) Real\)$", define, text, flags=re.M)
+    # another sort: asserted, as any value the solver must meet
+    pins = [f"(assert (= {name} {v}))" for name, v in values.items() if name not in defined]
     pins += [f"(assert (= ({name} {' '.join(_const(a) for a in args)}) {_const(v)}))"
              for (name, args), v in applications.items()]
     at = text.rindex("(check-sat)")
