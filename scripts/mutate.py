@@ -902,6 +902,16 @@ MUTATIONS: tuple[Mutation, ...] = (
                "swap = b.node_id() < a.node_id()"),),
         ("tests/test_ops_aten.py::test_max_of_two_terms_is_one_term_whichever_comes_first",)),
     Mutation(
+        "optimizer-step-counter-from-zero",
+        "the step counter of an optimizer stepped when it was built is traced as a fresh "
+        "one's: Adam's bias corrections of a first step, on single and ranks alike",
+        "capture: optimizer state from steps taken when built",
+        (Patch("tvsmt/capture/trace.py",
+               "torch.tensor(st[k].item(), dtype=st[k].dtype) if k == STEP_KEY",
+               "torch.tensor(0.0, dtype=st[k].dtype) if k == STEP_KEY"),),
+        ("tests/test_capture_optimizer.py::"
+         "test_a_captured_second_step_leaves_the_parameters_torch_leaves",), fast=True),
+    Mutation(
         "cast-held-whatever-its-values",
         "a rank input of a narrower floating dtype than the single tensor is taken to hold "
         "the block without comparing values: a rank with other weights passes as a copy",

@@ -143,25 +143,34 @@ def test_a_bfloat16_forward_is_checked_over_the_reals(tmp_path, monkeypatch, bug
 
 
 # The optimizer built with the model, once, as training code builds it (held by a module
-# that wraps the model), stepped in train_step; WARM steps it once when it is built.
+# that wraps the model), stepped in train_step; WARM steps it once when it is built, so the
+# traced step reads its state (momentum buffers; Adam's moments and step counter).
 BUILT_OPTIMIZER = TWO_LAYER_SCRIPT + """
 WARM = bool(os.environ.get("WARM"))
+OPTIMIZER = os.environ.get("OPTIMIZER", "sgd")
+OFFSET = torch.ones(2)  # a tensor of the script's own, made at import
 
 
 class Trainer(torch.nn.Module):
     def __init__(self, model, lr):
         super().__init__()
         self.model = model
-        self.optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        if OPTIMIZER == "adamw":
+            self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        else:
+            self.optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
 
 
 def _built(rank):
     model, x = Model(), torch.randn(4, 4)
-    trainer = Trainer(model, 0.2 if BUG == "lr-on-rank-1" and rank == 1 else 0.1)
+    trainer = Trainer(model, 0.1)
     if WARM:
         model(x).backward()
         trainer.optimizer.step()
         trainer.optimizer.zero_grad()
+        if BUG == "state-on-rank-1" and rank == 1:
+            state = trainer.optimizer.state[model.fc1.weight]
+            state["exp_avg" if OPTIMIZER == "adamw" else "momentum_buffer"].mul_(2)
     return trainer, x
 
 
@@ -176,41 +185,65 @@ def build_rank(rank):
 
 def train_step(trainer, x):
     loss = trainer.model(x)
+    if BUG == "module-level-tensor":
+        loss = loss + (trainer.model.fc2.bias * OFFSET).sum()
     loss.backward()
     average_gradients(trainer)
+    if BUG == "lr-on-rank-1" and dist.is_initialized() and dist.get_rank() == 1:
+        for group in trainer.optimizer.param_groups:
+            group["lr"] = 0.2
     trainer.optimizer.step()
     trainer.optimizer.zero_grad()
     return averaged_loss(loss)
 """ + DATA_PARALLEL_AVERAGES
 
 
+@pytest.mark.parametrize("optimizer, warm", [("sgd", ""), ("sgd", "1"), ("adamw", "1")])
 @pytest.mark.parametrize("bug, verdict", [("", "equivalent"), ("lr-on-rank-1", "violation")])
-def test_an_optimizer_built_with_the_model_is_stepped_in_the_trace(tmp_path, monkeypatch, bug,
+def test_an_optimizer_built_with_the_model_is_stepped_in_the_trace(tmp_path, monkeypatch,
+                                                                    optimizer, warm, bug,
                                                                     verdict):
+    """Also after a step taken when it was built: its state is an input of the step, matched
+    by value like the parameters (the momentum buffers; Adam's moments, its step counter a
+    constant of the trace)."""
+    monkeypatch.setenv("OPTIMIZER", optimizer)
+    monkeypatch.setenv("WARM", warm)
     monkeypatch.setenv("TVSMT_BUG", bug)
     report = check(write_script(tmp_path, BUILT_OPTIMIZER), Options(jobs=1, timeout=30))
     assert report.verdict == verdict, [f.message for f in report.failures]
+    states = {i["tensor"] for i in report.inputs if i["tensor"].startswith("state.")}
+    want = {"momentum_buffer"} if optimizer == "sgd" else {"exp_avg", "exp_avg_sq"}
+    assert {s.rsplit(".", 1)[1] for s in states} == (want if warm else set()), states
     if not bug:
         assert {"updated.model.fc1.weight", "updated.model.fc2.weight"} <= \
             proven_tensors(report)
 
 
-def test_an_optimizer_state_from_a_step_taken_when_built_is_refused_in_one_line(
-        tmp_path, monkeypatch):
-    """Its momentum buffers are tensors of no traced input: the trace cannot take them as
-    values of every input, so the capture says what they are (it said FakeTensorMode's
-    "Please convert all Tensors to FakeTensors first" before)."""
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_a_rank_whose_optimizer_state_differs_is_refused(tmp_path, monkeypatch, optimizer):
     from tvsmt.errors import InputError
 
+    monkeypatch.setenv("OPTIMIZER", optimizer)
     monkeypatch.setenv("WARM", "1")
+    monkeypatch.setenv("TVSMT_BUG", "state-on-rank-1")
+    with pytest.raises(InputError, match=r"model.fc1.weight:(exp_avg|momentum_buffer): rank 1's "
+                                         r"tensor equals no block"):
+        check(write_script(tmp_path, BUILT_OPTIMIZER), Options(jobs=1, timeout=30))
+
+
+def test_a_tensor_of_the_script_s_own_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A tensor made at import that the step computes with is none of its inputs: the trace
+    cannot take it as a value of every input, and the capture says so at the user's line
+    (it said FakeTensorMode's "Please convert all Tensors to FakeTensors first" before)."""
+    from tvsmt.errors import InputError
+
+    monkeypatch.setenv("TVSMT_BUG", "module-level-tensor")
     path = write_script(tmp_path, BUILT_OPTIMIZER)
     with pytest.raises(InputError) as info:
         check(path, Options(jobs=1, timeout=30))
     message = str(info.value)
-    assert "an optimizer's state from a step already taken" in message, message
-    step = [i for i, line in enumerate(open(path).read().splitlines(), 1)
-            if line == "    trainer.optimizer.step()"]  # train_step's, not the build's
-    assert step and f"train.py:{step[0]}" in message, message
+    assert "a tensor made before it that is none of its inputs" in message, message
+    assert f"train.py:{line_of(path, '* OFFSET).sum()')}" in message, message
     assert "FakeTensor" not in message and "\n" not in message, message
 
 
@@ -239,6 +272,25 @@ def test_the_captured_step_leaves_the_parameters_torch_leaves(tmp_path, monkeypa
     sc.train_step(model, x)
     for name, p in model.named_parameters():
         assert not torch.equal(p.detach(), before[name]), name
+        assert torch.allclose(values[program.updated[name]], p.detach().double(), rtol=1e-5,
+                              atol=1e-7), name
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_a_captured_second_step_leaves_the_parameters_torch_leaves(tmp_path, monkeypatch,
+                                                                   optimizer):
+    """The state of a step taken when the optimizer was built is read as torch reads it:
+    the momentum buffers, Adam's moments and its step counter (bias corrections of step 2,
+    not of a first step); the captured program gives eager torch's parameters."""
+    monkeypatch.setenv("OPTIMIZER", optimizer)
+    monkeypatch.setenv("WARM", "1")
+    sc = load_script(write_script(tmp_path, BUILT_OPTIMIZER))
+    program = trace_program(sc, None)
+    assert any(i.kind == "state" for i in program.inputs)
+    values = run([(0, n) for n in program.nodes], {i.id: i.draws[0] for i in program.inputs})
+    trainer, x = build(sc, None, 0)  # draw 0 again: the inputs the trace recorded
+    sc.train_step(trainer, x)
+    for name, p in trainer.named_parameters():
         assert torch.allclose(values[program.updated[name]], p.detach().double(), rtol=1e-5,
                               atol=1e-7), name
 

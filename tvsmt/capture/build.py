@@ -63,7 +63,8 @@ def _node_dict(n: CapNode, rank: int, unmarked: int = 0) -> dict:
 
 
 def _roles(prog: Program, prefix) -> dict[str, str]:
-    roles = {prefix(i.id): {"param": "param", "buffer": "const", "batch": "input"}[i.kind]
+    roles = {prefix(i.id): {"param": "param", "buffer": "const", "batch": "input",
+                            "state": "input"}[i.kind]
              for i in prog.inputs}
     roles.update({prefix(g): "grad" for g in prog.grads.values() if g is not None})
     roles.update({prefix(g): "grad" for pieces in prog.grad_pieces.values() for g, _ in pieces})

@@ -53,7 +53,7 @@ class InputTensor:
     """A graph input: a parameter (qualified name), a buffer, or a leaf of the batch."""
 
     id: str
-    kind: str  # param | buffer | batch
+    kind: str  # param | buffer | batch | state (an optimizer's, from steps taken when built)
     name: str
     shape: tuple[int, ...]
     draws: list[Any] = field(default_factory=list)  # concrete values, one per random draw

@@ -181,21 +181,76 @@ def parameters_kept(originals: list[torch.Tensor], standins: list[torch.Tensor])
             _swap_tensors(orig, standin)
 
 
+STEP_KEY = "step"  # torch's optimizers count their steps under this key, a scalar tensor
+
+
+def state_id(param: str, key: str) -> str:
+    return f"state.{param}.{key}"
+
+
+def optimizer_states(model, params: dict, path: str) -> list[tuple[dict, str, str]]:
+    """(one parameter's state dict, the parameter's name, a key) for every tensor in the
+    state of the torch optimizers the built model holds (attributes of its modules), in
+    the optimizers' order: the state of steps taken when they were built, which the traced
+    step reads (momentum buffers, Adam's moments and step counter). Refused in one line:
+    state of a tensor that is no parameter of the model, DTensor state."""
+    names = {id(p): n for n, p in params.items()}
+    seen: set[int] = set()
+    out = []
+    for module in model.modules():
+        for value in vars(module).values():
+            if not isinstance(value, torch.optim.Optimizer) or id(value) in seen:
+                continue
+            seen.add(id(value))
+            for p, st in value.state.items():
+                name = names.get(id(p))
+                if name is None:
+                    raise InputError(f"{type(value).__name__} holds state of a tensor that is "
+                                     f"no parameter of the model", file=path)
+                for k, v in st.items():
+                    if not isinstance(v, torch.Tensor):
+                        continue
+                    if dtensor.is_dtensor(v):
+                        raise InputError(f"the optimizer's state {k!r} of {name} is a DTensor "
+                                         f"from a step already taken: not captured; build the "
+                                         f"optimizer without stepping it", file=path,
+                                         tensor=name)
+                    out.append((st, name, k))
+    return out
+
+
+@contextmanager
+def states_kept(states: list[tuple[dict, str, str]], standins: list[torch.Tensor]):
+    """The optimizers' state entries become the traced stand-ins for the duration of the
+    step (the optimizer reads them from its dicts), each step counter a tensor made inside
+    the trace, so a constant of it (Adam reads it with `.item()`); the entries are the
+    original tensors again afterwards."""
+    saved = [(st, k, st[k]) for st, _, k in states]
+    given = iter(standins)
+    try:
+        for st, _, k in states:
+            st[k] = (torch.tensor(st[k].item(), dtype=st[k].dtype) if k == STEP_KEY
+                     else next(given))
+        yield
+    finally:
+        for st, k, v in saved:
+            st[k] = v
+
+
 def untraced_tensor(e: BaseException) -> str | None:
-    """What it means when the step computed with a tensor that is none of its traced inputs
-    (the model's parameters and buffers, the batch), made before the step: in training code,
-    an optimizer's state from a step taken when it was built (momentum buffers, Adam's
-    moments). The trace cannot take it as a value of every input, so it is refused, naming
-    the op (FakeTensorMode's assertion, of the pinned torch); None for any other failure."""
+    """What it means when the step computed with a tensor made before it that is none of its
+    traced inputs (the model's parameters and buffers, the batch, its optimizers' state): a
+    tensor of the script's own, made at import or when the model was built. The trace
+    cannot take it as a value of every input, so it is refused, naming the op
+    (FakeTensorMode's assertion, of the pinned torch); None for any other failure."""
     text = str(e)
     if not isinstance(e, AssertionError) or "convert all Tensors to FakeTensors" not in text:
         return None
     op = re.search(r"Found in (aten\.[\w.]+)", text)
     return (f"the step computes with a tensor made before it that is none of its inputs "
-            f"(parameters, buffers, the batch){f' in {op.group(1)}' if op else ''}: an "
-            f"optimizer's state from a step already taken (momentum buffers, Adam's moments) "
-            f"is not traced; build the optimizer without stepping it (its first step is "
-            f"traced) or create it in train_step")
+            f"(parameters, buffers, the batch, the optimizers' state)"
+            f"{f' in {op.group(1)}' if op else ''}: make it in train_step, or register it "
+            f"as a buffer of the model")
 
 
 def anchor_stack_traces(path: str) -> None:
@@ -255,6 +310,10 @@ class _Tracer:
         self.batch_names, leaves, self.batch_spec = _batch_leaves(batch, script.path)
         self.fsdp = fsdp.managed(model, self.params, script.path)  # FSDP2's parameters
         self.zero3 = zero.stage3_partitions(model, self.params, script.path)  # ZeRO-3's
+        # optimizers' state from steps taken when they were built: inputs (their counters
+        # constants of the trace)
+        self.states = optimizer_states(model, self.params, script.path)
+        self.state_ids = [state_id(n, k) for _, n, k in self.states if k != STEP_KEY]
 
     def input_values(self, model, batch) -> dict[str, torch.Tensor]:
         values = {f"param.{n}": dtensor.local_value(p) for n, p in model.named_parameters()}
@@ -273,6 +332,8 @@ class _Tracer:
             raise InputError(f"{self.where}: the batch has a different structure on the "
                              f"second random draw", file=self.script.path)
         values.update({n: t.detach().clone() for n, t in zip(names, leaves)})
+        values.update({state_id(n, k): st[k].detach().clone() for st, n, k in optimizer_states(
+            model, dict(model.named_parameters()), self.script.path) if k != STEP_KEY})
         return values
 
     def run(self) -> Program:
@@ -288,7 +349,7 @@ class _Tracer:
 
         zero3_ids = [(n, i) for n, part in self.zero3.items() for i in part.input_ids(n)]
 
-        def traced(params, buffers, leaves, zero3_blocks):
+        def traced(params, buffers, leaves, zero3_blocks, states):
             shards = {n: p for n, p in zip(pnames, params) if n in self.fsdp}
             params = [p if n in self.fsdp else
                       dtensor.leaf_parameter(p, layouts[n]) if n in layouts else
@@ -308,7 +369,8 @@ class _Tracer:
             with parameters_kept([self.params[n] for n in plain],
                                  [p for n, p in zip(pnames, params) if n not in layouts]), \
                     fsdp.traced_shards(self.fsdp, shards), \
-                    zero.traced_partitions(model, self.zero3, _grouped(zero3_ids, zero3_blocks)):
+                    zero.traced_partitions(model, self.zero3, _grouped(zero3_ids, zero3_blocks)), \
+                    states_kept(self.states, states):
                 versions = {n: at[n]._version for n in layouts}
                 with _reparametrize_module(model, mapping, tie_weights=True):
                     loss = step(model, batch)
@@ -337,7 +399,8 @@ class _Tracer:
 
         values = self.input_values(self.model, self.batch)
         ins = ([values[f"param.{n}"] for n in pnames], [values[f"buffer.{n}"] for n in bnames],
-               [values[n] for n in self.batch_names], [values[i] for _, i in zero3_ids])
+               [values[n] for n in self.batch_names], [values[i] for _, i in zero3_ids],
+               [values[i] for i in self.state_ids])
         # torch logs a failing meta kernel with its traceback before raising: the error
         # below says it in one line
         quiet = logging.getLogger("torch._subclasses.fake_tensor")
@@ -379,6 +442,9 @@ class _Tracer:
                                                   for b in part.blocks)):
             inputs.append(InputTensor(i, "param", n, tuple(values[i].shape), [values[i]],
                                       {"zero3": block}, single_id=f"param.{n}"))
+        for i, (_, n, k) in zip(self.state_ids, (x for x in self.states if x[2] != STEP_KEY)):
+            inputs.append(InputTensor(i, "state", f"{n}:{k}", tuple(values[i].shape),
+                                      [values[i]]))
         program = _Converter(gm, self.script.path, self.where, self.rank or 0).convert(
             inputs, pnames, piece_blocks)
         program.rank = self.rank
