@@ -313,7 +313,8 @@ class _Tracer:
         # optimizers' state from steps taken when they were built: inputs (their counters
         # constants of the trace)
         self.states = optimizer_states(model, self.params, script.path)
-        self.state_ids = [state_id(n, k) for _, n, k in self.states if k != STEP_KEY]
+        self.state_inputs = [x for x in self.states if x[2] != STEP_KEY]
+        self.state_ids = [state_id(n, k) for _, n, k in self.state_inputs]
 
     def input_values(self, model, batch) -> dict[str, torch.Tensor]:
         values = {f"param.{n}": dtensor.local_value(p) for n, p in model.named_parameters()}
@@ -442,7 +443,7 @@ class _Tracer:
                                                   for b in part.blocks)):
             inputs.append(InputTensor(i, "param", n, tuple(values[i].shape), [values[i]],
                                       {"zero3": block}, single_id=f"param.{n}"))
-        for i, (_, n, k) in zip(self.state_ids, (x for x in self.states if x[2] != STEP_KEY)):
+        for i, (_, n, k) in zip(self.state_ids, self.state_inputs):
             inputs.append(InputTensor(i, "state", f"{n}:{k}", tuple(values[i].shape),
                                       [values[i]]))
         program = _Converter(gm, self.script.path, self.where, self.rank or 0).convert(
