@@ -912,6 +912,28 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_capture_optimizer.py::"
          "test_a_captured_second_step_leaves_the_parameters_torch_leaves",), fast=True),
     Mutation(
+        "optimizer-state-left-unclaimed",
+        "the optimizer state a step leaves for the next step is not claimed: a rank that "
+        "steps its parameters right but leaves another momentum buffer passes",
+        "capture: optimizer state from steps taken when built",
+        (Patch("tvsmt/capture/lineages.py",
+               "            _claim_states(single, prog, r, name, own, by_input, claims)\n",
+               ""),),
+        ("tests/test_capture_optimizer.py::"
+         "test_the_state_an_optimizer_leaves_for_the_next_step_is_claimed[sgd-1]",),
+        fast=True),
+    Mutation(
+        "answers-remembered-across-solvers",
+        "a run's remembered answers are looked up by script alone: one solver's answer "
+        "stands for another's (a cached verdict of another solver taken as a proof)",
+        "solving: answers remembered within a run",
+        (Patch("tvsmt/solving/dispatch.py",
+               "return dg, names, opts.timeout, opts.fresh, dg in refuted",
+               "return dg, opts.timeout, opts.fresh, dg in refuted"),),
+        ("tests/test_verdicts.py::"
+         "test_answers_remembered_in_a_run_are_asked_once_per_solver_and_timeout",),
+        fast=True),
+    Mutation(
         "cast-held-whatever-its-values",
         "a rank input of a narrower floating dtype than the single tensor is taken to hold "
         "the block without comparing values: a rank with other weights passes as a copy",

@@ -234,3 +234,41 @@ def test_a_wrong_hypothesis_never_changes_the_verdict_of_verify(tmp_path, wrong)
     bad = _write(tmp_path / "bad", single_mlp(),
                  _with_hypothesis(parallel_mlp(wrong_const_rank=0), wrong))
     assert run("verify", *bad, "--no-corpus").exit_code == 1
+
+
+def test_answers_remembered_in_a_run_are_asked_once_per_solver_and_timeout(monkeypatch):
+    """The hypothesis rounds of a capture (capture/driver.py) verify one pair again and
+    again: within `answers_remembered` a script already answered is not asked again under
+    the same solver and timeout (a timeout neither: the corpus reuses decisive answers
+    only), under another timeout or solver it is, and outside it every run asks. A remembered
+    counterexample is judged on the plan again: still a violation."""
+    from tvsmt.solving import dispatch, runner
+
+    asked: list[int] = []
+    real = runner.solve_all
+
+    def counting(obligations, *args, **kwargs):
+        obligations = list(obligations)
+        if obligations:
+            asked.append(len(obligations))
+        return real(obligations, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "solve_all", counting)
+    good, bad = (single_mlp(), parallel_mlp()), (single_mlp(), parallel_mlp(wrong_chunk=True))
+    assert _verify(*good).verdict == "equivalent" and asked
+    assert _verify(*good).verdict == "equivalent" and len(asked) == 2  # no memo: asked again
+    with dispatch.answers_remembered():
+        assert _verify(*good).verdict == "equivalent"
+        first = len(asked)
+        for pair in (good, good):
+            assert _verify(*pair).verdict == "equivalent"
+        assert len(asked) == first  # remembered
+        assert _verify(*bad).verdict == "violation"
+        after_bad = len(asked)
+        assert _verify(*bad).verdict == "violation"
+        assert len(asked) == after_bad
+        assert _verify(*good, timeout=30).verdict == "equivalent"
+        assert len(asked) == after_bad + 1  # another timeout: asked again
+        assert _verify(*good, solver="cvc5").verdict == "equivalent"
+        assert len(asked) == after_bad + 2  # another solver: asked again, never z3's answer
+    assert _verify(*good).verdict == "equivalent" and len(asked) == after_bad + 3

@@ -118,7 +118,8 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True,
     s_out = ([single.loss] if single.loss is not None else []) + list(
         dict.fromkeys(g for n, g in single.grads.items() if g is not None
                       and (g in claimed or n not in single.updated))) + list(
-        single.updated.values())
+        single.updated.values()) + [t for left in single.states_left.values()
+                                    for t in left.values() if t in claimed]
     s_nodes = live_nodes(single.nodes, set(s_out))
     claim_ids = {t for lin in lineages if lin.kind == "claim" for p in lin.parts
                  for t in p.sum_of}
@@ -153,6 +154,8 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True,
                           claim_ids | constant | squares, s_order, s_ops, p_ops)
         n_hyp = len(hyps)
         before = {t: f"param.{n}" for n, t in single.updated.items()}
+        before |= {t: f"state.{n}.{k}" for n, left in single.states_left.items()
+                   for k, t in left.items() if f"state.{n}.{k}" in s_values}
         witnessed = concrete_mismatches(lineages, s_values, p_values, before)
         lineages += hyps
     for lin in lineages:

@@ -118,24 +118,26 @@ def verify_with_hypotheses(single: Plan, parallel: Plan, opts=None, max_rounds: 
     contradict the real programs: the verdict is then inconclusive, never equivalent."""
     from tvsmt.options import Options
     from tvsmt.pipeline import verify_plans
+    from tvsmt.solving.dispatch import answers_remembered
 
     opts = opts or Options()
     witnessed = witnessed or {}
     proposed = sum(lin.hypothesis for lin in parallel.lineages)
     dropped, rounds = 0, 0
-    while True:
-        rounds += 1
-        report = verify_plans(single, parallel, opts)
-        bad = hypotheses_to_drop(single, parallel, report, witnessed)
-        if not bad:
-            break
-        if rounds >= max_rounds:  # never a pass: give up as inconclusive
-            report.verdict = INCONCLUSIVE
-            report.failures.append(Failure("inconclusive", f"hypotheses still failing after "
-                                                           f"{rounds} rounds"))
-            break
-        dropped += len(bad)
-        parallel = drop_lineages(parallel, bad)
+    with answers_remembered():  # a stage no drop changed is the same script: asked once
+        while True:
+            rounds += 1
+            report = verify_plans(single, parallel, opts)
+            bad = hypotheses_to_drop(single, parallel, report, witnessed)
+            if not bad:
+                break
+            if rounds >= max_rounds:  # never a pass: give up as inconclusive
+                report.verdict = INCONCLUSIVE
+                report.failures.append(Failure("inconclusive", f"hypotheses still failing "
+                                                               f"after {rounds} rounds"))
+                break
+            dropped += len(bad)
+            parallel = drop_lineages(parallel, bad)
     _account_for_witnesses(report, parallel, witnessed)
     return report, {"proposed": proposed, "dropped": dropped, "kept": proposed - dropped,
                     "rounds": rounds}

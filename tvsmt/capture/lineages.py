@@ -275,6 +275,7 @@ def input_and_claim_lineages(single: Program, ranks: dict[int, Program], shardin
         for name in sorted(names):
             own = prog.aliases.get(name, name)
             _claim_update(single, prog, r, name, own, by_input, claims)
+            _claim_states(single, prog, r, name, own, by_input, claims)
             s_grad = single.grads.get(single.aliases.get(name, name))
             if s_grad is None:
                 continue
@@ -315,6 +316,36 @@ def _claim_update(single: Program, prog: Program, r: int, name: str, own: str,
     _add_claim(claims, s_new, Part(by_input[f"param.{own}"], (rid(r, prog.updated[own]),)))
 
 
+def _claim_states(single: Program, prog: Program, r: int, name: str, own: str,
+                  by_input: dict, claims: dict[str, list[Part]]) -> None:
+    """The claims that the optimizer state the rank's step leaves for the next step (its
+    momentum buffers, Adam's moments) is its block of the single step's: the block its
+    state held before the step, else its parameter's block where the state has the
+    parameter's shape (elementwise state), else the whole state where the parameter is
+    whole on the rank (replicated). Other state (factored, of another shape) is not
+    claimed. State that one side leaves and the other does not is a violation."""
+    mine = prog.states_left.get(own, {})
+    theirs = single.states_left.get(single.aliases.get(name, name), {})
+    p_block = by_input.get(f"param.{own}")
+    if p_block is None or not (mine or theirs):
+        return
+    for k in sorted(set(mine) | set(theirs)):
+        if k not in mine or k not in theirs:
+            side = "single step" if k in theirs else f"step of rank {r}"
+            raise StructuralViolation(f"only the {side} leaves optimizer state {k!r} of "
+                                      f"{name} for the next step", tensor=name)
+        s_t, r_t = theirs[k], mine[k]
+        s_shape, r_shape = tuple(single.shapes[s_t]), tuple(prog.shapes[r_t])
+        s_param = tuple(single.shapes.get(f"param.{own}", ()))
+        block = by_input.get(f"state.{own}.{k}")
+        if block is None and s_shape == s_param and r_shape == tuple(b - a for a, b in p_block):
+            block = p_block
+        if block is None and s_shape == r_shape and p_block == full(s_param):
+            block = full(s_shape)
+        if block is not None:
+            _add_claim(claims, s_t, Part(block, (rid(r, r_t),)))
+
+
 def _empty(sl: Slice) -> bool:
     """Is the block empty (FSDP2's last ranks' share of a few uneven rows)?"""
     return any(a >= b for a, b in sl)
@@ -336,6 +367,8 @@ def _every_parameter_is_held(single: Program, claims: dict[str, list[Part]], pat
     names = {g: n for n, g in single.grads.items() if g is not None
              and not (n in single.updated and g not in claims)}  # zeroed after the step
     names |= {u: n for n, u in single.updated.items()}
+    names |= {t: f"{n} (optimizer state {k!r})" for n, left in single.states_left.items()
+              for k, t in left.items() if t in claims}  # claimed where it is elementwise
     for g, name in names.items():
         slices = [p.slice for p in claims.get(g, [])]
         if not covers(tuple(single.shapes[g]), slices):

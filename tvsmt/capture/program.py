@@ -82,6 +82,9 @@ class Program:
     # parameter -> tensor id of its value after the step, for each parameter the step wrote
     # in place (an optimizer's update: `optimizer.step()` inside train_step)
     updated: dict[str, str] = field(default_factory=dict)
+    # parameter -> {key: tensor id} of the optimizer state the step leaves for the next
+    # one, where it wrote it (the optimizers the model holds; step counters aside)
+    states_left: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def tensor_slots(value: Any) -> list:

@@ -188,15 +188,13 @@ def state_id(param: str, key: str) -> str:
     return f"state.{param}.{key}"
 
 
-def optimizer_states(model, params: dict, path: str) -> list[tuple[dict, str, str]]:
-    """(one parameter's state dict, the parameter's name, a key) for every tensor in the
-    state of the torch optimizers the built model holds (attributes of its modules), in
-    the optimizers' order: the state of steps taken when they were built, which the traced
-    step reads (momentum buffers, Adam's moments and step counter). Refused in one line:
-    state of a tensor that is no parameter of the model, DTensor state."""
+def _held_states(model, params: dict, path: str):
+    """(one parameter's state dict, the parameter's name, a key, its tensor) for every
+    tensor in the state of the torch optimizers the model holds (attributes of its
+    modules), in the optimizers' order. Refused in one line: state of a tensor that is no
+    parameter of the model."""
     names = {id(p): n for n, p in params.items()}
     seen: set[int] = set()
-    out = []
     for module in model.modules():
         for value in vars(module).values():
             if not isinstance(value, torch.optim.Optimizer) or id(value) in seen:
@@ -208,15 +206,35 @@ def optimizer_states(model, params: dict, path: str) -> list[tuple[dict, str, st
                     raise InputError(f"{type(value).__name__} holds state of a tensor that is "
                                      f"no parameter of the model", file=path)
                 for k, v in st.items():
-                    if not isinstance(v, torch.Tensor):
-                        continue
-                    if dtensor.is_dtensor(v):
-                        raise InputError(f"the optimizer's state {k!r} of {name} is a DTensor "
-                                         f"from a step already taken: not captured; build the "
-                                         f"optimizer without stepping it", file=path,
-                                         tensor=name)
-                    out.append((st, name, k))
+                    if isinstance(v, torch.Tensor):
+                        yield st, name, k, v
+
+
+def optimizer_states(model, params: dict, path: str) -> list[tuple[dict, str, str]]:
+    """(one parameter's state dict, the parameter's name, a key) for every tensor in the
+    state of the torch optimizers the built model holds: the state of steps taken when they
+    were built, which the traced step reads (momentum buffers, Adam's moments and step
+    counter). Refused in one line: DTensor state."""
+    out = []
+    for st, name, k, v in _held_states(model, params, path):
+        if dtensor.is_dtensor(v):
+            raise InputError(f"the optimizer's state {k!r} of {name} is a DTensor from a step "
+                             f"already taken: not captured; build the optimizer without "
+                             f"stepping it", file=path, tensor=name)
+        out.append((st, name, k))
     return out
+
+
+def states_left(model, params: dict, path: str) -> tuple[list[tuple[str, str]], list]:
+    """What the step leaves in the state of the optimizers the model holds, for the next
+    step: ((parameter, key) pairs, their tensors), step counters aside (constants of the
+    trace); a DTensor's local tensor."""
+    keys, tensors = [], []
+    for _, name, k, v in _held_states(model, params, path):
+        if k != STEP_KEY:
+            keys.append((name, k))
+            tensors.append(v._local_tensor if dtensor.is_dtensor(v) else v)
+    return keys, tensors
 
 
 @contextmanager
@@ -347,6 +365,7 @@ class _Tracer:
                    for n, p in self.params.items() if dtensor.is_dtensor(p)}
         grad_slices: dict[str, Any] = {}
         piece_blocks: list[tuple[str, Any]] = []  # (parameter, block) of each ZeRO piece
+        state_keys: list[tuple[str, str]] = []  # (parameter, key) of each state left
 
         zero3_ids = [(n, i) for n, part in self.zero3.items() for i in part.input_ids(n)]
 
@@ -396,7 +415,10 @@ class _Tracer:
                          self.params[n] if n not in layouts else
                          at[n]._local_tensor if at[n]._version != versions[n] else None
                          for n in pnames]
-            return dtensor.loss_result(loss, self.script.path), grads, pieces, after
+                # the optimizers' state the next step reads (before states_kept restores it)
+                keys, left = states_left(model, self.params, self.script.path)
+                state_keys[:] = keys
+            return dtensor.loss_result(loss, self.script.path), grads, pieces, after, left
 
         values = self.input_values(self.model, self.batch)
         ins = ([values[f"param.{n}"] for n in pnames], [values[f"buffer.{n}"] for n in bnames],
@@ -447,7 +469,7 @@ class _Tracer:
             inputs.append(InputTensor(i, "state", f"{n}:{k}", tuple(values[i].shape),
                                       [values[i]]))
         program = _Converter(gm, self.script.path, self.where, self.rank or 0).convert(
-            inputs, pnames, piece_blocks)
+            inputs, pnames, piece_blocks, state_keys)
         program.rank = self.rank
         program.aliases = dict(aliases)
         program.grad_slices = {n: dtensor.grad_slice(sp, n, self.script.path,
@@ -903,9 +925,11 @@ class _Converter:
 
     # main -----------------------------------------------------------------------------
     def convert(self, inputs: list[InputTensor], pnames: list[str],
-                piece_blocks: list[tuple[str, Any]] = ()) -> Program:
+                piece_blocks: list[tuple[str, Any]] = (),
+                state_keys: list[tuple[str, str]] = ()) -> Program:
         """The traced graph as a Program; `piece_blocks`: (parameter, block) of each piece of
-        a ZeRO gradient partition the step returned (zero.py), in order."""
+        a ZeRO gradient partition the step returned (zero.py), in order; `state_keys`:
+        (parameter, key) of each optimizer state tensor the step left (`states_left`)."""
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         if len(placeholders) != len(inputs):
             raise InputError(f"{self.where}: traced graph has {len(placeholders)} inputs, "
@@ -928,7 +952,7 @@ class _Converter:
                 self.fail(node, f"unsupported fx node kind {node.op}")
         flat = [self.read(x, out_node) if isinstance(x, torch.fx.Node) else x
                 for x in (out_node.args[0] if out_node is not None else [])]
-        loss, grads, pieces, after = pytree.tree_unflatten(flat, self.gm._out_spec)
+        loss, grads, pieces, after, left = pytree.tree_unflatten(flat, self.gm._out_spec)
         if loss is not None and not isinstance(loss, str):
             raise InputError(f"{self.where}: the loss is not a tensor of the graph",
                              file=self.path)
@@ -949,6 +973,14 @@ class _Converter:
                 program.updated[nm] = now
         for (n, block), t in zip(piece_blocks, pieces):
             program.grad_pieces.setdefault(n, []).append((t, block))
+        taken = {i.id for i in inputs}
+        for (nm, k), now in zip(state_keys, left):
+            if not isinstance(now, str):
+                raise InputError(f"{self.where}: the optimizer's state {k!r} of {nm} after "
+                                 f"the step is not a tensor of the graph", file=self.path,
+                                 tensor=nm)
+            if now not in taken:  # written by the step (a state left as it was: not)
+                program.states_left.setdefault(nm, {})[k] = now
         return program
 
     def get_attr(self, node) -> None:
@@ -1420,7 +1452,7 @@ class _Converter:
 
 def _readable(program: Program) -> Program:
     """Name the results after what they are: `loss`, `grad.<parameter>`,
-    `updated.<parameter>` (reports show them)."""
+    `updated.<parameter>`, `updated.state.<parameter>.<key>` (reports show them)."""
     names = {}
     if program.loss is not None:
         names[program.loss] = "loss"
@@ -1432,6 +1464,9 @@ def _readable(program: Program) -> Program:
             names.setdefault(g, f"grad.{n}.{k}" if len(pieces) > 1 else f"grad.{n}")
     for n, u in program.updated.items():
         names.setdefault(u, f"updated.{n}")
+    for n, left in program.states_left.items():
+        for k, t in left.items():
+            names.setdefault(t, f"updated.{state_id(n, k)}")
     taken = {i.id for i in program.inputs}
     names = {k: v for k, v in names.items() if k not in taken}
     if not names:
@@ -1449,4 +1484,6 @@ def _readable(program: Program) -> Program:
     program.grad_pieces = {n: [(r(g), block) for g, block in pieces]
                            for n, pieces in program.grad_pieces.items()}
     program.updated = {n: r(u) for n, u in program.updated.items()}
+    program.states_left = {n: {k: r(t) for k, t in left.items()}
+                           for n, left in program.states_left.items()}
     return program

@@ -10,6 +10,8 @@ a solver of the same name, version and profile file (tvsmt/solving/corpus.py).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 from tvsmt.options import Options, solver_names
@@ -21,6 +23,24 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from tvsmt.report.report import Report
 
 SMALL_RUN = 24  # obligations below which loky's solving stays in this process (one solver)
+
+# The answers of one run of several verifications of the same pair (capture/driver.py's
+# hypothesis rounds), by what was asked: (digest, solvers, timeout, asked with the refuted
+# budget) -> the answer. A round re-encodes the stages its dropped hypotheses merge, and
+# every other stage is the same script again: asked once. A timeout is remembered too (the
+# corpus reuses decisive verdicts only): the same script under the same budget, asked again
+# in the same run, costs its whole budget to answer timeout again; never a pass either way.
+_ANSWERS: ContextVar[dict | None] = ContextVar("tvsmt_answers", default=None)
+
+
+@contextmanager
+def answers_remembered():
+    """Within it, `solve_obligations` asks each script once (see `_ANSWERS`)."""
+    token = _ANSWERS.set({})
+    try:
+        yield
+    finally:
+        _ANSWERS.reset(token)
 
 
 def store_in_corpus(corpus, unique: dict[str, Obligation], outcomes: "list[StageOutcome]",
@@ -106,6 +126,17 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcom
     todo: list[Obligation] = []
     if corpus is not None:
         store_in_corpus(corpus, unique, outcomes, parallel, pinned)
+    memo = _ANSWERS.get()
+    names = tuple(p.name for p in profiles)
+
+    def asked_as(dg: str) -> tuple:
+        return dg, names, opts.timeout, opts.fresh, dg in refuted
+
+    if memo:
+        for dg in unique:
+            if asked_as(dg) in memo:
+                results[dg] = memo[asked_as(dg)]
+        unique = {dg: ob for dg, ob in unique.items() if dg not in results}
     trust = []
     if corpus is not None and not opts.fresh and unique:
         trust = [(p.name, solver_version(p), p.digest) for p in profiles]
@@ -125,8 +156,10 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcom
             if refused:
                 report.cache_refused[refused[0]] = report.cache_refused.get(refused[0], 0) + 1
         todo.append(ob)
-    results.update(_solve(todo, refuted, pinned, profiles, corpus, opts, len(results),
-                          len(unique)))
+    solved = _solve(todo, refuted, pinned, profiles, corpus, opts, len(results), len(unique))
+    results.update(solved)
+    if memo is not None:
+        memo.update((asked_as(dg), res) for dg, res in solved.items())
     if corpus is not None:
         corpus.save()
     return results
