@@ -320,14 +320,15 @@ MUTATIONS: tuple[Mutation, ...] = (
         "inferred lineages are trusted: a failing hypothesis is ignored instead of dropped",
         "inferred lineages",
         (Patch("tvsmt/capture/driver.py",
-               "        bad = hypotheses_to_drop(single, parallel, report, witnessed)\n"
-               "        if not bad:\n",
-               "        bad = hypotheses_to_drop(single, parallel, report, witnessed)\n"
-               "        if bad:\n"
-               "            from tvsmt.policy import decide\n"
-               "            decide(report, [f for f in report.failures if f.lineage not in bad])\n"
-               "            bad = set()\n"
-               "        if not bad:\n"),),
+               "            bad = hypotheses_to_drop(single, parallel, report, witnessed)\n"
+               "            if not bad:\n",
+               "            bad = hypotheses_to_drop(single, parallel, report, witnessed)\n"
+               "            if bad:\n"
+               "                from tvsmt.policy import decide\n"
+               "                decide(report, [f for f in report.failures\n"
+               "                                if f.lineage not in bad])\n"
+               "                bad = set()\n"
+               "            if not bad:\n"),),
         ("tests/test_capture.py::test_a_wrong_hypothesis_never_turns_into_a_pass",),
         fast=True),
     Mutation(

@@ -18,7 +18,7 @@ from tvsmt.capture.lineages import (
     hypotheses,
     input_and_claim_lineages,
 )
-from tvsmt.capture.program import CapNode, Program
+from tvsmt.capture.program import CapNode, Program, state_id
 from tvsmt.capture.script import CaptureScript, load_script
 from tvsmt.capture.trace import trace_program
 from tvsmt.plan.mesh import Mesh
@@ -154,8 +154,8 @@ def capture_pair(script: str | Any, *, with_hypotheses: bool = True,
                           claim_ids | constant | squares, s_order, s_ops, p_ops)
         n_hyp = len(hyps)
         before = {t: f"param.{n}" for n, t in single.updated.items()}
-        before |= {t: f"state.{n}.{k}" for n, left in single.states_left.items()
-                   for k, t in left.items() if f"state.{n}.{k}" in s_values}
+        before |= {t: state_id(n, k) for n, left in single.states_left.items()
+                   for k, t in left.items() if state_id(n, k) in s_values}
         witnessed = concrete_mismatches(lineages, s_values, p_values, before)
         lineages += hyps
     for lin in lineages:

@@ -23,7 +23,7 @@ import torch
 
 from tvsmt.capture.assemble import rid
 from tvsmt.capture.dtensor import check_values
-from tvsmt.capture.program import InputTensor, Program
+from tvsmt.capture.program import InputTensor, Program, state_id
 from tvsmt.capture.script import user_code_failed
 from tvsmt.errors import InputError, StructuralViolation
 
@@ -337,7 +337,7 @@ def _claim_states(single: Program, prog: Program, r: int, name: str, own: str,
         s_t, r_t = theirs[k], mine[k]
         s_shape, r_shape = tuple(single.shapes[s_t]), tuple(prog.shapes[r_t])
         s_param = tuple(single.shapes.get(f"param.{own}", ()))
-        block = by_input.get(f"state.{own}.{k}")
+        block = by_input.get(state_id(own, k))
         if block is None and s_shape == s_param and r_shape == tuple(b - a for a, b in p_block):
             block = p_block
         if block is None and s_shape == r_shape and p_block == full(s_param):

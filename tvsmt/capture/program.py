@@ -87,6 +87,12 @@ class Program:
     states_left: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
+def state_id(param: str, key: str) -> str:
+    """The id of an optimizer's state tensor of a parameter, as an input of the step (its
+    value after the step: `updated.` + it)."""
+    return f"state.{param}.{key}"
+
+
 def tensor_slots(value: Any) -> list:
     """The tensor slots of an op result in schema order (nested lists flattened): tensors or
     tensor ids, and None for an absent optional tensor; other values are skipped."""

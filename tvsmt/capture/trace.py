@@ -28,7 +28,8 @@ from torch.utils import _pytree as pytree
 
 from tvsmt.capture import dtensor, foreach, fsdp, zero
 from tvsmt.capture.markers import microbatch_of
-from tvsmt.capture.program import CapNode, Collective, InputTensor, Program, Ref, tensor_slots
+from tvsmt.capture.program import (CapNode, Collective, InputTensor, Program, Ref, state_id,
+                                   tensor_slots)
 from tvsmt.capture.script import CaptureScript, user_code_failed
 from tvsmt.capture.world import rank_world, reset_framework_singletons
 from tvsmt.errors import InputError
@@ -182,10 +183,6 @@ def parameters_kept(originals: list[torch.Tensor], standins: list[torch.Tensor])
 
 
 STEP_KEY = "step"  # torch's optimizers count their steps under this key, a scalar tensor
-
-
-def state_id(param: str, key: str) -> str:
-    return f"state.{param}.{key}"
 
 
 def _held_states(model, params: dict, path: str):
