@@ -23,7 +23,10 @@ the last rank holds no row of fc3): also equivalent. FSDP_SHAPE=hsdp: hybrid sha
 four ranks, two replicas of two shards (a 2-D mesh: rows sharded within a replica,
 gradients reduce-scattered there and all-reduced across replicas): equivalent. FSDP_MP=bf16:
 torchtitan's mixed precision (parameters all-gathered in bfloat16, gradients reduced in
-float32): equivalent over the reals, and its bugs are still violations.
+float32): equivalent over the reals, and its bugs are still violations. FSDP_HELD=1 (with
+FSDP_OPTIMIZER): the optimizer is built once with the model, as training code builds it (SGD
+with momentum, or AdamW), and held by it: the state its step leaves (the momentum buffers,
+Adam's moments, DTensors sharded like the parameters) is claimed too, each rank's rows.
 
 Planted bugs (environment variable TVSMT_BUG):
   sum-not-average     the gradients' divide factor set to 1: the ranks' gradients summed
@@ -55,6 +58,7 @@ BUG = os.environ.get("TVSMT_BUG", "")
 RESHARD = os.environ.get("FSDP_RESHARD", "1") != "0"
 OPTIMIZER = os.environ.get("FSDP_OPTIMIZER", "")  # "sgd" or "adamw": the step ends with it
 CLIP = bool(os.environ.get("FSDP_CLIP"))
+HELD = bool(os.environ.get("FSDP_HELD")) and bool(OPTIMIZER)
 MP = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
     if os.environ.get("FSDP_MP") == "bf16" else MixedPrecisionPolicy()
 MAX_NORM = 0.0625  # below this MLP's gradient norms: the clip acts on the concrete run
@@ -78,7 +82,19 @@ def loss_of(y):
 
 
 def build_single():
-    return MLP(), torch.randn(WORLD_SIZE * BATCH, HIDDEN)
+    model = MLP()
+    if HELD:
+        held_optimizer(model)
+    return model, torch.randn(WORLD_SIZE * BATCH, HIDDEN)
+
+
+def held_optimizer(model):
+    """The optimizer built once, an attribute of the model (built again on the sharded
+    parameters once fully_shard has made them DTensors)."""
+    if OPTIMIZER == "adamw":
+        model.optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    else:
+        model.optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 
 def build_rank(rank):
@@ -95,6 +111,8 @@ def build_rank(rank):
     if BUG == "no-gradient-sync":
         model.set_requires_gradient_sync(False)
     part = 0 if BUG == "same-batch-half" else rank
+    if HELD:
+        held_optimizer(model)
     return model, x[part * BATCH:(part + 1) * BATCH]
 
 
@@ -104,7 +122,11 @@ def optimizer_step(model, lr=0.1, local_norm=False):
                                        MAX_NORM)
     elif CLIP:
         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
-    if OPTIMIZER:
+    if HELD:
+        for group in model.optimizer.param_groups:
+            group["lr"] = lr
+        model.optimizer.step()
+    elif OPTIMIZER:
         kind = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}[OPTIMIZER]
         kind(model.parameters(), lr=lr).step()
 

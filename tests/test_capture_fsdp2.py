@@ -29,7 +29,7 @@ FSDP2 = os.path.join(ROOT, "examples", "fsdp2_mlp.py")
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch):
     for name in ("TVSMT_BUG", "FSDP_RESHARD", "FSDP_SHAPE", "FSDP_OPTIMIZER", "FSDP_CLIP",
-                 "FSDP_MP"):
+                 "FSDP_MP", "FSDP_HELD"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -54,6 +54,24 @@ def test_fsdp2_data_parallelism_is_equivalent(monkeypatch, reshard, shape, optim
     proven = proven_tensors(report)
     assert {f"grad.{n}" for n in PARAMS} <= proven, sorted(proven)
     assert ({f"updated.{n}" for n in PARAMS} <= proven) == bool(optimizer), sorted(proven)
+
+
+@pytest.mark.parametrize("shape, optimizer", [("even", "sgd"), ("uneven", "adamw")])
+def test_fsdp2_an_optimizer_held_by_the_model_leaves_state_that_is_claimed(monkeypatch, shape,
+                                                                          optimizer):
+    """An optimizer built once with the model and held by it (FSDP_HELD): the state its step
+    makes (DTensors sharded like the parameters: SGD's momentum buffers, AdamW's moments)
+    is claimed, each rank's rows, and proven, on uneven rows too (a rank holding none of
+    fc3's claims none of its state)."""
+    monkeypatch.setenv("FSDP_SHAPE", shape)
+    monkeypatch.setenv("FSDP_OPTIMIZER", optimizer)
+    monkeypatch.setenv("FSDP_HELD", "1")
+    report = check(FSDP2, Options(jobs=1, timeout=5))
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+    keys = ["momentum_buffer"] if optimizer == "sgd" else ["exp_avg", "exp_avg_sq"]
+    want = {f"updated.state.{n}.{k}" for n in PARAMS for k in keys}
+    assert want | {f"updated.{n}" for n in PARAMS} <= proven_tensors(report), \
+        sorted(proven_tensors(report))
 
 
 def test_fsdp2_clipping_by_the_global_norm_is_proven_and_a_local_norm_is_a_violation(
