@@ -267,6 +267,70 @@ def test_state_one_rank_drops_after_the_step_is_a_violation(tmp_path, monkeypatc
     assert check(path, Options(jobs=1, timeout=30)).verdict == "violation"
 
 
+# The same, the optimizer a global of the script's, as many training scripts keep it: the
+# latest build's (build_rank assigns it for the rank being traced).
+GLOBAL_OPTIMIZER = TWO_LAYER_SCRIPT + """
+WARM = bool(os.environ.get("WARM"))
+OPTIMIZER = None
+
+
+def _built(rank):
+    global OPTIMIZER
+    model, x = Model(), torch.randn(4, 4)
+    OPTIMIZER = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if WARM:
+        model(x).backward()
+        OPTIMIZER.step()
+        OPTIMIZER.zero_grad()
+    return model, x
+
+
+def build_single():
+    return _built(None)
+
+
+def build_rank(rank):
+    model, x = _built(rank)
+    return model, x[rank * 2:(rank + 1) * 2]
+
+
+def train_step(model, x):
+    loss = model(x)
+    loss.backward()
+    average_gradients(model)
+    if BUG == "lr-on-rank-1" and dist.is_initialized() and dist.get_rank() == 1:
+        for group in OPTIMIZER.param_groups:
+            group["lr"] = 0.2
+    OPTIMIZER.step()
+    if BUG == "state-left-on-rank-1" and dist.is_initialized() and dist.get_rank() == 1:
+        OPTIMIZER.state[model.fc1.weight]["momentum_buffer"].mul_(0.5)
+    OPTIMIZER.zero_grad()
+    return averaged_loss(loss)
+""" + DATA_PARALLEL_AVERAGES
+
+
+@pytest.mark.parametrize("warm, bug, verdict", [("1", "", "equivalent"),
+                                                ("1", "lr-on-rank-1", "violation"),
+                                                ("", "state-left-on-rank-1", "violation")])
+def test_an_optimizer_the_script_keeps_in_a_global_is_found(tmp_path, monkeypatch, warm, bug,
+                                                            verdict):
+    """Its state is an input of the step (stepped when built) and what the step leaves is
+    claimed, as for an optimizer the model holds; a global optimizer of another build (its
+    parameters not the traced model's) is not taken."""
+    monkeypatch.setenv("WARM", warm)
+    monkeypatch.setenv("TVSMT_BUG", bug)
+    path = write_script(tmp_path, GLOBAL_OPTIMIZER)
+    report = check(path, Options(jobs=1, timeout=5))
+    assert report.verdict == verdict, [f.message for f in report.failures]
+    states = {i["tensor"] for i in report.inputs if i["tensor"].startswith("state.")}
+    assert bool(states) == bool(warm), states
+    if verdict == "equivalent":
+        assert "updated.state.fc1.weight.momentum_buffer" in proven_tensors(report)
+    if bug == "state-left-on-rank-1":
+        assert "updated.state.fc1.weight.momentum_buffer" in {
+            f.tensor for f in report.failures if f.kind == "counterexample"}
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_a_rank_whose_optimizer_state_differs_is_refused(tmp_path, monkeypatch, optimizer):
     from tvsmt.errors import InputError

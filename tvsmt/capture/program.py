@@ -83,7 +83,7 @@ class Program:
     # in place (an optimizer's update: `optimizer.step()` inside train_step)
     updated: dict[str, str] = field(default_factory=dict)
     # parameter -> {key: tensor id} of the optimizer state the step leaves for the next
-    # one, where it wrote it (the optimizers the model holds; step counters aside)
+    # one, where it wrote it (trace.held_optimizers; step counters aside)
     states_left: dict[str, dict[str, str]] = field(default_factory=dict)
 
 

@@ -185,49 +185,63 @@ def parameters_kept(originals: list[torch.Tensor], standins: list[torch.Tensor])
 STEP_KEY = "step"  # torch's optimizers count their steps under this key, a scalar tensor
 
 
-def _held_states(model, params: dict, path: str):
-    """(one parameter's state dict, the parameter's name, a key, its tensor) for every
-    tensor in the state of the torch optimizers the model holds (attributes of its
-    modules), in the optimizers' order. Refused in one line: state of a tensor that is no
-    parameter of the model."""
-    names = {id(p): n for n, p in params.items()}
-    seen: set[int] = set()
+def held_optimizers(model, params: dict, script: CaptureScript) -> list:
+    """The torch optimizers whose state lasts from one step to the next: attributes of the
+    model's modules, and the script's own globals whose parameters are all this model's (a
+    global names the optimizer of the latest build), in that order, each once."""
+    mine = {id(p) for p in params.values()}
+    found: dict[int, torch.optim.Optimizer] = {}
     for module in model.modules():
         for value in vars(module).values():
-            if not isinstance(value, torch.optim.Optimizer) or id(value) in seen:
-                continue
-            seen.add(id(value))
-            for p, st in value.state.items():
-                name = names.get(id(p))
-                if name is None:
-                    raise InputError(f"{type(value).__name__} holds state of a tensor that is "
-                                     f"no parameter of the model", file=path)
-                for k, v in st.items():
-                    if isinstance(v, torch.Tensor):
-                        yield st, name, k, v
+            if isinstance(value, torch.optim.Optimizer):
+                found.setdefault(id(value), value)
+    for value in vars(script.module).values() if script.module is not None else ():
+        if isinstance(value, torch.optim.Optimizer) and all(
+                id(p) in mine for group in value.param_groups for p in group["params"]):
+            found.setdefault(id(value), value)
+    return list(found.values())
 
 
-def optimizer_states(model, params: dict, path: str) -> list[tuple[dict, str, str]]:
+def _held_states(model, params: dict, script: CaptureScript):
+    """(one parameter's state dict, the parameter's name, a key, its tensor) for every
+    tensor in the state of the optimizers the step carries on (`held_optimizers`), in the
+    optimizers' order. Refused in one line: state of a tensor that is no parameter of the
+    model."""
+    names = {id(p): n for n, p in params.items()}
+    for optimizer in held_optimizers(model, params, script):
+        for p, st in optimizer.state.items():
+            name = names.get(id(p))
+            if name is None:
+                raise InputError(f"{type(optimizer).__name__} holds state of a tensor that is "
+                                 f"no parameter of the model", file=script.path)
+            for k, v in st.items():
+                if isinstance(v, torch.Tensor):
+                    yield st, name, k, v
+
+
+def optimizer_states(model, params: dict, script: CaptureScript
+                     ) -> list[tuple[dict, str, str]]:
     """(one parameter's state dict, the parameter's name, a key) for every tensor in the
-    state of the torch optimizers the built model holds: the state of steps taken when they
-    were built, which the traced step reads (momentum buffers, Adam's moments and step
-    counter). Refused in one line: DTensor state."""
+    state of the optimizers the step carries on (`held_optimizers`): the state of steps
+    taken when they were built, which the traced step reads (momentum buffers, Adam's
+    moments and step counter). Refused in one line: DTensor state."""
     out = []
-    for st, name, k, v in _held_states(model, params, path):
+    for st, name, k, v in _held_states(model, params, script):
         if dtensor.is_dtensor(v):
             raise InputError(f"the optimizer's state {k!r} of {name} is a DTensor from a step "
                              f"already taken: not captured; build the optimizer without "
-                             f"stepping it", file=path, tensor=name)
+                             f"stepping it", file=script.path, tensor=name)
         out.append((st, name, k))
     return out
 
 
-def states_left(model, params: dict, path: str) -> tuple[list[tuple[str, str]], list]:
-    """What the step leaves in the state of the optimizers the model holds, for the next
+def states_left(model, params: dict, script: CaptureScript
+                ) -> tuple[list[tuple[str, str]], list]:
+    """What the step leaves in the state of the optimizers it carries on, for the next
     step: ((parameter, key) pairs, their tensors), step counters aside (constants of the
     trace); a DTensor's local tensor."""
     keys, tensors = [], []
-    for _, name, k, v in _held_states(model, params, path):
+    for _, name, k, v in _held_states(model, params, script):
         if k != STEP_KEY:
             keys.append((name, k))
             tensors.append(v._local_tensor if dtensor.is_dtensor(v) else v)
@@ -327,7 +341,7 @@ class _Tracer:
         self.zero3 = zero.stage3_partitions(model, self.params, script.path)  # ZeRO-3's
         # optimizers' state from steps taken when they were built: inputs (their counters
         # constants of the trace)
-        self.states = optimizer_states(model, self.params, script.path)
+        self.states = optimizer_states(model, self.params, script)
         self.state_inputs = [x for x in self.states if x[2] != STEP_KEY]
         self.state_ids = [state_id(n, k) for _, n, k in self.state_inputs]
 
@@ -349,7 +363,7 @@ class _Tracer:
                              f"second random draw", file=self.script.path)
         values.update({n: t.detach().clone() for n, t in zip(names, leaves)})
         values.update({state_id(n, k): st[k].detach().clone() for st, n, k in optimizer_states(
-            model, dict(model.named_parameters()), self.script.path) if k != STEP_KEY})
+            model, dict(model.named_parameters()), self.script) if k != STEP_KEY})
         return values
 
     def run(self) -> Program:
@@ -413,7 +427,7 @@ class _Tracer:
                          at[n]._local_tensor if at[n]._version != versions[n] else None
                          for n in pnames]
                 # the optimizers' state the next step reads (before states_kept restores it)
-                keys, left = states_left(model, self.params, self.script.path)
+                keys, left = states_left(model, self.params, self.script)
                 state_keys[:] = keys
             return dtensor.loss_result(loss, self.script.path), grads, pieces, after, left
 
