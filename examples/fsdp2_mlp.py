@@ -27,6 +27,9 @@ float32): equivalent over the reals, and its bugs are still violations. FSDP_HEL
 FSDP_OPTIMIZER): the optimizer is built once with the model, as training code builds it (SGD
 with momentum, or AdamW), and held by it: the state its step leaves (the momentum buffers,
 Adam's moments, DTensors sharded like the parameters) is claimed too, each rank's rows.
+FSDP_HELD=resumed: that optimizer as training resumed from a checkpoint finds it, its state
+there before the step (set from the parameters here, as loading a checkpoint sets it): the
+state's DTensor placements are its inputs' lineages.
 
 Planted bugs (environment variable TVSMT_BUG):
   sum-not-average     the gradients' divide factor set to 1: the ranks' gradients summed
@@ -39,6 +42,8 @@ Planted bugs (environment variable TVSMT_BUG):
                       gradients (their local tensors) instead of the global norm
   loss-scaled-twice   the loss divided by the number of ranks on top of FSDP2's averaging
   same-batch-half     every rank is fed the first half of the batch (a data loader bug)
+  resumed-state-on-one-rank  (with FSDP_HELD=resumed, sgd) rank 1 resumes with other
+                      momentum buffers than the checkpoint's: an input error naming them
 """
 
 import os
@@ -59,6 +64,7 @@ RESHARD = os.environ.get("FSDP_RESHARD", "1") != "0"
 OPTIMIZER = os.environ.get("FSDP_OPTIMIZER", "")  # "sgd" or "adamw": the step ends with it
 CLIP = bool(os.environ.get("FSDP_CLIP"))
 HELD = bool(os.environ.get("FSDP_HELD")) and bool(OPTIMIZER)
+RESUMED = HELD and os.environ.get("FSDP_HELD") == "resumed"
 MP = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
     if os.environ.get("FSDP_MP") == "bf16" else MixedPrecisionPolicy()
 MAX_NORM = 0.0625  # below this MLP's gradient norms: the clip acts on the concrete run
@@ -95,6 +101,14 @@ def held_optimizer(model):
         model.optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     else:
         model.optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if RESUMED:  # the state a checkpoint of step 3 would hold, each rank's rows of it
+        scale = 0.25 if BUG == "resumed-state-on-one-rank" and dist.is_initialized() \
+            and dist.get_rank() == 1 else 0.5
+        for p in model.parameters():
+            w = p.detach()
+            model.optimizer.state[p] = (
+                {"step": torch.tensor(3.0), "exp_avg": w * 0.1, "exp_avg_sq": w * w * 0.01}
+                if OPTIMIZER == "adamw" else {"momentum_buffer": w * scale})
 
 
 def build_rank(rank):

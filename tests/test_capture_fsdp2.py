@@ -56,22 +56,42 @@ def test_fsdp2_data_parallelism_is_equivalent(monkeypatch, reshard, shape, optim
     assert ({f"updated.{n}" for n in PARAMS} <= proven) == bool(optimizer), sorted(proven)
 
 
-@pytest.mark.parametrize("shape, optimizer", [("even", "sgd"), ("uneven", "adamw")])
+@pytest.mark.parametrize("shape, optimizer, held", [("even", "sgd", "1"),
+                                                    ("uneven", "adamw", "1"),
+                                                    ("even", "sgd", "resumed"),
+                                                    ("uneven", "adamw", "resumed")])
 def test_fsdp2_an_optimizer_held_by_the_model_leaves_state_that_is_claimed(monkeypatch, shape,
-                                                                          optimizer):
+                                                                          optimizer, held):
     """An optimizer built once with the model and held by it (FSDP_HELD): the state its step
     makes (DTensors sharded like the parameters: SGD's momentum buffers, AdamW's moments)
     is claimed, each rank's rows, and proven, on uneven rows too (a rank holding none of
-    fc3's claims none of its state)."""
+    fc3's claims none of its state). Resumed (its state there before the step, DTensors):
+    each state tensor is an input whose lineage is its placement."""
     monkeypatch.setenv("FSDP_SHAPE", shape)
     monkeypatch.setenv("FSDP_OPTIMIZER", optimizer)
-    monkeypatch.setenv("FSDP_HELD", "1")
+    monkeypatch.setenv("FSDP_HELD", held)
     report = check(FSDP2, Options(jobs=1, timeout=5))
     assert report.verdict == "equivalent", [f.message for f in report.failures]
     keys = ["momentum_buffer"] if optimizer == "sgd" else ["exp_avg", "exp_avg_sq"]
     want = {f"updated.state.{n}.{k}" for n in PARAMS for k in keys}
     assert want | {f"updated.{n}" for n in PARAMS} <= proven_tensors(report), \
         sorted(proven_tensors(report))
+    states = [(i["tensor"], i["how"]) for i in report.inputs
+              if i["tensor"].startswith("state.")]
+    assert {t for t, _ in states} == ({f"state.{n}.{k}" for n in PARAMS for k in keys}
+                                      if held == "resumed" else set()), states
+    assert all("DTensor placement" in how for _, how in states), states
+
+
+def test_fsdp2_a_rank_resumed_with_other_optimizer_state_is_refused_naming_it(monkeypatch):
+    from tvsmt.errors import InputError
+
+    monkeypatch.setenv("FSDP_OPTIMIZER", "sgd")
+    monkeypatch.setenv("FSDP_HELD", "resumed")
+    monkeypatch.setenv("TVSMT_BUG", "resumed-state-on-one-rank")
+    with pytest.raises(InputError, match=r"rank 1's local tensor is not the block") as info:
+        check(FSDP2, Options(jobs=1, timeout=5))
+    assert info.value.tensor.endswith(":momentum_buffer"), info.value.tensor
 
 
 def test_fsdp2_clipping_by_the_global_norm_is_proven_and_a_local_norm_is_a_violation(

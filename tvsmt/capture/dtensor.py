@@ -143,14 +143,18 @@ def local_value(t) -> torch.Tensor:
     return t.detach().clone()
 
 
+def wrapped(local: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """The traced local tensor as a DTensor with `layout` (no communication)."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local.detach(), layout.mesh, layout.placements, run_check=False,
+                              shape=torch.Size(layout.shape), stride=layout.stride)
+
+
 def leaf_parameter(local: torch.Tensor, layout: Layout) -> torch.Tensor:
     """The traced local tensor as a leaf DTensor parameter with `layout` (what
     parallelize_module made), requiring grad so that `.grad` is a DTensor after backward."""
-    from torch.distributed.tensor import DTensor
-
-    d = DTensor.from_local(local.detach(), layout.mesh, layout.placements, run_check=False,
-                           shape=torch.Size(layout.shape), stride=layout.stride)
-    return d.requires_grad_(True)
+    return wrapped(local, layout).requires_grad_(True)
 
 
 def grad_result(grad, layout: Layout | None) -> tuple[Any, Spec | None]:

@@ -223,16 +223,9 @@ def optimizer_states(model, params: dict, script: CaptureScript
                      ) -> list[tuple[dict, str, str]]:
     """(one parameter's state dict, the parameter's name, a key) for every tensor in the
     state of the optimizers the step carries on (`held_optimizers`): the state of steps
-    taken when they were built, which the traced step reads (momentum buffers, Adam's
-    moments and step counter). Refused in one line: DTensor state."""
-    out = []
-    for st, name, k, v in _held_states(model, params, script):
-        if dtensor.is_dtensor(v):
-            raise InputError(f"the optimizer's state {k!r} of {name} is a DTensor from a step "
-                             f"already taken: not captured; build the optimizer without "
-                             f"stepping it", file=script.path, tensor=name)
-        out.append((st, name, k))
-    return out
+    taken when they were built (or loaded from a checkpoint), which the traced step reads
+    (momentum buffers, Adam's moments and step counter)."""
+    return [(st, name, k) for st, name, k, _ in _held_states(model, params, script)]
 
 
 def states_left(model, params: dict, script: CaptureScript
@@ -249,17 +242,22 @@ def states_left(model, params: dict, script: CaptureScript
 
 
 @contextmanager
-def states_kept(states: list[tuple[dict, str, str]], standins: list[torch.Tensor]):
+def states_kept(states: list[tuple[dict, str, str]], standins: list[torch.Tensor],
+                layouts: dict[tuple[str, str], dtensor.Layout]):
     """The optimizers' state entries become the traced stand-ins for the duration of the
-    step (the optimizer reads them from its dicts), each step counter a tensor made inside
-    the trace, so a constant of it (Adam reads it with `.item()`); the entries are the
-    original tensors again afterwards."""
+    step (the optimizer reads them from its dicts; a DTensor entry, of `layouts`, the
+    stand-in wrapped as that DTensor's local tensor), each step counter a tensor made
+    inside the trace, so a constant of it (Adam reads it with `.item()`); the entries are
+    the original tensors again afterwards."""
     saved = [(st, k, st[k]) for st, _, k in states]
     given = iter(standins)
     try:
-        for st, _, k in states:
-            st[k] = (torch.tensor(st[k].item(), dtype=st[k].dtype) if k == STEP_KEY
-                     else next(given))
+        for st, name, k in states:
+            if k == STEP_KEY:
+                st[k] = torch.tensor(st[k].item(), dtype=st[k].dtype)
+                continue
+            standin, layout = next(given), layouts.get((name, k))
+            st[k] = standin if layout is None else dtensor.wrapped(standin, layout)
         yield
     finally:
         for st, k, v in saved:
@@ -344,6 +342,11 @@ class _Tracer:
         self.states = optimizer_states(model, self.params, script)
         self.state_inputs = [x for x in self.states if x[2] != STEP_KEY]
         self.state_ids = [state_id(n, k) for _, n, k in self.state_inputs]
+        # DTensor state (FSDP2's, parallelize_module's): its placements are its lineage
+        self.state_layouts = {(n, k): dtensor.layout_of(st[k], f"{n}:{k}", script.path,
+                                                        what="optimizer state",
+                                                        uneven=n in self.fsdp)
+                              for st, n, k in self.state_inputs if dtensor.is_dtensor(st[k])}
 
     def input_values(self, model, batch) -> dict[str, torch.Tensor]:
         values = {f"param.{n}": dtensor.local_value(p) for n, p in model.named_parameters()}
@@ -362,8 +365,9 @@ class _Tracer:
             raise InputError(f"{self.where}: the batch has a different structure on the "
                              f"second random draw", file=self.script.path)
         values.update({n: t.detach().clone() for n, t in zip(names, leaves)})
-        values.update({state_id(n, k): st[k].detach().clone() for st, n, k in optimizer_states(
-            model, dict(model.named_parameters()), self.script) if k != STEP_KEY})
+        values.update({state_id(n, k): dtensor.local_value(st[k]) for st, n, k in
+                       optimizer_states(model, dict(model.named_parameters()), self.script)
+                       if k != STEP_KEY})
         return values
 
     def run(self) -> Program:
@@ -401,7 +405,7 @@ class _Tracer:
                                  [p for n, p in zip(pnames, params) if n not in layouts]), \
                     fsdp.traced_shards(self.fsdp, shards), \
                     zero.traced_partitions(model, self.zero3, _grouped(zero3_ids, zero3_blocks)), \
-                    states_kept(self.states, states):
+                    states_kept(self.states, states, self.state_layouts):
                 versions = {n: at[n]._version for n in layouts}
                 with _reparametrize_module(model, mapping, tie_weights=True):
                     loss = step(model, batch)
@@ -477,8 +481,10 @@ class _Tracer:
             inputs.append(InputTensor(i, "param", n, tuple(values[i].shape), [values[i]],
                                       {"zero3": block}, single_id=f"param.{n}"))
         for i, (_, n, k) in zip(self.state_ids, self.state_inputs):
+            layout = self.state_layouts.get((n, k))
             inputs.append(InputTensor(i, "state", f"{n}:{k}", tuple(values[i].shape),
-                                      [values[i]]))
+                                      [values[i]], None if layout is None else
+                                      {"dtensor": layout}))
         program = _Converter(gm, self.script.path, self.where, self.rank or 0).convert(
             inputs, pnames, piece_blocks, state_keys)
         program.rank = self.rank
