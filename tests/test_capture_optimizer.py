@@ -251,8 +251,12 @@ def test_the_state_an_optimizer_leaves_for_the_next_step_is_claimed(tmp_path, mo
     wrong = {f.tensor: f.message for f in report.failures if f.kind == "counterexample"}
     assert "confirmed on the concrete run" in wrong.get(state, ""), wrong
     # the update of fc1.weight assumed the wrong state's claim (the single step reads the
-    # very tensor it leaves): its stage fails with it, as stages after a failed one may
+    # very tensor it leaves): its stage fails with it, and the report says so
     assert set(wrong) <= {state, "updated.model.fc1.weight"}, wrong
+    if "updated.model.fc1.weight" in wrong:
+        assert "assumed lineage" in wrong["updated.model.fc1.weight"] and \
+            f"({state}), found wrong: this may only follow from it" in \
+            wrong["updated.model.fc1.weight"], wrong
     at = f"train.py:{line_of(path, '.mul_(0.5)')}"
     assert any(s.endswith(at) for s in sources(report)), sources(report)
 

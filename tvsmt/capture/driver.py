@@ -139,8 +139,31 @@ def verify_with_hypotheses(single: Plan, parallel: Plan, opts=None, max_rounds: 
             dropped += len(bad)
             parallel = drop_lineages(parallel, bad)
     _account_for_witnesses(report, parallel, witnessed)
+    _name_consequences(report, single, parallel, witnessed)
     return report, {"proposed": proposed, "dropped": dropped, "kept": proposed - dropped,
                     "rounds": rounds}
+
+
+def _name_consequences(report: Report, single: Plan, parallel: Plan,
+                       witnessed: dict[str, str]) -> None:
+    """Say on each failing claim that the concrete run did not confirm, and whose stage
+    assumed another failing claim, which one: its counterexample may only follow from the
+    wrong assumption (a parameter's update reads the optimizer state its stage took as
+    proven). The verdict does not change: a violation either way."""
+    from tvsmt.stages import cut_stages
+
+    lins = parallel.lineages
+    failing = {f.lineage: f for f in report.failures
+               if f.kind == "counterexample" and f.lineage is not None
+               and f.lineage < len(lins) and not lins[f.lineage].hypothesis}
+    if len(failing) < 2:
+        return
+    stages = {st.target: st for st in cut_stages(single, parallel).stages}
+    for i, f in failing.items():
+        wrong = [j for j in (stages[i].inputs if i in stages else ()) if j in failing]
+        if wrong and lins[i].single not in witnessed:
+            f.message += (f"; its stage assumed lineage #{wrong[0]} ({lins[wrong[0]].single}), "
+                          f"found wrong: this may only follow from it")
 
 
 def _account_for_witnesses(report: Report, parallel: Plan, witnessed: dict[str, str]) -> None:
