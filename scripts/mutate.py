@@ -253,8 +253,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "points (proofs cut short: inconclusive, never a pass, but not the policy)",
         "solving",
         (Patch("tvsmt/solving/dispatch.py",
-               "                            if ob.digest in refuted})",
-               "                            if True})"),),
+               "        own = budget if ob.digest in refuted else None",
+               "        own = budget"),),
         (f"{T_ORCH}::test_an_obligation_refuted_at_concrete_points_gets_a_short_solver_budget",)),
     Mutation(
         "solver-budget-ignored",
@@ -908,8 +908,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "one's: Adam's bias corrections of a first step, on single and ranks alike",
         "capture: optimizer state from steps taken when built",
         (Patch("tvsmt/capture/trace.py",
-               "torch.tensor(st[k].item(), dtype=st[k].dtype) if k == STEP_KEY",
-               "torch.tensor(0.0, dtype=st[k].dtype) if k == STEP_KEY"),),
+               "st[k] = torch.tensor(st[k].item(), dtype=st[k].dtype)",
+               "st[k] = torch.tensor(0.0, dtype=st[k].dtype)"),),
         ("tests/test_capture_optimizer.py::"
          "test_a_captured_second_step_leaves_the_parameters_torch_leaves",), fast=True),
     Mutation(
@@ -929,11 +929,22 @@ MUTATIONS: tuple[Mutation, ...] = (
         "stands for another's (a cached verdict of another solver taken as a proof)",
         "solving: answers remembered within a run",
         (Patch("tvsmt/solving/dispatch.py",
-               "return dg, names, opts.timeout, opts.fresh, dg in refuted",
-               "return dg, opts.timeout, opts.fresh, dg in refuted"),),
+               "return (dg, names, opts.timeout, opts.fresh, dg in refuted,",
+               "return (dg, opts.timeout, opts.fresh, dg in refuted,"),),
         ("tests/test_verdicts.py::"
          "test_answers_remembered_in_a_run_are_asked_once_per_solver_and_timeout",),
         fast=True),
+    Mutation(
+        "settled-budget-for-claims",
+        "once a confirmed bug decides a capture's verdict, a script a claim's stage shares "
+        "with a hypothesis's gets the hypotheses' short budget too (a claim inconclusive "
+        "that the run's timeout would have proven)",
+        "solving: answers remembered within a run",
+        (Patch("tvsmt/solving/dispatch.py",
+               "kinds[dg] = kinds.get(dg, True) and bool(lins[o.stage.target].hypothesis)",
+               "kinds[dg] = kinds.get(dg, False) or bool(lins[o.stage.target].hypothesis)"),),
+        ("tests/test_verdicts.py::"
+         "test_the_settled_budget_is_for_stages_that_only_prove_hypotheses",), fast=True),
     Mutation(
         "cast-held-whatever-its-values",
         "a rank input of a narrower floating dtype than the single tensor is taken to hold "

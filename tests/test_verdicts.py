@@ -272,3 +272,19 @@ def test_answers_remembered_in_a_run_are_asked_once_per_solver_and_timeout(monke
         assert _verify(*good, solver="cvc5").verdict == "equivalent"
         assert len(asked) == after_bad + 2  # another solver: asked again, never z3's answer
     assert _verify(*good).verdict == "equivalent" and len(asked) == after_bad + 3
+
+
+def test_the_settled_budget_is_for_stages_that_only_prove_hypotheses():
+    """Once a confirmed bug decides a capture's verdict, the driver gives the stages that
+    prove hypotheses a short budget (`Options.hypothesis_budget`); a script that a claim's
+    stage shares with a hypothesis's keeps the run's timeout, as every claim does."""
+    from types import SimpleNamespace as NS
+
+    from tvsmt.solving.dispatch import _hypotheses_only
+
+    lins = [NS(hypothesis=True), NS(hypothesis=True), NS(hypothesis=False),
+            NS(hypothesis=False)]
+    stage = [("a", 0), ("a", 1), ("b", 1), ("b", 2), ("c", 3), (None, 0)]
+    outcomes = [NS(obligation=None if dg is None else NS(digest=dg), stage=NS(target=t))
+                for dg, t in stage]
+    assert _hypotheses_only(outcomes, NS(lineages=lins)) == {"a"}

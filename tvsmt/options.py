@@ -28,6 +28,9 @@ class Options:
     scheduler: str | None = None
     fold: bool = True  # replica folding (tvsmt/fold) when the plan has > 2 replicas or mbs
     strict: bool = False  # parallel results that no lineage claims make the run fail
+    # solver seconds for the stages that prove hypotheses (None: `timeout`); the capture's
+    # driver sets it once a confirmed bug decides the verdict (policy.py)
+    hypothesis_budget: float | None = None
     progress: Callable[[str, int, int | None], None] | None = None  # (phase, done, total)
 
     def __post_init__(self):

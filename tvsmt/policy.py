@@ -52,6 +52,10 @@ INCONCLUSIVE_KINDS = ("inconclusive", "error", "solver-failure", "unclaimed")
 # proof of the real plans' obligations (z3, about 0.1 s), so that an `unsat` (a solver or
 # encoding failure) is still seen.
 REFUTED_BUDGET_S = 3.0
+# Solver seconds for a stage that proves a hypothesis (an inferred cut of a capture) once the
+# concrete run and the solver agree on a bug: no hypothesis can change that verdict (a
+# violation), they only decide how the report's stages are cut (capture/driver.py).
+SETTLED_HYPOTHESIS_BUDGET_S = 3.0
 
 
 def both_must_prove(res: SolverResult) -> SolverResult:
@@ -74,6 +78,22 @@ def refuted_budget(timeout: float | None) -> float:
     """The solver timeout of an obligation refuted at concrete points (`timeout`: the run's,
     None or 0 = none)."""
     return REFUTED_BUDGET_S if not timeout or timeout <= 0 else min(timeout, REFUTED_BUDGET_S)
+
+
+def settled_hypothesis_budget(timeout: float | None) -> float:
+    """The solver timeout of a hypothesis's stage once a confirmed bug decides the verdict
+    (`timeout`: the run's, None or 0 = none)."""
+    if not timeout or timeout <= 0:
+        return SETTLED_HYPOTHESIS_BUDGET_S
+    return min(timeout, SETTLED_HYPOTHESIS_BUDGET_S)
+
+
+def within_settled_budget(res: SolverResult) -> SolverResult:
+    """A settled hypothesis's answer, a timeout saying why the budget was short."""
+    if res.status != TIMEOUT:
+        return res
+    why = "the budget of a hypothesis once a confirmed bug decides the verdict"
+    return replace(res, message=f"{res.message}, {why}" if res.message else why)
 
 
 def within_refuted_budget(res: SolverResult) -> SolverResult:

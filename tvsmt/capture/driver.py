@@ -118,6 +118,7 @@ def verify_with_hypotheses(single: Plan, parallel: Plan, opts=None, max_rounds: 
     contradict the real programs: the verdict is then inconclusive, never equivalent."""
     from tvsmt.options import Options
     from tvsmt.pipeline import verify_plans
+    from tvsmt.policy import settled_hypothesis_budget
     from tvsmt.solving.dispatch import answers_remembered
 
     opts = opts or Options()
@@ -136,12 +137,26 @@ def verify_with_hypotheses(single: Plan, parallel: Plan, opts=None, max_rounds: 
                 report.failures.append(Failure("inconclusive", f"hypotheses still failing "
                                                                f"after {rounds} rounds"))
                 break
+            if opts.hypothesis_budget is None and _confirmed(report, parallel, witnessed):
+                # the verdict is a violation from now on: the hypotheses left only decide
+                # how the stages are cut, not worth the run's whole timeout each
+                opts = dataclasses.replace(
+                    opts, hypothesis_budget=settled_hypothesis_budget(opts.timeout))
             dropped += len(bad)
             parallel = drop_lineages(parallel, bad)
     _account_for_witnesses(report, parallel, witnessed)
     _name_consequences(report, single, parallel, witnessed)
     return report, {"proposed": proposed, "dropped": dropped, "kept": proposed - dropped,
                     "rounds": rounds}
+
+
+def _confirmed(report: Report, parallel: Plan, witnessed: dict[str, str]) -> bool:
+    """Has the solver found a counterexample to a claim that the concrete run witnessed (a
+    real bug: the run is a violation whatever the hypotheses)?"""
+    lins = parallel.lineages
+    return any(f.kind == "counterexample" and f.lineage is not None and f.lineage < len(lins)
+               and not lins[f.lineage].hypothesis and lins[f.lineage].single in witnessed
+               for f in report.failures)
 
 
 def _name_consequences(report: Report, single: Plan, parallel: Plan,

@@ -128,9 +128,12 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcom
         store_in_corpus(corpus, unique, outcomes, parallel, pinned)
     memo = _ANSWERS.get()
     names = tuple(p.name for p in profiles)
+    settled = _hypotheses_only(outcomes, parallel) if opts.hypothesis_budget is not None \
+        else set()
 
     def asked_as(dg: str) -> tuple:
-        return dg, names, opts.timeout, opts.fresh, dg in refuted
+        return (dg, names, opts.timeout, opts.fresh, dg in refuted,
+                opts.hypothesis_budget if dg in settled else None)
 
     if memo:
         for dg in unique:
@@ -156,7 +159,8 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcom
             if refused:
                 report.cache_refused[refused[0]] = report.cache_refused.get(refused[0], 0) + 1
         todo.append(ob)
-    solved = _solve(todo, refuted, pinned, profiles, corpus, opts, len(results), len(unique))
+    solved = _solve(todo, refuted, pinned, profiles, corpus, opts, len(results), len(unique),
+                    settled)
     results.update(solved)
     if memo is not None:
         memo.update((asked_as(dg), res) for dg, res in solved.items())
@@ -165,13 +169,27 @@ def solve_obligations(unique: dict[str, Obligation], outcomes: "list[StageOutcom
     return results
 
 
+def _hypotheses_only(outcomes: "list[StageOutcome]", parallel: "Plan") -> set[str]:
+    """The digests of the obligations that only stages proving hypotheses stand for."""
+    lins = parallel.lineages
+    kinds: dict[str, bool] = {}
+    for o in outcomes:
+        if o.obligation is not None:
+            dg = o.obligation.digest
+            kinds[dg] = kinds.get(dg, True) and bool(lins[o.stage.target].hypothesis)
+    return {dg for dg, only in kinds.items() if only}
+
+
 def _solve(todo: list[Obligation], refuted: set[str], pinned: dict[str, Obligation],
-           profiles: list, corpus, opts: "Options", done: int, total: int
-           ) -> dict[str, SolverResult]:
+           profiles: list, corpus, opts: "Options", done: int, total: int,
+           settled: set[str] = frozenset()) -> dict[str, SolverResult]:
     """The solvers' answers to `todo`, recorded in `corpus` (if any): the refuted ones first
     (they are the ones likely to use their budget), their pinned scripts asked in the same run
-    as the other obligations, then, whole, those whose pinned script gave no `sat`."""
-    from tvsmt.policy import refuted_budget, sat_at_refuting_point, within_refuted_budget
+    as the other obligations, then, whole, those whose pinned script gave no `sat`. The
+    `settled` ones (hypotheses' stages once a confirmed bug decides the verdict) get
+    `opts.hypothesis_budget` at most."""
+    from tvsmt.policy import (refuted_budget, sat_at_refuting_point, within_refuted_budget,
+                              within_settled_budget)
     from tvsmt.solving.runner import crosscheck, solve_all
 
     count = [done]
@@ -201,21 +219,30 @@ def _solve(todo: list[Obligation], refuted: set[str], pinned: dict[str, Obligati
                     corpus.record(asked.digest, raw)  # a budget cut short is no verdict
 
     budget = refuted_budget(opts.timeout)
+
+    def limit(ob: Obligation) -> float | None:
+        """Its budget below the run's timeout, if any."""
+        own = budget if ob.digest in refuted else None
+        if ob.digest in settled:
+            own = min(own or opts.hypothesis_budget, opts.hypothesis_budget)
+        return own
+
     todo = sorted(todo, key=lambda ob: ob.digest not in refuted)
     asked = [pinned.get(ob.digest, ob) for ob in todo]
-    answers = solve(asked, {a.digest: budget for ob, a in zip(todo, asked)
-                            if ob.digest in refuted})
+    answers = solve(asked, {a.digest: limit(ob) for ob, a in zip(todo, asked)
+                            if limit(ob) is not None})
     results: dict[str, SolverResult] = {}
     again = []
     for ob, a, res in zip(todo, asked, answers, strict=True):
-        record(a, res, ob.digest in refuted)
+        record(a, res, limit(ob) is not None)
         if a is not ob and res.status != SAT:
             again.append(ob)
         else:
             results[ob.digest] = res if a is ob else sat_at_refuting_point(res)
-    for ob, res in zip(again, solve(again, {ob.digest: budget for ob in again}) if again
+    for ob, res in zip(again, solve(again, {ob.digest: limit(ob) for ob in again}) if again
                        else [], strict=True):
         record(ob, res, True)
         results[ob.digest] = res
-    return {dg: within_refuted_budget(res) if dg in refuted else res
+    return {dg: within_refuted_budget(res) if dg in refuted else
+            within_settled_budget(res) if dg in settled else res
             for dg, res in results.items()}
