@@ -58,8 +58,7 @@ def hypotheses_to_drop(single: Plan, parallel: Plan, report: Report,
 
     witnessed = witnessed or {}
     lins = parallel.lineages
-    real = {f.lineage for f in report.failures if f.lineage is not None
-            and f.kind == "counterexample" and lins[f.lineage].single in witnessed}
+    real = _confirmed(report, parallel, witnessed)
     # A solver's timeout discredits nothing: a claim that timed out is kept as it was cut
     # (merging its stage only makes it larger); a hypothesis that timed out is dropped in
     # the hope that a merged stage proves what it could not, unless a witnessed bug already
@@ -150,13 +149,12 @@ def verify_with_hypotheses(single: Plan, parallel: Plan, opts=None, max_rounds: 
                     "rounds": rounds}
 
 
-def _confirmed(report: Report, parallel: Plan, witnessed: dict[str, str]) -> bool:
-    """Has the solver found a counterexample to a claim that the concrete run witnessed (a
-    real bug: the run is a violation whatever the hypotheses)?"""
+def _confirmed(report: Report, parallel: Plan, witnessed: dict[str, str]) -> set[int]:
+    """The lineages whose counterexample the concrete run witnessed: real bugs (one makes
+    the run a violation whatever the hypotheses)."""
     lins = parallel.lineages
-    return any(f.kind == "counterexample" and f.lineage is not None and f.lineage < len(lins)
-               and not lins[f.lineage].hypothesis and lins[f.lineage].single in witnessed
-               for f in report.failures)
+    return {f.lineage for f in report.failures if f.lineage is not None
+            and f.kind == "counterexample" and lins[f.lineage].single in witnessed}
 
 
 def _name_consequences(report: Report, single: Plan, parallel: Plan,
