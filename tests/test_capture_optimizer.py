@@ -251,6 +251,9 @@ def test_the_state_an_optimizer_leaves_for_the_next_step_is_claimed(tmp_path, mo
     state = f"updated.state.model.fc1.weight.{keys[0]}"
     wrong = {f.tensor: f.message for f in report.failures if f.kind == "counterexample"}
     assert "confirmed on the concrete run" in wrong.get(state, ""), wrong
+    assert "parameter's value" not in wrong[state], wrong  # a state, not a parameter
+    if warm:  # its state there before the step: compared by the step it took
+        assert "the step from the optimizer state's value before it" in wrong[state], wrong
     # the update of fc1.weight assumed the wrong state's claim (the single step reads the
     # very tensor it leaves): its stage fails with it, and the report says so
     assert set(wrong) <= {state, "updated.model.fc1.weight"}, wrong

@@ -240,7 +240,8 @@ def concrete_mismatches(lineages: list[CapLineage], s_values: dict, p_values: di
     """The claims that the concrete run (random draw 0, every rank) already contradicts:
     single tensor -> the rank tensor and how far it is off.
 
-    before: updated parameter -> the single input it was before the step. An update is
+    before: updated parameter (or optimizer state) -> the single input it was before the
+    step. An update is
     compared as the step it took (after - before, the same `before` on both sides: the
     ranks' parameters are drawn as blocks of the single ones): a wrong step of a small
     learning rate is well inside the parameters' own tolerance. The tolerance then adds
@@ -249,7 +250,9 @@ def concrete_mismatches(lineages: list[CapLineage], s_values: dict, p_values: di
     for lin in lineages:
         if lin.kind != "claim" or lin.single not in s_values:
             continue
-        base = s_values.get((before or {}).get(lin.single, ""))
+        start_id = (before or {}).get(lin.single, "")
+        base = s_values.get(start_id)
+        whose = "optimizer state's" if start_id.startswith("state.") else "parameter's"
         for part in lin.parts:
             t = part.sum_of[0]
             block = tuple(slice(a, b) for a, b in part.slice)
@@ -266,7 +269,7 @@ def concrete_mismatches(lineages: list[CapLineage], s_values: dict, p_values: di
                 atol = 1e-4 * float(want.abs().max()) + slack  # the step's own scale
             if not torch.allclose(got, want, rtol=1e-3, atol=atol):
                 err = float((got - want).abs().max())
-                how = " (the step from the parameter's value before it)" if step else ""
+                how = f" (the step from the {whose} value before it)" if step else ""
                 out[lin.single] = (f"on the concrete run (random inputs) {t} differs from "
                                    f"its block of {lin.single} by up to {err:.3g}{how}")
                 break
