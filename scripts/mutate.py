@@ -851,7 +851,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "took: a wrong step of a small learning rate goes unwitnessed",
         "capture: concrete witnesses of failing claims",
         (Patch("tvsmt/capture/build.py",
-               'base = s_values.get((before or {}).get(lin.single, ""))',
+               "base = s_values.get(start_id)",
                "base = None"),),
         ("tests/test_capture_optimizer.py::"
          "test_a_wrong_step_of_a_small_learning_rate_is_witnessed_by_the_step_it_took",)),
