@@ -88,20 +88,23 @@ def settled_hypothesis_budget(timeout: float | None) -> float:
     return min(timeout, SETTLED_HYPOTHESIS_BUDGET_S)
 
 
-def within_settled_budget(res: SolverResult) -> SolverResult:
-    """A settled hypothesis's answer, a timeout saying why the budget was short."""
+def _timed_out_within(res: SolverResult, why: str) -> SolverResult:
+    """A timeout's answer saying why its budget was short; any other answer as it is."""
     if res.status != TIMEOUT:
         return res
-    why = "the budget of a hypothesis once a confirmed bug decides the verdict"
     return replace(res, message=f"{res.message}, {why}" if res.message else why)
+
+
+def within_settled_budget(res: SolverResult) -> SolverResult:
+    """A settled hypothesis's answer, a timeout saying why the budget was short."""
+    return _timed_out_within(res, "the budget of a hypothesis once a confirmed bug decides "
+                                  "the verdict")
 
 
 def within_refuted_budget(res: SolverResult) -> SolverResult:
     """A refuted obligation's answer, a timeout saying why the budget was short."""
-    if res.status != TIMEOUT:
-        return res
-    why = "the budget of an obligation that concrete points already refute"
-    return replace(res, message=f"{res.message}, {why}" if res.message else why)
+    return _timed_out_within(res, "the budget of an obligation that concrete points already "
+                                  "refute")
 
 
 def sat_at_refuting_point(res: SolverResult) -> SolverResult:
