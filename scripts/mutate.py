@@ -918,10 +918,28 @@ MUTATIONS: tuple[Mutation, ...] = (
         "steps its parameters right but leaves another momentum buffer passes",
         "capture: optimizer state from steps taken when built",
         (Patch("tvsmt/capture/lineages.py",
-               "            _claim_states(single, prog, r, name, own, by_input, claims)\n",
+               "            _claim_states(single, prog, r, name, own, by_input, claims, path)\n",
                ""),),
         ("tests/test_capture_optimizer.py::"
          "test_the_state_an_optimizer_leaves_for_the_next_step_is_claimed[sgd-1]",),
+        fast=True),
+    Mutation(
+        "state-of-no-block-left-unclaimed",
+        "optimizer state whose block cannot be told (factored, or of another shape, on a "
+        "split weight) is left unclaimed instead of refused: a rank that leaves other row "
+        "sums of a factored second moment passes",
+        "capture: optimizer state from steps taken when built",
+        (Patch("tvsmt/capture/lineages.py",
+               "        if block is None or tuple(b - a for a, b in block) != r_shape:\n",
+               "        if block is None or tuple(b - a for a, b in block) != r_shape:\n"
+               "            continue\n"),
+         Patch("tvsmt/capture/lineages.py",
+               "    if len(s_shape) == len(s_param) and all(s in (p, 1) for s, p in zip(",
+               "    if s_shape == s_param and all(s in (p, 1) for s, p in zip("),),
+        ("tests/test_capture_optimizer.py::"
+         "test_factored_state_of_split_weights_is_claimed_by_the_blocks_it_keeps",
+         "tests/test_capture_optimizer.py::"
+         "test_state_of_a_split_weight_that_is_no_block_of_the_single_s_is_refused"),
         fast=True),
     Mutation(
         "answers-remembered-across-solvers",

@@ -275,7 +275,7 @@ def input_and_claim_lineages(single: Program, ranks: dict[int, Program], shardin
         for name in sorted(names):
             own = prog.aliases.get(name, name)
             _claim_update(single, prog, r, name, own, by_input, claims)
-            _claim_states(single, prog, r, name, own, by_input, claims)
+            _claim_states(single, prog, r, name, own, by_input, claims, path)
             s_grad = single.grads.get(single.aliases.get(name, name))
             if s_grad is None:
                 continue
@@ -317,13 +317,12 @@ def _claim_update(single: Program, prog: Program, r: int, name: str, own: str,
 
 
 def _claim_states(single: Program, prog: Program, r: int, name: str, own: str,
-                  by_input: dict, claims: dict[str, list[Part]]) -> None:
+                  by_input: dict, claims: dict[str, list[Part]], path: str) -> None:
     """The claims that the optimizer state the rank's step leaves for the next step (its
-    momentum buffers, Adam's moments) is its block of the single step's: the block its
-    state held before the step, else its parameter's block where the state has the
-    parameter's shape (elementwise state), else the whole state where the parameter is
-    whole on the rank (replicated). Other state (factored, of another shape) is not
-    claimed. State that one side leaves and the other does not is a violation."""
+    momentum buffers, Adam's moments, a factored second moment's rows and columns) is its
+    block of the single step's: the block its state held before the step, else the one its
+    parameter's block gives (`_state_block`). State that one side leaves and the other does
+    not is a violation; state whose block cannot be told is refused, never left unchecked."""
     mine = prog.states_left.get(own, {})
     theirs = single.states_left.get(single.aliases.get(name, name), {})
     p_block = by_input.get(f"param.{own}")
@@ -338,12 +337,31 @@ def _claim_states(single: Program, prog: Program, r: int, name: str, own: str,
         s_shape, r_shape = tuple(single.shapes[s_t]), tuple(prog.shapes[r_t])
         s_param = tuple(single.shapes.get(f"param.{own}", ()))
         block = by_input.get(state_id(own, k))
-        if block is None and s_shape == s_param and r_shape == tuple(b - a for a, b in p_block):
-            block = p_block
-        if block is None and s_shape == r_shape and p_block == full(s_param):
-            block = full(s_shape)
-        if block is not None:
-            _add_claim(claims, s_t, Part(block, (rid(r, r_t),)))
+        if block is None:
+            block = _state_block(s_shape, s_param, p_block)
+        if block is None or tuple(b - a for a, b in block) != r_shape:
+            raise InputError(f"rank {r}'s optimizer state {k!r} of {name} (shape "
+                             f"{list(r_shape)}; the single step's {list(s_shape)}, the "
+                             f"parameter's {list(s_param)}, rank {r} holding its block "
+                             f"{[list(d) for d in p_block]}) is no block of the single "
+                             f"step's state that tvsmt can tell: it cannot be checked",
+                             file=path, tensor=name)
+        _add_claim(claims, s_t, Part(block, (rid(r, r_t),)))
+
+
+def _state_block(s_shape: tuple, s_param: tuple, p_block: Slice) -> Slice | None:
+    """The block of an optimizer state that a rank holding `p_block` of its parameter holds:
+    the parameter's block where the state has the parameter's shape (elementwise state);
+    where the state reduces the parameter over some dimensions, keeping them as 1 (Adafactor's
+    (R, 1) rows and (1, C) columns of an (R, C) weight), the parameter's block along the
+    dimensions it keeps and the one entry along those it reduces (a rank holding some rows
+    must hold the columns' statistics over all of them: reduced over its group); the whole
+    state where the rank holds the whole parameter; else None."""
+    if len(s_shape) == len(s_param) and all(s in (p, 1) for s, p in zip(s_shape, s_param)):
+        return tuple(pb if s == p else (0, 1) for s, p, pb in zip(s_shape, s_param, p_block))
+    if p_block == full(s_param):
+        return full(s_shape)
+    return None
 
 
 def _empty(sl: Slice) -> bool:
