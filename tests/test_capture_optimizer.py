@@ -9,6 +9,7 @@ violation at the user's line."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -445,7 +446,8 @@ def test_a_wrong_step_of_a_small_learning_rate_is_witnessed_by_the_step_it_took(
 # summed over its rows and over its columns, kept as (R, 1) and (1, C) as Adafactor keeps
 # them (torch's Adafactor itself is refused: its step size reads the parameter's norm with
 # `.item()`), the sums over a split dimension added up over the group. STATE=preconditioner
-# keeps a Shampoo-like (R, R) product instead, of which a rank's is no block.
+# keeps a Shampoo-like (R, R) product instead, of which a rank's is no block;
+# STATE=torch-adafactor steps with torch's own.
 FACTORED = """
 import os
 import torch
@@ -512,9 +514,15 @@ class Model(torch.nn.Module):
         return (y + self.bias).pow(2).mean()
 
 
+def _optimizer(model):
+    if STATE == "torch-adafactor":
+        return torch.optim.Adafactor(model.parameters(), lr=0.1)
+    return Factored(model.parameters(), lr=0.1)
+
+
 def build_single():
     model = Model()
-    model.optimizer = Factored(model.parameters(), lr=0.1)
+    model.optimizer = _optimizer(model)
     return model, torch.randn(4, 4)
 
 
@@ -528,7 +536,7 @@ def build_rank(rank):
         model.fc2.weight.copy_(full.fc2.weight[:, rows])
         model.bias.copy_(full.bias)
     model.fc1.weight.split_dim, model.fc2.weight.split_dim = 0, 1
-    model.optimizer = Factored(model.parameters(), lr=0.1)
+    model.optimizer = _optimizer(model)
     return model, x
 
 
@@ -574,3 +582,20 @@ def test_state_of_a_split_weight_that_is_no_block_of_the_single_s_is_refused(tmp
     with pytest.raises(InputError, match=r"rank 0's optimizer state 'left' of fc1.weight "
                                          r"\(shape \[4, 4\]; the single step's \[8, 8\]"):
         check(path, Options(jobs=1, timeout=30))
+
+
+def test_a_step_that_reads_a_traced_value_as_a_number_is_refused_at_that_line(tmp_path,
+                                                                             monkeypatch):
+    """torch's Adafactor scales its step by the parameter's norm read with `.item()`: one
+    trace cannot follow that for every input. Refused in one line that says so and names
+    torch's line (not torch's guard error)."""
+    monkeypatch.setenv("STATE", "torch-adafactor")
+    path = write_script(tmp_path, FACTORED)
+    with pytest.raises(InputError) as e:
+        check(path, Options(jobs=1, timeout=30))
+    message = str(e.value)
+    assert "reads a traced value as a Python number" in message, message
+    assert re.search(r" at torch/optim/_adafactor\.py:\d+: one trace cannot follow", message), \
+        message
+    assert f"train.py:{line_of(path, 'model.optimizer.step()')}" in message, message
+    assert "GuardOnDataDependent" not in message and "\n" not in message, message

@@ -280,6 +280,35 @@ def untraced_tensor(e: BaseException) -> str | None:
             f"as a buffer of the model")
 
 
+# Where torch's tracing machinery lives: frames there are never where a step reads a value.
+_TRACING_INTERNALS = ("torch/fx/", "torch/_subclasses/", "torch/_prims", "torch/_refs/",
+                      "torch/_decomp/", "torch/utils/", "torch/_ops.py", "torch/_tensor.py",
+                      "torch/__init__.py", "torch/_guards.py", "torch/_dynamo/",
+                      "torch/_logging/", "torch/_library/", "/sympy/", "/tvsmt/")
+
+
+def value_read(e: BaseException) -> str | None:
+    """What it means when the trace stopped at a guard on a traced value (torch's
+    GuardOnDataDependentSymNode): the step turned a value into a Python number (`.item()`,
+    `float()`) and computed or branched with it, which one trace cannot do for every input
+    (torch's Adafactor's step size reads the parameter's norm so); names the innermost
+    frame outside torch's tracing machinery. None for any other failure."""
+    import traceback
+
+    if "DataDependent" not in type(e).__name__:
+        return None
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not any(part in f.filename.replace(os.sep, "/") for part in _TRACING_INTERNALS)]
+    at = ""
+    if frames:
+        f = frames[-1]
+        parts = f.filename.replace(os.sep, "/").split("/site-packages/")
+        at = f" at {parts[-1]}:{f.lineno}"
+    return (f"the step reads a traced value as a Python number (.item(), float(), or a "
+            f"branch on a tensor){at}: one trace cannot follow that for every input, so "
+            f"the step cannot be verified as written")
+
+
 def anchor_stack_traces(path: str) -> None:
     """Make make_fx record stack traces of every function of the user's file, not only of
     `forward` methods (fx keeps frames named forward or registered as anchors: private API
@@ -460,7 +489,7 @@ class _Tracer:
         except (Exception, SystemExit) as e:  # the user's code failed under tracing
             raise user_code_failed(e, "tracing the training step", self.script.path,
                                    self.where, why=zero.step_not_traced(self.model, e)
-                                   or untraced_tensor(e)) from None
+                                   or untraced_tensor(e) or value_read(e)) from None
         finally:
             quiet.setLevel(level)
         inputs = []
