@@ -942,6 +942,29 @@ MUTATIONS: tuple[Mutation, ...] = (
          "test_state_of_a_split_weight_that_is_no_block_of_the_single_s_is_refused"),
         fast=True),
     Mutation(
+        "megatron-ddp-hooks-left-on-built-tensors",
+        "Megatron-Core DDP's backward hooks are not registered on the traced parameters: no "
+        "gradient reaches main_grad in the trace (the claims read an all-reduced zero)",
+        "capture: Megatron-Core DDP",
+        (Patch("tvsmt/capture/megatron_ddp.py",
+               "                handles.append(param.register_post_accumulate_grad_hook(\n"
+               "                    lambda p, hook=hook: hook()))\n",
+               "                pass\n"),),
+        ("tests/test_capture_megatron_core.py::"
+         "test_megatron_core_ddp_gradients_are_its_main_grads_and_proven[-]",),
+        fast=True),
+    Mutation(
+        "megatron-ddp-grad-not-main-grad",
+        "the gradient of a Megatron-Core DDP parameter is read from .grad, which its hooks "
+        "cleared: its main_grad is never claimed",
+        "capture: Megatron-Core DDP",
+        (Patch("tvsmt/capture/megatron_ddp.py",
+               "    return param.main_grad\n",
+               "    return param.grad\n"),),
+        ("tests/test_capture_megatron_core.py::"
+         "test_megatron_core_ddp_gradients_are_its_main_grads_and_proven[-]",),
+        fast=True),
+    Mutation(
         "answers-remembered-across-solvers",
         "a run's remembered answers are looked up by script alone: one solver's answer "
         "stands for another's (a cached verdict of another solver taken as a proof)",

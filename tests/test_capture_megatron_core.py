@@ -13,7 +13,7 @@ import os
 
 import pytest
 import torch
-from capture_helpers import line_of, sources
+from capture_helpers import line_of, proven_tensors, sources
 
 from tvsmt.capture import capture, check
 from tvsmt.capture.lineages import input_lineage, megatron_block
@@ -26,12 +26,15 @@ from tvsmt.verify import Options
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MLP = os.path.join(ROOT, "examples", "megatron_core_mlp.py")
 GPT = os.path.join(ROOT, "examples", "megatron_core_gpt.py")
+DDP = os.path.join(ROOT, "examples", "megatron_core_ddp.py")
 
 
 @pytest.fixture(autouse=True)
 def _no_bug(monkeypatch):
     monkeypatch.delenv("TVSMT_BUG", raising=False)
     monkeypatch.delenv("TVSMT_SP", raising=False)
+    for name in ("DDP_OVERLAP", "DDP_SINGLE", "DDP_DISTOPT"):
+        monkeypatch.delenv(name, raising=False)
 
 
 def test_megatron_core_mlp_is_equivalent_with_shards_from_megatron_itself():
@@ -205,3 +208,39 @@ def test_a_constant_tensor_of_the_full_shape_is_its_only_block():
     s, m = _inputs([torch.zeros(3, 4)] * 2, [torch.full((3, 4), 2.0)] * 2)
     with pytest.raises(InputError, match="equals no block"):
         input_lineage(s, 0, m, {}, "train.py")
+
+
+DDP_GRADS = {f"grad.module.{layer}.{w}" for layer in ("fc1", "fc2") for w in ("weight", "bias")}
+
+
+@pytest.mark.parametrize("overlap, single", [("", ""), ("1", ""), ("", "plain")])
+def test_megatron_core_ddp_gradients_are_its_main_grads_and_proven(monkeypatch, overlap,
+                                                                   single):
+    """Megatron-Core's DistributedDataParallel, tp2 x dp2: the gradients live in its flat
+    buffer (`main_grad`), added there by its backward hooks and all-reduced by
+    finish_grad_sync, or, with overlap_grad_reduce and small buckets, by the hook of each
+    bucket's last gradient; every one is claimed and proven. Against a single model without
+    DDP (gradients in `.grad`) too: the traced hooks add each gradient once, scaled by 1/dp."""
+    monkeypatch.setenv("DDP_OVERLAP", overlap)
+    monkeypatch.setenv("DDP_SINGLE", single)
+    report = check(DDP, Options(jobs=1, timeout=5))
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+    assert DDP_GRADS <= proven_tensors(report), sorted(proven_tensors(report))
+
+
+@pytest.mark.parametrize("bug", ["no-grad-sync", "per-token-scaling"])
+def test_megatron_core_ddp_bugs_are_violations_of_the_gradients(monkeypatch, bug):
+    """finish_grad_sync left out (each rank keeps its half batch's gradients), or DDP told
+    the loss is per token (no 1/dp scaling: the ranks' mean gradients summed)."""
+    monkeypatch.setenv("TVSMT_BUG", bug)
+    report = check(DDP, Options(jobs=1, timeout=5))
+    assert report.verdict == "violation", [f.message for f in report.failures]
+    wrong = {f.tensor for f in report.failures if f.kind == "counterexample"}
+    assert wrong and wrong <= DDP_GRADS, wrong
+
+
+def test_megatron_core_distributed_optimizer_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setenv("DDP_DISTOPT", "1")
+    with pytest.raises(InputError, match="Megatron-Core's distributed optimizer "
+                                         r"\(use_distributed_optimizer=True\) is not captured"):
+        check(DDP, Options(jobs=1, timeout=5))

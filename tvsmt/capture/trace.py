@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
-from tvsmt.capture import dtensor, foreach, fsdp, zero
+from tvsmt.capture import dtensor, foreach, fsdp, megatron_ddp, zero
 from tvsmt.capture.markers import microbatch_of
 from tvsmt.capture.program import (CapNode, Collective, InputTensor, Program, Ref, state_id,
                                    tensor_slots)
@@ -102,6 +102,45 @@ def build(script: CaptureScript, rank: int | None, draw: int, fake: bool = False
         except (Exception, SystemExit) as e:  # the user's code failed, not tvsmt
             raise user_code_failed(e, what, script.path) from None
         return _split_built(built, what, script.path)
+
+
+class _EachOnItsOwn:
+    """The handle `uncoalesced` gives for a coalesced group: its collectives ran one by one
+    (traced, their works fake), so there is nothing left to wait for."""
+
+    works: list = []
+
+    def wait(self) -> None:
+        return None
+
+
+@contextmanager
+def uncoalesced():
+    """`torch.distributed._coalescing_manager` as a context in which each collective runs
+    on its own, for the duration of the trace: a coalesced group of collectives is the same
+    collectives batched into one launch (Megatron-Core's DDP all-reduces its buckets so),
+    and torch has no fake kernel for the batched ops (c10d.allreduce_coalesced_). Patched
+    wherever a module imported it by name."""
+    import torch.distributed as tdist
+
+    original = getattr(tdist, "_coalescing_manager", None)
+    if original is None:
+        yield
+        return
+
+    @contextmanager
+    def each_on_its_own(group=None, device=None, async_ops=False):
+        yield _EachOnItsOwn()
+
+    holders = [m for m in list(sys.modules.values())
+               if m is not None and getattr(m, "_coalescing_manager", None) is original]
+    for m in holders:
+        m._coalescing_manager = each_on_its_own
+    try:
+        yield
+    finally:
+        for m in holders:
+            m._coalescing_manager = original
 
 
 @contextmanager
@@ -366,6 +405,7 @@ class _Tracer:
         self.batch_names, leaves, self.batch_spec = _batch_leaves(batch, script.path)
         self.fsdp = fsdp.managed(model, self.params, script.path)  # FSDP2's parameters
         self.zero3 = zero.stage3_partitions(model, self.params, script.path)  # ZeRO-3's
+        self.grad_buffers = megatron_ddp.grad_buffers(model, script.path)  # Megatron DDP's
         # optimizers' state from steps taken when they were built: inputs (their counters
         # constants of the trace)
         self.states = optimizer_states(model, self.params, script)
@@ -434,7 +474,8 @@ class _Tracer:
                                  [p for n, p in zip(pnames, params) if n not in layouts]), \
                     fsdp.traced_shards(self.fsdp, shards), \
                     zero.traced_partitions(model, self.zero3, _grouped(zero3_ids, zero3_blocks)), \
-                    states_kept(self.states, states, self.state_layouts):
+                    states_kept(self.states, states, self.state_layouts), \
+                    megatron_ddp.traced_buffers(self.grad_buffers):
                 versions = {n: at[n]._version for n in layouts}
                 with _reparametrize_module(model, mapping, tie_weights=True):
                     loss = step(model, batch)
@@ -445,7 +486,8 @@ class _Tracer:
                                             self.script.path)
                 grads, pieces = [], []
                 for n in pnames:
-                    g, grad_slices[n] = dtensor.grad_result(at[n].grad, layouts.get(n))
+                    g, grad_slices[n] = dtensor.grad_result(
+                        megatron_ddp.gradient_of(at[n], self.grad_buffers), layouts.get(n))
                     grads.append(None if held is not None else g)
                 for n, got in (held or {}).items():  # ZeRO: the partitions, not .grad
                     for tensor, block in got:
@@ -477,7 +519,7 @@ class _Tracer:
             import torch.fx.traceback as fx_traceback
 
             with fx_traceback.preserve_node_meta(), traced_data_assignment(), \
-                    foreach.as_loops():
+                    foreach.as_loops(), uncoalesced():
                 # preserve_node_meta keeps tvsmt.capture.microbatch marks
                 table = {**_decompositions(), **foreach.loop_decompositions()}
                 if self.fsdp:

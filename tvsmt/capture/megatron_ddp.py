@@ -1,0 +1,99 @@
+"""Megatron-Core's DistributedDataParallel in the capture: its gradient buffers, traced.
+
+Megatron-Core's DDP (`megatron.core.distributed.DistributedDataParallel`) allocates, when
+it is built, one flat gradient buffer per dtype (`_ParamAndGradBuffer.grad_data`); each
+parameter's `main_grad` is a view of it and each bucket's `grad_data` a view of a range.
+Its backward hooks add `param.grad` into `main_grad` and set `param.grad` to None;
+`finish_grad_sync` scales every bucket and all-reduces it over the data-parallel group. So the
+gradient a rank holds after the step is `main_grad`, a view of a tensor made before the step.
+
+While the step is traced, each buffer is a tensor made inside the trace (zeros, as Megatron
+made it: `zero_grad_buffer` zeroes it again) and every `main_grad` and bucket view is taken
+of it again (`traced_buffers`); afterwards everything is as it was. The gradient of a
+parameter whose `.grad` the hooks cleared is its `main_grad` (`gradient_of`).
+
+Megatron's distributed optimizer (`use_distributed_optimizer`: parameters remapped into a
+flat parameter buffer, gradients reduce-scattered so that each rank holds a shard of each
+bucket) is refused in one line."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from tvsmt.errors import InputError
+
+
+class Buffers:
+    """The Megatron-Core DDP modules of a model and their gradient buffers."""
+
+    def __init__(self, modules: list, buffers: list):
+        self.modules, self.buffers = modules, buffers
+
+    def params(self) -> set[int]:
+        """ids of the parameters whose gradients live in a buffer."""
+        return {id(p) for buffer in self.buffers for p in buffer.param_index_map}
+
+
+def grad_buffers(model: Any, path: str) -> Buffers:
+    """The gradient buffers of every Megatron-Core DDP module in `model` (none for any other
+    model); refused: the distributed optimizer's."""
+    modules, found = [], []
+    for module in model.modules() if isinstance(model, torch.nn.Module) else ():
+        if not type(module).__module__.startswith("megatron.core.distributed") or \
+                not hasattr(module, "_make_backward_post_hook"):
+            continue
+        modules.append(module)
+        for buffer in list(getattr(module, "buffers", []) or []) + \
+                list(getattr(module, "expert_parallel_buffers", []) or []):
+            if getattr(getattr(buffer, "ddp_config", None), "use_distributed_optimizer", False):
+                raise InputError("Megatron-Core's distributed optimizer "
+                                 "(use_distributed_optimizer=True) is not captured: its "
+                                 "parameters live in a flat buffer and each rank keeps a shard "
+                                 "of the reduced gradients", file=path)
+            found.append(buffer)
+    return Buffers(modules, found)
+
+
+@contextmanager
+def traced_buffers(held: Buffers):
+    """While the step is traced: each buffer's `grad_data` a tensor of the trace (zeros),
+    every parameter's `main_grad` and every bucket's `grad_data` views of it at the offsets
+    Megatron gave them, and DDP's backward hook of each parameter registered on the traced
+    tensor (Megatron registers it on the gradient accumulator of the tensor the parameter
+    was when built, which the trace does not run: `trace.parameters_kept`); restored
+    afterwards. Megatron-Core 0.16's private `_make_backward_post_hook`, exercised by
+    tests/test_capture_megatron_core.py."""
+    saved, handles = [], []
+    try:
+        for buffer in held.buffers:
+            fresh = torch.zeros(buffer.grad_data.shape, dtype=buffer.grad_data.dtype)
+            saved.append((buffer, "grad_data", buffer.grad_data))
+            buffer.grad_data = fresh
+            for param, (start, end, _) in buffer.param_index_map.items():
+                saved.append((param, "main_grad", param.main_grad))
+                param.main_grad = fresh[start:end].view(param.shape)
+            for bucket in buffer.buckets:
+                saved.append((bucket, "grad_data", bucket.grad_data))
+                bucket.grad_data = fresh[bucket.offset:bucket.offset + bucket.grad_data.numel()]
+        for module in held.modules:
+            for param in module.param_to_bucket_group:
+                hook = module._make_backward_post_hook(param)
+                handles.append(param.register_post_accumulate_grad_hook(
+                    lambda p, hook=hook: hook()))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for owner, attr, value in reversed(saved):
+            setattr(owner, attr, value)
+
+
+def gradient_of(param: torch.Tensor, held: Buffers) -> torch.Tensor | None:
+    """The gradient a rank holds for `param` after the step: `.grad`, else, for a parameter
+    of a Megatron-Core DDP buffer, its `main_grad`."""
+    if param.grad is not None or not held.buffers or id(param) not in held.params():
+        return param.grad
+    return param.main_grad
