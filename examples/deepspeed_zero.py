@@ -19,7 +19,9 @@ Planted bugs (environment variable TVSMT_BUG):
                       ZeRO-3's reduce-scatter
 
 DS_NONCONTIGUOUS=1 turns DeepSpeed's contiguous gradient buckets off (another code path of
-its reduction, also equivalent).
+its reduction, also equivalent). DS_SINGLE=engine builds the single device's model with
+`deepspeed.initialize` too (ZeRO 0, 1 or 2 in a world of one rank, `engine.backward`): its
+one partition of each gradient is the whole gradient; equivalent, and the bugs violations.
 
 DS_BF16=1 turns DeepSpeed's `bf16` mode on: the engine casts the module to bfloat16 when it
 is built, so each rank's parameters are the single model's cast to bfloat16 (the capture
@@ -86,16 +88,18 @@ def loss_of(y):
 
 
 def build_single():
-    return Single(MLP()), torch.randn(WORLD_SIZE * BATCH, HIDDEN)
+    model, x = MLP(), torch.randn(WORLD_SIZE * BATCH, HIDDEN)
+    if os.environ.get("DS_SINGLE") == "engine":
+        return _engine(model, WORLD_SIZE * BATCH), x
+    return Single(model), x
 
 
-def build_rank(rank):
+def _engine(model, batch):
+    """The model under deepspeed.initialize with the configuration of this example."""
     import deepspeed
 
-    single, x = build_single()
-    model = single.module
     config = {
-        "train_micro_batch_size_per_gpu": BATCH,
+        "train_micro_batch_size_per_gpu": batch,
         "zero_optimization": {"stage": STAGE,
                               "contiguous_gradients": not os.environ.get("DS_NONCONTIGUOUS")},
         "zero_allow_untested_optimizer": True,
@@ -107,12 +111,20 @@ def build_rank(rank):
         config["gradient_clipping"] = 0.0 if BUG == "no-clip" else MAX_NORM
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-    return engine, x[rank * BATCH:(rank + 1) * BATCH]
+    return engine
+
+
+def build_rank(rank):
+    model, x = MLP(), torch.randn(WORLD_SIZE * BATCH, HIDDEN)  # as the single's, drawn alike
+    return _engine(model, BATCH), x[rank * BATCH:(rank + 1) * BATCH]
 
 
 def single_step(model, x):
     loss = loss_of(model(x))
-    loss.backward()
+    if hasattr(model, "backward"):  # DS_SINGLE=engine
+        model.backward(loss)
+    else:
+        loss.backward()
     if STEP:
         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
         with torch.no_grad():

@@ -13,10 +13,12 @@ data-parallel group. Nothing is annotated: the gradients tvsmt claims are the `m
 
 The single device's model is the same code on one rank (DDP over a data-parallel group of
 one: nothing to reduce); DDP_SINGLE=plain builds it without DDP (its gradients in `.grad`,
-its parameters under the same `module.` names): also equivalent. DDP_OVERLAP=1 turns on `overlap_grad_reduce`, with buckets of a
-few elements: each bucket's all-reduce is started by the backward hook of the last of its
-gradients and waited for in `finish_grad_sync`. DDP_DISTOPT=1 (Megatron's distributed
-optimizer: parameters in a flat buffer, gradients reduce-scattered) is refused in one line.
+its parameters under the same `module.` names): also equivalent. DDP_OVERLAP=1 turns on
+`overlap_grad_reduce`, with buckets of a few elements: each bucket's all-reduce is started by the backward hook of the last of its
+gradients and waited for in `finish_grad_sync`. DDP_DISTOPT=1 turns on Megatron's
+distributed optimizer's layout (`use_distributed_optimizer`: parameters in a flat buffer,
+each bucket reduce-scattered): a rank holds the reduced gradients of its shard of each bucket
+only, and those pieces of the parameters are what tvsmt claims: also equivalent.
 
 Planted bugs (environment variable TVSMT_BUG):
   no-grad-sync        `finish_grad_sync` not called: each rank keeps the gradients of its
@@ -46,7 +48,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig  # no
 
 WORLD_SIZE = 4
 TP = 2
-HIDDEN, FFN, BATCH = 8, 16, 4  # BATCH per data-parallel rank; the single device takes both
+HIDDEN, FFN, BATCH = 8, 32, 4  # BATCH per data-parallel rank; the single device takes both
 BUG = os.environ.get("TVSMT_BUG", "")
 OVERLAP = bool(os.environ.get("DDP_OVERLAP"))
 DISTOPT = bool(os.environ.get("DDP_DISTOPT"))

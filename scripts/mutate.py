@@ -965,6 +965,48 @@ MUTATIONS: tuple[Mutation, ...] = (
          "test_megatron_core_ddp_gradients_are_its_main_grads_and_proven[-]",),
         fast=True),
     Mutation(
+        "frozen-parameters-traced-trainable",
+        "every floating parameter requires grad in the trace: a parameter the single model "
+        "freezes gets a gradient (and an update) there, so ranks that train it pass",
+        "capture: gradients and their owners",
+        (Patch("tvsmt/capture/trace.py",
+               "            frozen = {n for n in pnames if not self.params[n].requires_grad}\n",
+               "            frozen = set()\n"),),
+        ("tests/test_capture.py::test_a_gradient_only_the_ranks_compute_is_a_violation",),
+        fast=True),
+    Mutation(
+        "rank-only-gradient-unchecked",
+        "a gradient the ranks compute of a parameter the single step neither differentiates "
+        "nor updates is skipped: nothing checks it",
+        "capture: gradients and their owners",
+        (Patch("tvsmt/capture/lineages.py",
+               "            if s_grad is None and (prog.grads.get(own) is not None or\n",
+               "            if False and (prog.grads.get(own) is not None or\n"),),
+        ("tests/test_capture.py::test_a_gradient_only_the_ranks_compute_is_a_violation",),
+        fast=True),
+    Mutation(
+        "single-partitions-unclaimed",
+        "the single device's partitioned gradients (DeepSpeed ZeRO on one rank) are dropped "
+        "like a rank's .grad: no gradient is claimed, and a skipped reduction passes",
+        "capture: gradients and their owners",
+        (Patch("tvsmt/capture/trace.py",
+               "        if (piece_blocks or partitioned) and self.rank is None:\n",
+               "        if False:\n"),),
+        ("tests/test_capture_deepspeed.py::"
+         "test_a_single_model_under_deepspeed_too_claims_its_whole_partitions[2]",),
+        fast=True),
+    Mutation(
+        "partition-blocks-not-shifted",
+        "a partition's block of a tensor-parallel rank's parameter is taken as a block of the "
+        "single parameter (Megatron's distributed optimizer with tp > 1)",
+        "capture: Megatron-Core DDP",
+        (Patch("tvsmt/capture/lineages.py",
+               "    if base is None:\n        return block\n",
+               "    if True:\n        return block\n"),),
+        ("tests/test_capture_megatron_core.py::"
+         "test_megatron_distributed_optimizer_claims_each_rank_s_shard",),
+        fast=True),
+    Mutation(
         "answers-remembered-across-solvers",
         "a run's remembered answers are looked up by script alone: one solver's answer "
         "stands for another's (a cached verdict of another solver taken as a proof)",

@@ -286,3 +286,36 @@ def test_the_launcher_environment_of_a_rank_is_gone_afterwards(monkeypatch):
         assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["MASTER_PORT"]) == \
             ("1", "4", "29500")
     assert dict(os.environ) == before
+
+
+def test_a_gradient_only_the_ranks_compute_is_a_violation(tmp_path):
+    """The single model's fc2.bias frozen (no gradient, no update), the ranks' trained: the
+    ranks' gradient of it has nothing to be checked against. A structural violation naming
+    it, never a gradient left unclaimed."""
+    from capture_helpers import DATA_PARALLEL_AVERAGES, TWO_LAYER_SCRIPT, write_script
+
+    from tvsmt.errors import StructuralViolation
+
+    path = write_script(tmp_path, TWO_LAYER_SCRIPT.replace(
+        "    return Model(), torch.randn(4, 4)",
+        "    model = Model()\n"
+        "    model.fc2.bias.requires_grad_(dist.get_world_size() > 1)\n"
+        "    return model, torch.randn(4, 4)") + """
+
+def build_rank(rank):
+    model, x = build_single()
+    return model, x[rank * 2:(rank + 1) * 2]
+
+
+def train_step(model, x):
+    loss = model(x)
+    loss.backward()
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+    return averaged_loss(loss)
+""" + DATA_PARALLEL_AVERAGES)
+    with pytest.raises(StructuralViolation, match="only the step of rank 0 leaves a gradient "
+                                                  "of fc2.bias"):
+        capture(path)
+    assert check(path, Options(jobs=1, timeout=5)).verdict == "violation"

@@ -22,7 +22,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from capture_helpers import TWO_LAYER_SCRIPT, line_of, sources
+from capture_helpers import TWO_LAYER_SCRIPT, line_of, proven_tensors, sources
 
 from tvsmt.capture import check
 from tvsmt.capture.zero import flat_blocks
@@ -35,7 +35,7 @@ ZERO = os.path.join(ROOT, "examples", "deepspeed_zero.py")
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch):
-    for name in ("TVSMT_BUG", "DS_STAGE", "DS_NONCONTIGUOUS", "DS_STEP", "DS_BF16"):
+    for name in ("TVSMT_BUG", "DS_STAGE", "DS_NONCONTIGUOUS", "DS_STEP", "DS_BF16", "DS_SINGLE"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -90,6 +90,25 @@ def test_deepspeed_zero_bugs_are_violations_in_the_partitions(monkeypatch, stage
         line = line_of(ZERO, "loss = loss / dist.get_world_size()")
         assert any(s.endswith(f"deepspeed_zero.py:{line}") for s in sources(report)), \
             sources(report)
+
+
+@pytest.mark.parametrize("stage", ["1", "2"])
+def test_a_single_model_under_deepspeed_too_claims_its_whole_partitions(monkeypatch, stage):
+    """The single device's model built with deepspeed.initialize as well (a world of one
+    rank): its one partition of each gradient is the whole gradient, so every gradient is
+    still claimed (they were all left unclaimed, and DeepSpeed's reduction skipped passed)."""
+    _deepspeed()
+    monkeypatch.setenv("DS_STAGE", stage)
+    monkeypatch.setenv("DS_SINGLE", "engine")
+    report = check(ZERO, Options(jobs=1, timeout=5))
+    assert report.verdict == "equivalent", [f.message for f in report.failures]
+    grads = {f"grad.module.fc{i}.{w}" for i in (1, 2, 3) for w in ("weight", "bias")}
+    assert grads <= proven_tensors(report), sorted(proven_tensors(report))
+    monkeypatch.setenv("TVSMT_BUG", "no-reduce")
+    report = check(ZERO, Options(jobs=1, timeout=5))
+    assert report.verdict == "violation", [f.message for f in report.failures]
+    wrong = {f.tensor for f in report.failures if f.kind == "counterexample"}
+    assert wrong and wrong <= grads, wrong
 
 
 def test_zero_claims_each_rank_s_partition_only(monkeypatch):
@@ -498,9 +517,9 @@ def test_zero_3_gradient_accumulation_over_micro_batches(tmp_path, monkeypatch):
     _deepspeed()
     with open(ZERO, encoding="utf-8") as f:
         source = f.read()
-    batch = '"train_micro_batch_size_per_gpu": BATCH,'
+    batch = '"train_micro_batch_size_per_gpu": batch,'
     assert batch in source and "def train_step(engine, x):" in source
-    source = source.replace(batch, '"train_micro_batch_size_per_gpu": BATCH // 2, '
+    source = source.replace(batch, '"train_micro_batch_size_per_gpu": batch // 2, '
                                    '"gradient_accumulation_steps": 2,')
     source = source[:source.index("def train_step(engine, x):")] + ACCUMULATING_STEP
     path = tmp_path / "accumulate.py"

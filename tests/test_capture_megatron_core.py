@@ -213,34 +213,57 @@ def test_a_constant_tensor_of_the_full_shape_is_its_only_block():
 DDP_GRADS = {f"grad.module.{layer}.{w}" for layer in ("fc1", "fc2") for w in ("weight", "bias")}
 
 
-@pytest.mark.parametrize("overlap, single", [("", ""), ("1", ""), ("", "plain")])
+@pytest.mark.parametrize("overlap, single, distopt", [("", "", ""), ("1", "", ""),
+                                                      ("", "plain", ""), ("", "", "1"),
+                                                      ("1", "plain", "1")])
 def test_megatron_core_ddp_gradients_are_its_main_grads_and_proven(monkeypatch, overlap,
-                                                                   single):
+                                                                   single, distopt):
     """Megatron-Core's DistributedDataParallel, tp2 x dp2: the gradients live in its flat
     buffer (`main_grad`), added there by its backward hooks and all-reduced by
     finish_grad_sync, or, with overlap_grad_reduce and small buckets, by the hook of each
     bucket's last gradient; every one is claimed and proven. Against a single model without
-    DDP (gradients in `.grad`) too: the traced hooks add each gradient once, scaled by 1/dp."""
+    DDP (gradients in `.grad`) too: the traced hooks add each gradient once, scaled by 1/dp.
+    With the distributed optimizer's layout each rank claims the pieces its shards of the
+    reduce-scattered buckets hold, and together they cover every gradient."""
     monkeypatch.setenv("DDP_OVERLAP", overlap)
     monkeypatch.setenv("DDP_SINGLE", single)
+    monkeypatch.setenv("DDP_DISTOPT", distopt)
     report = check(DDP, Options(jobs=1, timeout=5))
     assert report.verdict == "equivalent", [f.message for f in report.failures]
     assert DDP_GRADS <= proven_tensors(report), sorted(proven_tensors(report))
 
 
+def test_megatron_distributed_optimizer_claims_each_rank_s_shard(monkeypatch):
+    """With buckets of one parameter each, every bucket is reduce-scattered in halves over
+    the two data-parallel ranks: rank 2 * d + t claims half d of its tensor-parallel block
+    (row-major: rows 0-3 of fc2's (8, 16) columns block, rows 8-15 of fc1's second
+    half...), as a block of the single gradient."""
+    monkeypatch.setenv("DDP_DISTOPT", "1")
+    monkeypatch.setenv("DDP_OVERLAP", "1")
+    pair = capture(DDP)
+    parts = {lin["single"]: {p["sum_of"][0]: p["slice"] for p in lin["parts"]}
+             for lin in pair.parallel["lineages"]}
+    assert parts["grad.module.fc2.weight"] == {
+        "r0:grad.module.fc2.weight": [[0, 4], [0, 16]],
+        "r1:grad.module.fc2.weight": [[0, 4], [16, 32]],
+        "r2:grad.module.fc2.weight": [[4, 8], [0, 16]],
+        "r3:grad.module.fc2.weight": [[4, 8], [16, 32]]}
+    assert parts["grad.module.fc1.weight"] == {
+        "r0:grad.module.fc1.weight": [[0, 8], [0, 8]],
+        "r1:grad.module.fc1.weight": [[16, 24], [0, 8]],
+        "r2:grad.module.fc1.weight": [[8, 16], [0, 8]],
+        "r3:grad.module.fc1.weight": [[24, 32], [0, 8]]}
+
+
+@pytest.mark.parametrize("distopt", ["", "1"])
 @pytest.mark.parametrize("bug", ["no-grad-sync", "per-token-scaling"])
-def test_megatron_core_ddp_bugs_are_violations_of_the_gradients(monkeypatch, bug):
+def test_megatron_core_ddp_bugs_are_violations_of_the_gradients(monkeypatch, bug, distopt):
     """finish_grad_sync left out (each rank keeps its half batch's gradients), or DDP told
-    the loss is per token (no 1/dp scaling: the ranks' mean gradients summed)."""
+    the loss is per token (no 1/dp scaling: the ranks' mean gradients summed); with the
+    distributed optimizer's reduce-scattered shards too."""
     monkeypatch.setenv("TVSMT_BUG", bug)
+    monkeypatch.setenv("DDP_DISTOPT", distopt)
     report = check(DDP, Options(jobs=1, timeout=5))
     assert report.verdict == "violation", [f.message for f in report.failures]
     wrong = {f.tensor for f in report.failures if f.kind == "counterexample"}
     assert wrong and wrong <= DDP_GRADS, wrong
-
-
-def test_megatron_core_distributed_optimizer_is_refused_in_one_line(monkeypatch):
-    monkeypatch.setenv("DDP_DISTOPT", "1")
-    with pytest.raises(InputError, match="Megatron-Core's distributed optimizer "
-                                         r"\(use_distributed_optimizer=True\) is not captured"):
-        check(DDP, Options(jobs=1, timeout=5))

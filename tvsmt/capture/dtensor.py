@@ -151,10 +151,12 @@ def wrapped(local: torch.Tensor, layout: Layout) -> torch.Tensor:
                               shape=torch.Size(layout.shape), stride=layout.stride)
 
 
-def leaf_parameter(local: torch.Tensor, layout: Layout) -> torch.Tensor:
+def leaf_parameter(local: torch.Tensor, layout: Layout, requires_grad: bool = True
+                   ) -> torch.Tensor:
     """The traced local tensor as a leaf DTensor parameter with `layout` (what
-    parallelize_module made), requiring grad so that `.grad` is a DTensor after backward."""
-    return wrapped(local, layout).requires_grad_(True)
+    parallelize_module made), requiring grad (as the parameter does) so that `.grad` is a
+    DTensor after backward."""
+    return wrapped(local, layout).requires_grad_(requires_grad)
 
 
 def grad_result(grad, layout: Layout | None) -> tuple[Any, Spec | None]:

@@ -271,16 +271,27 @@ def input_and_claim_lineages(single: Program, ranks: dict[int, Program], shardin
             if not _empty(prov.slice):  # a rank holding none of a tensor holds no part
                 assumptions.setdefault(s.id, []).append(Part(prov.slice, (rid(r, inp.id),)))
         by_input = {p.tensor: p.slice for p in provenance if p.rank == r}
+        partitioned = {i.single_id for i in prog.inputs  # ZeRO-3's: blocks of the single's
+                       if isinstance(i.declared, dict) and "zero3" in i.declared}
         names = set(single.grads) | set(single.aliases)
         for name in sorted(names):
             own = prog.aliases.get(name, name)
             _claim_update(single, prog, r, name, own, by_input, claims)
             _claim_states(single, prog, r, name, own, by_input, claims, path)
             s_grad = single.grads.get(single.aliases.get(name, name))
+            if s_grad is None and (prog.grads.get(own) is not None or
+                                   prog.grad_pieces.get(own)) and \
+                    single.aliases.get(name, name) not in single.updated:
+                raise StructuralViolation(f"only the step of rank {r} leaves a gradient of "
+                                          f"{name} (the single step leaves none and does not "
+                                          f"update it)", tensor=name)
             if s_grad is None:
                 continue
-            for t, block in prog.grad_pieces.get(own, ()):  # DeepSpeed ZeRO's partition
-                _add_claim(claims, s_grad, Part(block, (rid(r, t),)))
+            # DeepSpeed ZeRO's partition, Megatron's distributed optimizer's shards: blocks of
+            # the rank's parameter, which is its block of the single one where it is held
+            base = None if f"param.{own}" in partitioned else by_input.get(f"param.{own}")
+            for t, block in prog.grad_pieces.get(own, ()):
+                _add_claim(claims, s_grad, Part(_within(block, base), (rid(r, t),)))
             if own not in prog.grads:  # another stage's parameter (pipeline parallelism)
                 continue
             r_grad = prog.grads[own]
@@ -362,6 +373,14 @@ def _state_block(s_shape: tuple, s_param: tuple, p_block: Slice) -> Slice | None
     if p_block == full(s_param):
         return full(s_shape)
     return None
+
+
+def _within(block: Slice, base: Slice | None) -> Slice:
+    """A block of a rank's parameter as a block of the single one, the rank's parameter being
+    the block `base` of it (None: ZeRO-3's partitions are blocks of the single's already)."""
+    if base is None:
+        return block
+    return tuple((a + s, b + s) for (a, b), (s, _) in zip(block, base))
 
 
 def _empty(sl: Slice) -> bool:

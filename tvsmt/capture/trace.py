@@ -449,15 +449,19 @@ class _Tracer:
                    for n, p in self.params.items() if dtensor.is_dtensor(p)}
         grad_slices: dict[str, Any] = {}
         piece_blocks: list[tuple[str, Any]] = []  # (parameter, block) of each ZeRO piece
+        partitioned = []  # one entry when the gradients are partitions (ZeRO's, Megatron's)
         state_keys: list[tuple[str, str]] = []  # (parameter, key) of each state left
 
         zero3_ids = [(n, i) for n, part in self.zero3.items() for i in part.input_ids(n)]
 
         def traced(params, buffers, leaves, zero3_blocks, states):
             shards = {n: p for n, p in zip(pnames, params) if n in self.fsdp}
+            # each requiring grad as the model's own does (a frozen parameter has no
+            # gradient and no optimizer updates it)
+            frozen = {n for n in pnames if not self.params[n].requires_grad}
             params = [p if n in self.fsdp else
-                      dtensor.leaf_parameter(p, layouts[n]) if n in layouts else
-                      p.requires_grad_(True) if p.is_floating_point() else p
+                      dtensor.leaf_parameter(p, layouts[n], n not in frozen) if n in layouts
+                      else p.requires_grad_(n not in frozen) if p.is_floating_point() else p
                       for n, p in zip(pnames, params)]
             # plain parameters: the model's own objects become the traced tensors
             # (`parameters_kept`); DTensor ones are swapped on the module for leaf DTensors;
@@ -482,9 +486,13 @@ class _Tracer:
                 if loss is not None and not isinstance(loss, torch.Tensor):
                     raise InputError(f"train_step must return the loss tensor or None, not "
                                      f"{type(loss).__name__}", file=self.script.path)
-                held = zero.gradient_pieces(model, {id(self.params[n]): n for n in plain},
-                                            self.script.path)
+                names = {id(self.params[n]): n for n in plain}
+                held = zero.gradient_pieces(model, names, self.script.path)
+                if held is None:  # Megatron's distributed optimizer: its shards
+                    held = megatron_ddp.gradient_pieces(self.grad_buffers, names,
+                                                        self.script.path)
                 grads, pieces = [], []
+                partitioned[:] = [True] if held is not None else []
                 for n in pnames:
                     g, grad_slices[n] = dtensor.grad_result(
                         megatron_ddp.gradient_of(at[n], self.grad_buffers), layouts.get(n))
@@ -563,8 +571,12 @@ class _Tracer:
         program.grad_slices = {n: dtensor.grad_slice(sp, n, self.script.path,
                                                      uneven=n in self.fsdp)
                                for n, sp in grad_slices.items() if sp is not None}
-        if zero.zero_stage(model) in (1, 2, 3):
-            program.grads = {}  # ZeRO: only its partitions are the rank's gradients
+        if (piece_blocks or partitioned) and self.rank is None:
+            program.grads = _whole_partitions(program, self.params, self.script.path)
+            program.grad_pieces = {}
+        elif piece_blocks or partitioned:
+            program.grads = {}  # ZeRO's, Megatron's distributed optimizer's: only their
+            # partitions are the rank's gradients
         return _readable(program)
 
 
@@ -1536,6 +1548,22 @@ class _Converter:
             self.define(node, self.read(a[0], node))
         else:
             self.fail(node, f"collective {name} is not supported yet")
+
+
+def _whole_partitions(program: Program, params: dict, path: str) -> dict[str, str | None]:
+    """The single device's gradients when its code partitions them (DeepSpeed ZeRO, Megatron's
+    distributed optimizer, in a world of one rank): each parameter's one partition, which is
+    the whole gradient; anything else is refused (its gradients would go unclaimed)."""
+    grads: dict[str, str | None] = {n: None for n in params}
+    for n, pieces in program.grad_pieces.items():
+        shape = tuple(getattr(params[n], "ds_shape", None) or params[n].shape)
+        if len(pieces) != 1 or tuple(pieces[0][1]) != tuple((0, d) for d in shape):
+            raise InputError(f"single: the gradient of {n} is partitioned on the single "
+                             f"device ({len(pieces)} pieces that are not the whole): build "
+                             f"the single model without the partitioning", file=path,
+                             tensor=n)
+        grads[n] = pieces[0][0]
+    return grads
 
 
 def _readable(program: Program) -> Program:
