@@ -951,7 +951,7 @@ MUTATIONS: tuple[Mutation, ...] = (
                "                    lambda p, hook=hook: hook()))\n",
                "                pass\n"),),
         ("tests/test_capture_megatron_core.py::"
-         "test_megatron_core_ddp_gradients_are_its_main_grads_and_proven[-]",),
+         "test_megatron_core_ddp_gradients_are_its_main_grads_and_proven[--]",),
         fast=True),
     Mutation(
         "megatron-ddp-grad-not-main-grad",
@@ -962,7 +962,7 @@ MUTATIONS: tuple[Mutation, ...] = (
                "    return param.main_grad\n",
                "    return param.grad\n"),),
         ("tests/test_capture_megatron_core.py::"
-         "test_megatron_core_ddp_gradients_are_its_main_grads_and_proven[-]",),
+         "test_megatron_core_ddp_gradients_are_its_main_grads_and_proven[--]",),
         fast=True),
     Mutation(
         "frozen-parameters-traced-trainable",
