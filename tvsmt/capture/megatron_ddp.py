@@ -21,6 +21,8 @@ cover (`gradient_pieces`), as DeepSpeed ZeRO's partitions are."""
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -28,11 +30,12 @@ import torch
 from tvsmt.errors import InputError
 
 
+@dataclass
 class Buffers:
     """The Megatron-Core DDP modules of a model and their gradient buffers."""
 
-    def __init__(self, modules: list, buffers: list):
-        self.modules, self.buffers = modules, buffers
+    modules: list
+    buffers: list
 
     def bucket_groups(self) -> list:
         return [g for m in self.modules for g in list(getattr(m, "bucket_groups", []) or []) +
@@ -42,12 +45,13 @@ class Buffers:
         """Are the gradients reduce-scattered (Megatron's distributed optimizer)?"""
         return any(b.ddp_config.use_distributed_optimizer for b in self.buffers)
 
+    @cached_property
     def params(self) -> set[int]:
         """ids of the parameters whose gradients live in a buffer."""
         return {id(p) for buffer in self.buffers for p in buffer.param_index_map}
 
 
-def grad_buffers(model: Any, path: str) -> Buffers:
+def grad_buffers(model: Any) -> Buffers:
     """The gradient buffers of every Megatron-Core DDP module in `model` (none for any other
     model)."""
     modules, found = [], []
@@ -104,7 +108,7 @@ def traced_buffers(held: Buffers):
 def gradient_of(param: torch.Tensor, held: Buffers) -> torch.Tensor | None:
     """The gradient a rank holds for `param` after the step: `.grad`, else, for a parameter
     of a Megatron-Core DDP buffer, its `main_grad`."""
-    if param.grad is not None or not held.buffers or id(param) not in held.params():
+    if param.grad is not None or not held.buffers or id(param) not in held.params:
         return param.grad
     return param.main_grad
 

@@ -405,7 +405,7 @@ class _Tracer:
         self.batch_names, leaves, self.batch_spec = _batch_leaves(batch, script.path)
         self.fsdp = fsdp.managed(model, self.params, script.path)  # FSDP2's parameters
         self.zero3 = zero.stage3_partitions(model, self.params, script.path)  # ZeRO-3's
-        self.grad_buffers = megatron_ddp.grad_buffers(model, script.path)  # Megatron DDP's
+        self.grad_buffers = megatron_ddp.grad_buffers(model)  # Megatron DDP's
         # optimizers' state from steps taken when they were built: inputs (their counters
         # constants of the trace)
         self.states = optimizer_states(model, self.params, script)
@@ -449,12 +449,13 @@ class _Tracer:
                    for n, p in self.params.items() if dtensor.is_dtensor(p)}
         grad_slices: dict[str, Any] = {}
         piece_blocks: list[tuple[str, Any]] = []  # (parameter, block) of each ZeRO piece
-        partitioned = []  # one entry when the gradients are partitions (ZeRO's, Megatron's)
+        partitioned = False  # are the gradients partitions (ZeRO's, Megatron's)?
         state_keys: list[tuple[str, str]] = []  # (parameter, key) of each state left
 
         zero3_ids = [(n, i) for n, part in self.zero3.items() for i in part.input_ids(n)]
 
         def traced(params, buffers, leaves, zero3_blocks, states):
+            nonlocal partitioned
             shards = {n: p for n, p in zip(pnames, params) if n in self.fsdp}
             # each requiring grad as the model's own does (a frozen parameter has no
             # gradient and no optimizer updates it)
@@ -492,7 +493,7 @@ class _Tracer:
                     held = megatron_ddp.gradient_pieces(self.grad_buffers, names,
                                                         self.script.path)
                 grads, pieces = [], []
-                partitioned[:] = [True] if held is not None else []
+                partitioned = held is not None
                 for n in pnames:
                     g, grad_slices[n] = dtensor.grad_result(
                         megatron_ddp.gradient_of(at[n], self.grad_buffers), layouts.get(n))
