@@ -21,7 +21,8 @@ Planted bugs (environment variable TVSMT_BUG):
 DS_NONCONTIGUOUS=1 turns DeepSpeed's contiguous gradient buckets off (another code path of
 its reduction, also equivalent). DS_SINGLE=engine builds the single device's model with
 `deepspeed.initialize` too (ZeRO 0, 1 or 2 in a world of one rank, `engine.backward`): its
-one partition of each gradient is the whole gradient; equivalent, and the bugs violations.
+one partition of each gradient is the whole gradient; equivalent, and the bugs violations
+(ZeRO-3 there is refused in one line).
 
 DS_BF16=1 turns DeepSpeed's `bf16` mode on: the engine casts the module to bfloat16 when it
 is built, so each rank's parameters are the single model's cast to bfloat16 (the capture

@@ -111,6 +111,17 @@ def test_a_single_model_under_deepspeed_too_claims_its_whole_partitions(monkeypa
     assert wrong and wrong <= grads, wrong
 
 
+def test_a_single_model_under_zero_3_is_refused_in_one_line(monkeypatch):
+    """ZeRO-3 on the single device: its engine's state would break the ranks' traces that
+    follow with a message about a tensor of it; refused at the single model instead."""
+    _deepspeed()
+    monkeypatch.setenv("DS_STAGE", "3")
+    monkeypatch.setenv("DS_SINGLE", "engine")
+    with pytest.raises(InputError, match="single: DeepSpeed ZeRO-3 is not supported on the "
+                                         "single device"):
+        check(ZERO, Options(jobs=1, timeout=5))
+
+
 def test_zero_claims_each_rank_s_partition_only(monkeypatch):
     """ZeRO-2 over two ranks: rank 0 holds the first half of the flattened gradients, rank 1
     the rest; fc2.weight (16 x 16) is split inside a row, so its claims are blocks of whole

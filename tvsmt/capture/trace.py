@@ -404,6 +404,13 @@ class _Tracer:
                 self.aliases[n] = first[id(p)]
         self.batch_names, leaves, self.batch_spec = _batch_leaves(batch, script.path)
         self.fsdp = fsdp.managed(model, self.params, script.path)  # FSDP2's parameters
+        if rank is None and zero.zero_stage(model) == 3:
+            # its engine's ZeRO-3 state outlives it in the process and breaks the ranks'
+            # traces that follow (they fail on a tensor of it): said here, in one line
+            raise InputError("single: DeepSpeed ZeRO-3 is not supported on the single "
+                             "device (its engine's state breaks the ranks' traces): build "
+                             "the single model without ZeRO-3 (stages 0 to 2 work there)",
+                             file=script.path)
         self.zero3 = zero.stage3_partitions(model, self.params, script.path)  # ZeRO-3's
         self.grad_buffers = megatron_ddp.grad_buffers(model)  # Megatron DDP's
         # optimizers' state from steps taken when they were built: inputs (their counters
