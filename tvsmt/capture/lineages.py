@@ -278,10 +278,10 @@ def input_and_claim_lineages(single: Program, ranks: dict[int, Program], shardin
             own = prog.aliases.get(name, name)
             _claim_update(single, prog, r, name, own, by_input, claims)
             _claim_states(single, prog, r, name, own, by_input, claims, path)
-            s_grad = single.grads.get(single.aliases.get(name, name))
-            if s_grad is None and (prog.grads.get(own) is not None or
-                                   prog.grad_pieces.get(own)) and \
-                    single.aliases.get(name, name) not in single.updated:
+            s_name = single.aliases.get(name, name)
+            s_grad = single.grads.get(s_name)
+            if s_grad is None and s_name not in single.updated and (
+                    prog.grads.get(own) is not None or prog.grad_pieces.get(own)):
                 raise StructuralViolation(f"only the step of rank {r} leaves a gradient of "
                                           f"{name} (the single step leaves none and does not "
                                           f"update it)", tensor=name)
