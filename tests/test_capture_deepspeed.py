@@ -544,3 +544,40 @@ def test_zero_3_gradient_accumulation_over_micro_batches(tmp_path, monkeypatch):
     assert report.verdict == "violation", [f.message for f in report.failures]
     assert any(f.kind == "counterexample" and f.tensor.startswith("grad.module.")
                for f in report.failures), [f.message for f in report.failures]
+
+
+NO_SHARED_MEMORY_KERNEL = '''
+import sys
+from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+def refuse(self, *a, **k):
+    raise SystemExit("DeepSpeed was asked to build its shared-memory kernel")
+
+ShareMemCommBuilder.load = refuse
+from tvsmt.capture import capture
+
+capture(sys.argv[1])
+assert "deepspeed.comm.torch" in sys.modules  # the world really made DeepSpeed's backend
+assert sys.modules["deepspeed.comm.torch"].build_shm_op.__name__ == "build_shm_op"
+print("captured")
+'''
+
+
+def test_a_capture_never_builds_deepspeed_s_shared_memory_kernel(tmp_path):
+    """DeepSpeed's backend compiles a C++ all-reduce for the ranks of one node the first time
+    it is made on a CPU machine (30-50 s on a fresh machine; the first DeepSpeed test of this
+    suite took 55 s in CI); every rank here is one process on the fake backend, which never
+    runs it (`world.deepspeed_without_shared_memory`). A fresh interpreter, so that the
+    example's own late `import deepspeed` makes the backend module within the world; the
+    builder fails if asked, and the module's function is its own again afterwards."""
+    _deepspeed()
+    import subprocess
+    import sys
+
+    script = tmp_path / "no_shm.py"
+    script.write_text(NO_SHARED_MEMORY_KERNEL)
+    env = {**os.environ, "DS_STAGE": "0"}
+    done = subprocess.run([sys.executable, str(script), ZERO], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("captured")

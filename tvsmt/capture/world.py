@@ -65,6 +65,58 @@ def launcher_environment(rank: int, world_size: int):
         rank, rank, world_size, world_size, "127.0.0.1", 29500))))
 
 
+_DEEPSPEED_BACKEND = "deepspeed.comm.torch"
+
+
+@contextmanager
+def deepspeed_without_shared_memory():
+    """DeepSpeed's communication backend compiles a C++ shared-memory all-reduce the first
+    time it is made on a CPU machine (about 30 s and a compiler), for the ranks of one node
+    as processes. Here every rank is this one process on the fake backend and the capture's
+    collectives never run that kernel: while a world lasts the backend is made without it,
+    as on a machine where it cannot be built. DeepSpeed's module is patched when it is
+    imported, also by a build within the world, and given back as it was afterwards."""
+    import importlib.abc
+    import importlib.machinery
+
+    patched = []
+
+    def patch(module):
+        if hasattr(module, "build_shm_op"):
+            patched.append((module, module.build_shm_op))
+            module.build_shm_op = lambda: None
+
+    class PatchOnImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != _DEEPSPEED_BACKEND:
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            if spec is None or spec.loader is None:
+                return None
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                patch(module)
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    finder = None
+    if _DEEPSPEED_BACKEND in sys.modules:
+        patch(sys.modules[_DEEPSPEED_BACKEND])
+    else:
+        finder = PatchOnImport()
+        sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        if finder is not None and finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+        for module, original in patched:
+            module.build_shm_op = original
+
+
 @contextmanager
 def rank_world(rank: int, world_size: int, script: str = "<script>"):
     """torch.distributed initialised as rank `rank` of `world_size`, torn down afterwards."""
@@ -77,7 +129,8 @@ def rank_world(rank: int, world_size: int, script: str = "<script>"):
     dist.init_process_group("fake", store=_fake_store(), rank=rank, world_size=world_size)
     try:
         reset_caches()
-        with local_distribution(), launcher_environment(rank, world_size):
+        with local_distribution(), launcher_environment(rank, world_size), \
+                deepspeed_without_shared_memory():
             yield
     finally:
         reset_framework_singletons()
