@@ -11,6 +11,12 @@ needs without a GPU (../shared/notes/capture.md in the tvsmt project lists them)
     TVSMT_SP=1 tvsmt check examples/megatron_core_gpt.py            # equivalent
     TVSMT_SP=1 TVSMT_BUG=sp-grads-unsynced tvsmt check examples/megatron_core_gpt.py
 
+GPT_DDP=1 wraps the model in Megatron-Core's DistributedDataParallel over two data-parallel
+ranks (tp2 x dp2, four ranks, each with half of the batch): every gradient goes through DDP's
+flat buffer, written through one view of it and read back through another
+(tests/test_capture_megatron_core.py checks that no correct gradient is refuted; several of
+its merged stages are still inconclusive at the default timeout, see docs/capture.md).
+
 TVSMT_SP=1 turns on Megatron's sequence parallelism: activations outside attention and MLP
 split along the sequence, all-gathered before the column-parallel layers and reduce-scattered
 after the row-parallel ones. The local spec's LayerNorm refuses it, so the LayerNorms here
@@ -36,14 +42,20 @@ warnings.filterwarnings("ignore", message="Apex is not installed")
 warnings.filterwarnings("ignore", message="When using async grad allreduce")  # CUDA advice
 torch.cuda.current_device = lambda: "cpu"  # Megatron-Core asks for a device in a few places
 from megatron.core import parallel_state, tensor_parallel  # noqa: E402
+from megatron.core.distributed import (  # noqa: E402
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+)
 from megatron.core.models.gpt import GPTModel  # noqa: E402
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # noqa: E402
 from megatron.core.transformer.spec_utils import ModuleSpec  # noqa: E402
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
-WORLD_SIZE = 2
-VOCAB, SEQ, BATCH, HIDDEN, HEADS = 32, 4, 2, 16, 4
+DDP = os.environ.get("GPT_DDP", "") == "1"
+TP = 2
+WORLD_SIZE = 2 * TP if DDP else TP
+VOCAB, SEQ, BATCH, HIDDEN, HEADS = 32, 4, 2, 16, 4  # BATCH per data-parallel rank
 BUG = os.environ.get("TVSMT_BUG", "")
 SEQUENCE_PARALLEL = os.environ.get("TVSMT_SP", "") == "1"
 
@@ -83,8 +95,11 @@ def _build(tp):
         persist_layer_norm=False)
     model = GPTModel(config, _spec(), vocab_size=VOCAB,
                      max_sequence_length=SEQ)
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
-    labels = torch.randint(0, VOCAB, (BATCH, SEQ))
+    if DDP:
+        model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
+    replicas = 2 if DDP else 1  # the single device takes every replica's batch
+    tokens = torch.randint(0, VOCAB, (replicas * BATCH, SEQ))
+    labels = torch.randint(0, VOCAB, (replicas * BATCH, SEQ))
     return model, (tokens, labels)
 
 
@@ -93,10 +108,15 @@ def build_single():
 
 
 def build_rank(rank):
-    return _build(dist.get_world_size())
+    model, (tokens, labels) = _build(TP)
+    d = parallel_state.get_data_parallel_rank()
+    mine = slice(d * BATCH, (d + 1) * BATCH)
+    return model, (tokens[mine], labels[mine])
 
 
 def train_step(model, batch):
+    if DDP:
+        model.zero_grad_buffer()
     tokens, labels = batch
     b, s = tokens.shape
     positions = torch.arange(s).unsqueeze(0).expand(b, s)
@@ -105,6 +125,12 @@ def train_step(model, batch):
     if BUG == "loss-over-tp":
         loss = loss / parallel_state.get_tensor_model_parallel_world_size()
     loss.backward()
+    if DDP:  # each bucket scaled by 1/dp and all-reduced over the data-parallel group
+        model.finish_grad_sync()
+        loss = loss.detach().clone()
+        group = parallel_state.get_data_parallel_group()
+        if dist.get_world_size(group) > 1:  # the loss the ranks report: the batch's mean
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=group)
     if BUG != "sp-grads-unsynced":
         # Megatron's finalize_model_grads: a sequence-parallel parameter's gradient is the
         # sum of the ranks' gradients, each over its part of the sequence

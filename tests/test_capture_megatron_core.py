@@ -33,6 +33,7 @@ DDP = os.path.join(ROOT, "examples", "megatron_core_ddp.py")
 def _no_bug(monkeypatch):
     monkeypatch.delenv("TVSMT_BUG", raising=False)
     monkeypatch.delenv("TVSMT_SP", raising=False)
+    monkeypatch.delenv("GPT_DDP", raising=False)
     for name in ("DDP_OVERLAP", "DDP_SINGLE", "DDP_DISTOPT"):
         monkeypatch.delenv(name, raising=False)
 
@@ -264,3 +265,26 @@ def test_megatron_core_ddp_bugs_are_violations_of_the_gradients(monkeypatch, bug
     assert report.verdict == "violation", [f.message for f in report.failures]
     wrong = {f.tensor for f in report.failures if f.kind == "counterexample"}
     assert wrong and wrong <= DDP_GRADS, wrong
+
+
+def test_no_gradient_of_a_gpt_model_under_megatron_ddp_is_refuted(monkeypatch):
+    """GPTModel under Megatron's DDP (tp2 x dp2): each gradient is added into a view of
+    DDP's flat buffer and read back, after the bucket's all-reduce, through another view of
+    it. Shape reduction used to reduce the two views' axes independently (one gradient's
+    slice of the buffer written as [2, 16] and read as [16, 2]): a reduced stage that is no
+    instance of the program, and a correct gradient (linear_proj's weight) refuted. Only the
+    outermost axis of a merged or split run is reduced now (tvsmt/ops/definitions/layout.py).
+    One round, without the capture's rounds over hypotheses: hypotheses may be refuted
+    (they are guesses), claims may time out (merged stages), none may be refuted."""
+    from tvsmt.capture.build import capture_pair
+    from tvsmt.pipeline import verify_plans
+
+    monkeypatch.setenv("GPT_DDP", "1")
+    single, parallel = capture_pair(GPT).plans()
+    report = verify_plans(single, parallel, Options(jobs=2, timeout=5))
+    refuted = [parallel.lineages[f.lineage].single for f in report.failures
+               if f.kind == "counterexample" and not parallel.lineages[f.lineage].hypothesis]
+    assert refuted == [], refuted
+    claims = {lin.single for lin in parallel.lineages if not lin.hypothesis}
+    assert "grad.module.decoder.layers.0.self_attention.linear_proj.weight" in claims
+    assert report.stages_proven >= 60, report.stages_proven
