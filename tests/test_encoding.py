@@ -146,7 +146,10 @@ def test_reduction_shrinks_the_llama_fixture_but_keeps_partitions():
         for part in lin.parts:  # boundaries map to integers, parts keep their share
             for (a, b), n, r in zip(part.slice, full, red):
                 assert (a * r) % n == 0 and (b * r) % n == 0
-    assert biggest <= 16  # hidden 4096, vocab 51200, batch 512 are all reduced
+    # hidden 4096, vocab 51200, batch 512 are all reduced; a view's inner axes keep their
+    # sizes (only a merged or split run's outermost axis is reduced): hidden 4096 viewed as
+    # 32 heads of 128 becomes 2 heads of 128
+    assert biggest <= 256
 
 
 @pytest.mark.parametrize("dp,tp", [(2, 4), (4, 2)])
