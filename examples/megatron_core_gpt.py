@@ -14,8 +14,8 @@ needs without a GPU (../shared/notes/capture.md in the tvsmt project lists them)
 GPT_DDP=1 wraps the model in Megatron-Core's DistributedDataParallel over two data-parallel
 ranks (tp2 x dp2, four ranks, each with half of the batch): every gradient goes through DDP's
 flat buffer, written through one view of it and read back through another
-(tests/test_capture_megatron_core.py checks that no correct gradient is refuted; several of
-its merged stages are still inconclusive at the default timeout, see docs/capture.md).
+(tests/test_capture_megatron_core.py checks that no correct gradient is refuted; one stage,
+the word embedding's gradient, still times out at the default 60 s: docs/capture.md).
 
 TVSMT_SP=1 turns on Megatron's sequence parallelism: activations outside attention and MLP
 split along the sequence, all-gathered before the column-parallel layers and reduce-scattered

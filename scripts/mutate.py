@@ -1010,7 +1010,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "view-inner-axes-reduced",
         "shape reduction reduces every axis of a merged or split run of a view, so two views "
         "of one buffer can decode its elements differently (a gradient written into DDP's "
-        "flat buffer as [2, 16] and read back as [16, 2])",
+        "flat buffer as [2, 16] and read back as [8, 4])",
         "shape reduction",
         (Patch("tvsmt/ops/definitions/layout.py",
                "                for i in group[1:]:\n                    c.eq(t[i], t.orig[i])\n",

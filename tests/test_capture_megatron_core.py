@@ -271,7 +271,7 @@ def test_no_gradient_of_a_gpt_model_under_megatron_ddp_is_refuted(monkeypatch):
     """GPTModel under Megatron's DDP (tp2 x dp2): each gradient is added into a view of
     DDP's flat buffer and read back, after the bucket's all-reduce, through another view of
     it. Shape reduction used to reduce the two views' axes independently (one gradient's
-    slice of the buffer written as [2, 16] and read as [16, 2]): a reduced stage that is no
+    slice of the buffer written as [2, 16] and read as [8, 4]): a reduced stage that is no
     instance of the program, and a correct gradient (linear_proj's weight) refuted. Only the
     outermost axis of a merged or split run is reduced now (tvsmt/ops/definitions/layout.py).
     One round, without the capture's rounds over hypotheses: hypotheses may be refuted

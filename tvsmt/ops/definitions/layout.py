@@ -67,8 +67,9 @@ def view_shape(c, ins, outs, attrs):
             # keep their sizes, so the reduced view keeps a prefix of the run's elements
             # with the original strides. Any split of the inner axes is a reshape of its
             # own, and two views of one buffer could then decode its elements differently
-            # (a gradient written as [2, 16] and read back as [8, 4]: not an instance of
-            # the program; tests/test_shapes.py).
+            # (a gradient written into Megatron DDP's flat buffer as [2, 16] and read back
+            # as [8, 4]: not an instance of the program; tests/test_capture_megatron_core.py::
+            # test_no_gradient_of_a_gpt_model_under_megatron_ddp_is_refuted).
             for t, group in ((x, ga), (y, gb)):
                 for i in group[1:]:
                     c.eq(t[i], t.orig[i])
